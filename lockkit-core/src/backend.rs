@@ -1,0 +1,283 @@
+//! The contract between the core and a backend: a few primitive operations.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::capabilities::{Capabilities, Tier};
+use crate::error::Result;
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::token::{FencingToken, OwnerToken};
+
+/// A backend shared between clients and tasks.
+pub type SharedBackend = Arc<dyn LockBackend>;
+
+/// One attempt to take a lock, as passed to [`LockBackend::try_acquire`].
+///
+/// The owner token is fresh for every acquisition and stays the same across the attempts of
+/// one acquisition, so a backend can find what an earlier attempt left on the server (a queue
+/// entry, or a grant whose reply was lost).
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The lock to take.
+    pub key: LockKey,
+    /// The secret token that will prove ownership of the grant.
+    pub owner: OwnerToken,
+    /// How long the grant lives without renewal.
+    pub ttl: Duration,
+    /// Whether the caller will wait on contention. When `false` (`try_lock`), a queueing
+    /// backend should not leave a queue entry behind.
+    pub wait: bool,
+}
+
+impl AcquireRequest {
+    /// A request for `key`, owned by `owner`, living `ttl` without renewal.
+    pub fn new(key: LockKey, owner: OwnerToken, ttl: Duration, wait: bool) -> Self {
+        AcquireRequest {
+            key,
+            owner,
+            ttl,
+            wait,
+        }
+    }
+}
+
+/// What one acquisition attempt produced.
+#[derive(Debug)]
+pub enum Attempt {
+    /// The lock is ours.
+    Granted(Grant),
+    /// Someone else holds the lock (or is ahead in the queue).
+    Contended(Contention),
+}
+
+/// A successful grant, before the core turns it into a [`Lease`].
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// The fencing token of this grant.
+    pub fencing_token: FencingToken,
+    /// How long the grant is valid, counted from when the request was sent. The core takes
+    /// clock drift off this; a quorum backend also takes off the time its fan-out took.
+    pub valid_for: Duration,
+    /// The backend's identifier of the server-side record, if it needs one later.
+    pub handle: Option<Arc<str>>,
+    /// A token the backend cancels when the session holding the grant is gone.
+    pub session: Option<CancellationToken>,
+}
+
+impl Grant {
+    /// A grant with a fencing token, valid for `valid_for` from the send time.
+    pub fn new(fencing_token: FencingToken, valid_for: Duration) -> Self {
+        Grant {
+            fencing_token,
+            valid_for,
+            handle: None,
+            session: None,
+        }
+    }
+
+    /// Sets the backend's identifier of the server-side record.
+    #[must_use]
+    pub fn with_handle(mut self, handle: impl Into<Arc<str>>) -> Self {
+        self.handle = Some(handle.into());
+        self
+    }
+
+    /// Sets the session token (see [`Lease::session`]).
+    #[must_use]
+    pub fn with_session(mut self, session: CancellationToken) -> Self {
+        self.session = Some(session);
+        self
+    }
+}
+
+/// What a contended attempt learned, handed back to [`LockBackend::wait_for_change`].
+#[non_exhaustive]
+#[derive(Debug, Clone, Default)]
+pub struct Contention {
+    /// The longest the current holder can keep the lock without renewing: a waiter never
+    /// sleeps past it.
+    pub retry_after: Option<Duration>,
+    /// The queue entry just ahead of ours, for queueing backends (etcd key, znode name).
+    pub predecessor: Option<String>,
+    /// The store revision the attempt observed, so a watch can start there and miss nothing.
+    pub revision: Option<i64>,
+}
+
+impl Contention {
+    /// Contention with nothing known about the holder.
+    pub fn new() -> Self {
+        Contention::default()
+    }
+
+    /// Sets how long the holder can keep the lock without renewing.
+    #[must_use]
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    /// Sets the predecessor to watch and the revision the attempt observed.
+    #[must_use]
+    pub fn with_predecessor(
+        mut self,
+        predecessor: impl Into<String>,
+        revision: Option<i64>,
+    ) -> Self {
+        self.predecessor = Some(predecessor.into());
+        self.revision = revision;
+        self
+    }
+}
+
+/// The answer to a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease is ours and valid for this long from when the renewal was sent.
+    Extended(Duration),
+    /// The lease is not ours any more: it expired or was taken away.
+    Lost,
+}
+
+/// What a backend can tell about a lock, without its secrets.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The current holder's fencing token.
+    pub fencing_token: FencingToken,
+    /// How long the holder keeps the lock without renewing, if the backend knows.
+    pub remaining_ttl: Option<Duration>,
+    /// How many contenders are queued behind the holder, for queueing backends.
+    pub waiters: Option<usize>,
+}
+
+impl LockInfo {
+    /// Information about a held lock.
+    pub fn new(fencing_token: FencingToken) -> Self {
+        LockInfo {
+            fencing_token,
+            remaining_ttl: None,
+            waiters: None,
+        }
+    }
+
+    /// Sets the holder's remaining TTL.
+    #[must_use]
+    pub fn with_remaining_ttl(mut self, remaining: Duration) -> Self {
+        self.remaining_ttl = Some(remaining);
+        self
+    }
+
+    /// Sets the number of queued contenders.
+    #[must_use]
+    pub fn with_waiters(mut self, waiters: usize) -> Self {
+        self.waiters = Some(waiters);
+        self
+    }
+}
+
+/// The primitive operations a lock backend implements. Everything else (waiting, backoff,
+/// renewal scheduling, reentrancy, the lost signal, cancel safety) lives once in the core's
+/// [`Mutex`](crate::Mutex) and [`LockClient`](crate::LockClient).
+///
+/// # Contract
+/// - **Exclusion**: while a grant is within its validity, no other acquisition of the same key
+///   is granted, as far as the backend's [`Tier`] can promise.
+/// - **Fencing**: fencing tokens of successive grants of a key strictly increase, with the
+///   strength given by [`Capabilities::fencing`].
+/// - **Ownership**: `renew` and `release` act only on the grant whose owner token they carry;
+///   for anyone else they are a no-op that reports [`Renewal::Lost`] / `false`.
+/// - **Expiry**: a grant that is not renewed disappears after its TTL, so a crashed holder
+///   cannot block a key forever.
+/// - **Idempotent attempts**: `try_acquire` called again with the same request finds what an
+///   earlier attempt left (its queue entry, or a grant whose reply was lost) instead of
+///   creating another.
+/// - **Abandon**: `abandon` removes everything a request left on the server: its queue entry,
+///   and a grant it may have received, even one whose attempt was still in flight.
+/// - **Bounded**: every operation returns within the backend's configured timeouts;
+///   unreachable servers give [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable).
+///
+/// # Cancel safety
+/// The core may drop any of these futures at an await point; it then calls `abandon` (for an
+/// acquisition) or `release` (for a grant) in the background. Implementations must not leave a
+/// connection in a broken state when dropped.
+#[async_trait]
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// A short name for errors, logs and metrics (`"memory"`, `"redis"`, `"etcd"`, `"zk"`).
+    fn name(&self) -> &'static str;
+
+    /// The reliability tier of this backend as configured.
+    fn tier(&self) -> Tier;
+
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One acquisition attempt. It never waits for the holder.
+    ///
+    /// # Errors
+    /// Backend failures; contention is not an error ([`Attempt::Contended`]).
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt>;
+
+    /// Waits until the lock may have changed hands (a release notification, the predecessor's
+    /// deletion), or `max_wait` has passed. Returning early is always allowed: the core simply
+    /// tries again. The default sleeps for `max_wait` (polling).
+    ///
+    /// # Errors
+    /// Backend failures while setting up the wait.
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let _ = (request, contention);
+        tokio::time::sleep(max_wait).await;
+        Ok(())
+    }
+
+    /// Removes everything `request` left on the server (see the contract above).
+    ///
+    /// # Errors
+    /// Backend failures; the leftovers then expire with their TTL or session.
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()>;
+
+    /// Extends the lease to its TTL if it is still ours.
+    ///
+    /// # Errors
+    /// Backend failures (the core retries them until the lease's validity deadline).
+    async fn renew(&self, lease: &Lease) -> Result<Renewal>;
+
+    /// Renews several leases at once; the answers are in the same order. Backends that can
+    /// batch (one pipeline, one keep-alive) override it; the default renews one by one.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(self.renew(lease).await);
+        }
+        out
+    }
+
+    /// Releases the lease if it is still ours. Returns whether it was.
+    ///
+    /// # Errors
+    /// Backend failures; the lock then expires with its TTL.
+    async fn release(&self, lease: &Lease) -> Result<bool>;
+
+    /// Tells who holds `key`, if anyone.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>>;
+
+    /// Checks that the backend answers.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable), [`ErrorKind::Auth`](crate::ErrorKind::Auth), ...
+    async fn ping(&self) -> Result<()>;
+}

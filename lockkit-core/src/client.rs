@@ -1,0 +1,180 @@
+//! The entry point: a backend plus a namespace and lock options.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError, Weak};
+
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::backend::{LockBackend, LockInfo, SharedBackend};
+use crate::capabilities::{Capabilities, Tier};
+use crate::error::Result;
+use crate::key::{DEFAULT_NAMESPACE, LockKey, validate_segment};
+use crate::lease::Lease;
+use crate::mutex::Mutex;
+use crate::options::LockOptions;
+use crate::renewal::HeldLease;
+
+/// The slot that serialises reentrant acquisitions of one key by one owner.
+pub(crate) type ReentrantSlot = Arc<AsyncMutex<Weak<HeldLease>>>;
+
+/// A handle on one backend, with the namespace and the options its locks use.
+///
+/// Cheap to clone: clones share the backend's connections and the reentrancy table.
+///
+/// ```
+/// use lockkit_core::{LockClient, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockkit_core::Result<()> {
+/// let locks = LockClient::new(MemoryBackend::new());
+/// let guard = locks.mutex("nightly-report")?.lock().await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// assert!(guard.release().await?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    backend: SharedBackend,
+    namespace: String,
+    options: LockOptions,
+    reentrant: StdMutex<HashMap<(LockKey, Arc<str>), ReentrantSlot>>,
+}
+
+impl LockClient {
+    /// A client over `backend` with the default namespace (`"lockkit"`) and default options.
+    pub fn new(backend: impl LockBackend) -> Self {
+        LockClient::build(
+            Arc::new(backend),
+            DEFAULT_NAMESPACE.to_owned(),
+            LockOptions::default(),
+        )
+    }
+
+    /// A client over a shared backend with the given namespace and options.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) for a bad namespace,
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for bad options.
+    pub fn with_options(
+        backend: SharedBackend,
+        namespace: &str,
+        options: LockOptions,
+    ) -> Result<Self> {
+        validate_segment("namespace", namespace)?;
+        options.validate()?;
+        Ok(LockClient::build(backend, namespace.to_owned(), options))
+    }
+
+    fn build(backend: SharedBackend, namespace: String, options: LockOptions) -> Self {
+        LockClient {
+            inner: Arc::new(ClientInner {
+                backend,
+                namespace,
+                options,
+                reentrant: StdMutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &SharedBackend {
+        &self.inner.backend
+    }
+
+    /// The backend's tier.
+    pub fn tier(&self) -> Tier {
+        self.inner.backend.tier()
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.backend.capabilities()
+    }
+
+    /// The namespace every key of this client lives in.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The options new mutexes start with.
+    pub fn options(&self) -> &LockOptions {
+        &self.inner.options
+    }
+
+    /// Validates `name` and joins it with the namespace.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey).
+    pub fn key(&self, name: &str) -> Result<LockKey> {
+        LockKey::new(&self.inner.namespace, name)
+    }
+
+    /// A mutex on the lock `name`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey).
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        Ok(Mutex::new(self.clone(), self.key(name)?))
+    }
+
+    /// Takes the lock `name`, runs `f` while holding it, and releases it. See
+    /// [`Mutex::with_lock`].
+    ///
+    /// # Errors
+    /// As [`Mutex::with_lock`].
+    pub async fn with_lock<F, Fut, T>(&self, name: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.mutex(name)?.with_lock(f).await
+    }
+
+    /// Who holds the lock `name`, if anyone.
+    ///
+    /// # Errors
+    /// Invalid name, backend failures.
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        self.inner.backend.inspect(&self.key(name)?).await
+    }
+
+    /// Checks that the backend answers.
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub async fn ping(&self) -> Result<()> {
+        self.inner.backend.ping().await
+    }
+
+    pub(crate) fn reentrant_slot(&self, key: &LockKey, owner: &Arc<str>) -> ReentrantSlot {
+        let mut slots = self
+            .inner
+            .reentrant
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        slots.retain(|_, slot| {
+            Arc::strong_count(slot) > 1
+                || slot.try_lock().map_or(true, |held| held.strong_count() > 0)
+        });
+        slots
+            .entry((key.clone(), owner.clone()))
+            .or_default()
+            .clone()
+    }
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.inner.backend)
+            .field("namespace", &self.inner.namespace)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,221 @@
+//! The one error type of lockkit: a kind, the backend it came from, a message and a source.
+
+use std::fmt;
+
+/// A boxed error source, as carried by [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Shorthand for `std::result::Result<T, lockkit_core::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, independent of the backend.
+///
+/// Match on it to decide what to do; [`Error::is_retryable`] answers the most common question.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The lock was not acquired before the wait deadline (`lock_timeout`, `wait_timeout`).
+    Timeout,
+    /// The lock is held by someone else and the operation does not wait.
+    Contended,
+    /// The lock was held but is no longer: it expired, was taken away, or renewal failed past
+    /// its validity deadline. Whatever the holder did after that point is unprotected.
+    Lost,
+    /// The operation needs the caller to own the lock, and it does not (a release or extend
+    /// with a token that is not the current holder's).
+    NotOwner,
+    /// A quorum backend (Redlock) reached fewer nodes than it needs.
+    QuorumNotReached {
+        /// How many nodes agreed.
+        got: usize,
+        /// How many nodes are needed (a majority).
+        need: usize,
+    },
+    /// The backend could not be reached, or did not answer within its timeout.
+    Unavailable,
+    /// The backend refused the credentials or the permissions are insufficient.
+    Auth,
+    /// The lock key is not valid (empty, too long, forbidden characters).
+    InvalidKey,
+    /// The configuration is not valid (unknown field or backend, bad URL, bad value).
+    InvalidConfig,
+    /// The backend cannot do what was asked (or it is not compiled in).
+    Unsupported,
+    /// Any other error reported by the backend.
+    Backend,
+}
+
+impl ErrorKind {
+    /// Whether an operation that failed with this kind may succeed if simply tried again.
+    ///
+    /// `Backend` errors are not retryable by default; a backend that knows better marks the
+    /// individual error with [`Error::with_retryable`].
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Timeout
+                | ErrorKind::Contended
+                | ErrorKind::QuorumNotReached { .. }
+                | ErrorKind::Unavailable
+        )
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorKind::Timeout => f.write_str("timed out waiting for the lock"),
+            ErrorKind::Contended => f.write_str("lock is held by another owner"),
+            ErrorKind::Lost => f.write_str("lock lost"),
+            ErrorKind::NotOwner => f.write_str("not the owner of the lock"),
+            ErrorKind::QuorumNotReached { got, need } => {
+                write!(f, "quorum not reached ({got} of {need} needed nodes)")
+            }
+            ErrorKind::Unavailable => f.write_str("backend unavailable"),
+            ErrorKind::Auth => f.write_str("authentication or permission failure"),
+            ErrorKind::InvalidKey => f.write_str("invalid lock key"),
+            ErrorKind::InvalidConfig => f.write_str("invalid configuration"),
+            ErrorKind::Unsupported => f.write_str("unsupported"),
+            ErrorKind::Backend => f.write_str("backend error"),
+        }
+    }
+}
+
+/// An error from lockkit or one of its backends.
+///
+/// It carries an [`ErrorKind`], the name of the backend that raised it (`"memory"`, `"redis"`,
+/// `"etcd"`, ...), a human-readable message and, where there is one, the underlying error as
+/// [`source`](std::error::Error::source). Messages never contain passwords or owner tokens.
+pub struct Error {
+    kind: ErrorKind,
+    backend: &'static str,
+    message: String,
+    retryable: bool,
+    source: Option<BoxError>,
+}
+
+impl Error {
+    /// A new error of `kind` raised by `backend`, with a message for humans.
+    pub fn new(kind: ErrorKind, backend: &'static str, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            backend,
+            message: message.into(),
+            retryable: kind.is_retryable(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Overrides whether the error is retryable (for example a `Backend` error that the client
+    /// library classifies as transient).
+    #[must_use]
+    pub fn with_retryable(mut self, retryable: bool) -> Self {
+        self.retryable = retryable;
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The backend that raised the error (`"memory"`, `"redis"`, `"etcd"`, `"zk"`, `"config"`, ...).
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The message, without the kind or the backend.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether trying the same operation again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+
+    /// A [`ErrorKind::InvalidConfig`] error, raised while loading configuration.
+    pub fn invalid_config(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidConfig, "config", message)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind)
+            .field("backend", &self.backend)
+            .field("message", &self.message)
+            .field("retryable", &self.retryable);
+        if let Some(source) = &self.source {
+            d.field("source", &format_args!("{source}"));
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.backend, self.kind)?;
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        if let Some(source) = &self.source {
+            write!(f, " ({source})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_defaults_follow_the_kind() {
+        assert!(Error::new(ErrorKind::Unavailable, "redis", "x").is_retryable());
+        assert!(
+            Error::new(
+                ErrorKind::QuorumNotReached { got: 2, need: 3 },
+                "redlock",
+                ""
+            )
+            .is_retryable()
+        );
+        assert!(!Error::new(ErrorKind::Auth, "redis", "x").is_retryable());
+        assert!(!Error::new(ErrorKind::Lost, "redis", "x").is_retryable());
+        assert!(
+            Error::new(ErrorKind::Backend, "redis", "x")
+                .with_retryable(true)
+                .is_retryable()
+        );
+    }
+
+    #[test]
+    fn display_names_backend_kind_and_message() {
+        let e = Error::new(
+            ErrorKind::QuorumNotReached { got: 2, need: 3 },
+            "redlock",
+            "node 4 timed out",
+        );
+        assert_eq!(
+            e.to_string(),
+            "redlock: quorum not reached (2 of 3 needed nodes): node 4 timed out"
+        );
+    }
+}

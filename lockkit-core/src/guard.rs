@@ -1,0 +1,205 @@
+//! The guard of a held lock and its lost signal.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::renewal::HeldLease;
+use crate::runtime;
+use crate::token::FencingToken;
+
+/// Fires when a held lock is lost: it expired, renewal failed past the validity deadline, the
+/// backend reported it gone, or the session carrying it ended. Cheap to clone; every clone
+/// fires together. It does not fire on a normal release.
+#[derive(Clone)]
+pub struct LostSignal(CancellationToken);
+
+impl LostSignal {
+    /// Waits until the lock is lost (forever if it never is).
+    pub async fn fired(&self) {
+        self.0.cancelled().await;
+    }
+
+    /// Whether the lock has been lost.
+    pub fn is_fired(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// The underlying cancellation token, for `tokio::select!` or child tokens.
+    pub fn token(&self) -> &CancellationToken {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("fired", &self.is_fired())
+            .finish()
+    }
+}
+
+/// A held lock. Renewed in the background while it lives; released when dropped.
+///
+/// Prefer [`release`](MutexGuard::release), which says whether the lock was still ours. When a
+/// guard is dropped instead, the release runs in the background on lockkit's runtime, so it
+/// happens even when no runtime is current.
+///
+/// Pass [`fencing_token`](MutexGuard::fencing_token) with every write to the protected
+/// resource, and watch [`lost`](MutexGuard::lost): once it fires, stop touching the resource.
+#[must_use = "a lock is released as soon as its guard is dropped"]
+pub struct MutexGuard {
+    held: Option<Arc<HeldLease>>,
+}
+
+impl MutexGuard {
+    pub(crate) fn new(held: Arc<HeldLease>) -> Self {
+        MutexGuard { held: Some(held) }
+    }
+
+    fn held(&self) -> &Arc<HeldLease> {
+        match &self.held {
+            Some(held) => held,
+            None => unreachable!("a guard is only emptied by release or drop, which consume it"),
+        }
+    }
+
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<HeldLease> {
+        Arc::downgrade(self.held())
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &LockKey {
+        self.held().lease.key()
+    }
+
+    /// The fencing token of this grant.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.held().lease.fencing_token()
+    }
+
+    /// The grant: key, fencing token, TTL.
+    pub fn lease(&self) -> &Lease {
+        &self.held().lease
+    }
+
+    /// Until when the lock is known to be ours, by the local clock. Renewals move it forward.
+    pub fn valid_until(&self) -> Instant {
+        self.held().valid_until()
+    }
+
+    /// How much of the validity is left now (zero once it has passed).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// A signal that fires when the lock is lost.
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal(self.held().lost.clone())
+    }
+
+    /// Waits until the lock is lost. The future owns what it needs, so it can be moved into a
+    /// task or a `select!`.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.held().lost.clone().cancelled_owned()
+    }
+
+    /// Whether the lock is already known to be lost (no server round trip).
+    pub fn is_lost(&self) -> bool {
+        self.held().lost.is_cancelled() || Instant::now() >= self.valid_until()
+    }
+
+    /// Asks the backend whether this grant still holds the lock.
+    ///
+    /// # Errors
+    /// Backend failures; the answer is then unknown.
+    pub async fn is_held(&self) -> Result<bool> {
+        let held = self.held();
+        let info = held.backend.inspect(held.lease.key()).await?;
+        Ok(info.is_some_and(|info| info.fencing_token == held.lease.fencing_token()))
+    }
+
+    /// Renews the lease now, instead of waiting for the background renewal.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Lost`] if the lease is no longer ours (the lost signal fires too);
+    /// backend failures otherwise.
+    pub async fn extend(&self) -> Result<()> {
+        let held = self.held();
+        let sent_at = Instant::now();
+        let answer = held.backend.renew(&held.lease).await;
+        let still_ours = held.apply_renewal(sent_at, &answer);
+        answer?;
+        if still_ours {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Lost,
+                held.backend.name(),
+                format!("lock {} is no longer held", held.lease.key()),
+            ))
+        }
+    }
+
+    /// Releases the lock and says whether it was still ours when the backend got the request
+    /// (`false` means it had expired or been taken: the critical section was not protected to
+    /// its end).
+    ///
+    /// With reentrant acquisitions, only the last guard releases on the server; the others
+    /// return `Ok(true)` as long as the lock is still held.
+    ///
+    /// # Errors
+    /// Backend failures; the lock then expires with its TTL.
+    pub async fn release(mut self) -> Result<bool> {
+        let Some(held) = self.held.take() else {
+            return Ok(false);
+        };
+        if !held.drop_holder() {
+            return Ok(!held.lost.is_cancelled());
+        }
+        release_now(&held).await
+    }
+}
+
+async fn release_now(held: &HeldLease) -> Result<bool> {
+    let span = tracing::debug_span!("lockkit.release", key = %held.lease.key(), backend = held.backend.name());
+    let was_ours = held.backend.release(&held.lease).instrument(span).await?;
+    if !was_ours {
+        held.mark_lost("released after the lock had been lost");
+    }
+    Ok(was_ours)
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take()
+            && held.drop_holder()
+        {
+            runtime::spawn(async move {
+                if let Err(e) = release_now(&held).await {
+                    tracing::warn!(key = %held.lease.key(), error = %e, "background release failed; the lock expires with its TTL");
+                }
+            });
+        }
+    }
+}
+
+impl fmt::Debug for MutexGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.held {
+            Some(held) => f
+                .debug_struct("MutexGuard")
+                .field("key", held.lease.key())
+                .field("fencing_token", &held.lease.fencing_token())
+                .field("lost", &held.lost.is_cancelled())
+                .finish(),
+            None => f.write_str("MutexGuard(released)"),
+        }
+    }
+}

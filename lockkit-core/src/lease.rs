@@ -1,0 +1,189 @@
+//! One grant of a lock, and the arithmetic of how long it stays valid.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::key::LockKey;
+use crate::token::{FencingToken, OwnerToken};
+
+/// The margin taken off a lease's validity for clock drift between client and server:
+/// `factor × ttl + 2 ms` (Redlock's rule, with `factor` usually 0.01).
+pub fn clock_drift(ttl: Duration, factor: f64) -> Duration {
+    ttl.mul_f64(factor.clamp(0.0, 1.0)) + Duration::from_millis(2)
+}
+
+/// The local deadline until which a grant may be trusted: measured from the moment the request
+/// was *sent* (so network and queueing time count against it), for the validity the server
+/// promised, minus drift. `None` when nothing is left.
+///
+/// Only [`Instant`] is used, so wall-clock steps on the client cannot stretch a lease.
+pub fn validity_deadline(
+    sent_at: Instant,
+    valid_for: Duration,
+    drift: Duration,
+) -> Option<Instant> {
+    let usable = valid_for.checked_sub(drift)?;
+    if usable.is_zero() {
+        return None;
+    }
+    Some(sent_at + usable)
+}
+
+/// One grant of a lock: key, secret owner token, fencing token and TTL.
+///
+/// Backends receive leases back in [`renew`](crate::LockBackend::renew) and
+/// [`release`](crate::LockBackend::release) and find their server-side record by the owner
+/// token or by [`handle`](Lease::handle). `Debug` never shows the owner token.
+#[derive(Clone)]
+pub struct Lease {
+    key: LockKey,
+    owner: OwnerToken,
+    fencing_token: FencingToken,
+    ttl: Duration,
+    acquired_at: Instant,
+    handle: Option<Arc<str>>,
+    session: Option<CancellationToken>,
+}
+
+impl Lease {
+    /// Builds a lease. Used by the core when a backend grants a lock, and by tests.
+    pub fn new(
+        key: LockKey,
+        owner: OwnerToken,
+        fencing_token: FencingToken,
+        ttl: Duration,
+        acquired_at: Instant,
+    ) -> Self {
+        Lease {
+            key,
+            owner,
+            fencing_token,
+            ttl,
+            acquired_at,
+            handle: None,
+            session: None,
+        }
+    }
+
+    /// Attaches the backend's identifier of the server-side record (an etcd key, a znode path).
+    #[must_use]
+    pub fn with_handle(mut self, handle: impl Into<Arc<str>>) -> Self {
+        self.handle = Some(handle.into());
+        self
+    }
+
+    /// Attaches a token that the backend cancels when the session carrying this lease is gone
+    /// (an etcd lease that could not be kept alive, an expired ZooKeeper session).
+    #[must_use]
+    pub fn with_session(mut self, session: CancellationToken) -> Self {
+        self.session = Some(session);
+        self
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The secret owner token of this grant.
+    pub fn owner(&self) -> &OwnerToken {
+        &self.owner
+    }
+
+    /// The fencing token of this grant.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing_token
+    }
+
+    /// The TTL the lock was requested with.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the acquire request that produced this grant was sent.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// The backend's identifier of the server-side record, if it needs one.
+    pub fn handle(&self) -> Option<&str> {
+        self.handle.as_deref()
+    }
+
+    /// The backend's session token, if the lease lives in a session.
+    pub fn session(&self) -> Option<&CancellationToken> {
+        self.session.as_ref()
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("owner", &self.owner)
+            .field("fencing_token", &self.fencing_token)
+            .field("ttl", &self.ttl)
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_one_percent_plus_two_milliseconds() {
+        assert_eq!(
+            clock_drift(Duration::from_secs(10), 0.01),
+            Duration::from_millis(102)
+        );
+        assert_eq!(
+            clock_drift(Duration::from_secs(10), 5.0),
+            Duration::from_millis(10_002)
+        );
+    }
+
+    #[test]
+    fn validity_counts_from_the_send_time_minus_drift() {
+        let sent = Instant::now();
+        let deadline = validity_deadline(sent, Duration::from_secs(10), Duration::from_millis(102));
+        assert_eq!(deadline, Some(sent + Duration::from_millis(9_898)));
+    }
+
+    #[test]
+    fn no_validity_is_left_when_drift_eats_the_ttl() {
+        let sent = Instant::now();
+        assert_eq!(
+            validity_deadline(sent, Duration::from_millis(2), Duration::from_millis(2)),
+            None
+        );
+        assert_eq!(
+            validity_deadline(sent, Duration::from_millis(1), Duration::from_millis(2)),
+            None
+        );
+    }
+
+    #[test]
+    fn lease_debug_hides_the_owner_token() {
+        let owner = OwnerToken::generate().expect("rng");
+        let hex = owner.expose_hex();
+        let key = LockKey::new("ns", "k").expect("key");
+        let lease = Lease::new(
+            key,
+            owner,
+            FencingToken(7),
+            Duration::from_secs(1),
+            Instant::now(),
+        );
+        let debug = format!("{lease:?}");
+        assert!(!debug.contains(&hex), "{debug}");
+        assert!(
+            debug.contains("redacted") && debug.contains("FencingToken(7)"),
+            "{debug}"
+        );
+    }
+}

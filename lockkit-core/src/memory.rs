@@ -1,0 +1,236 @@
+//! The in-process backend: real lock semantics inside one process, no server.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::backend::{AcquireRequest, Attempt, Contention, Grant, LockBackend, LockInfo, Renewal};
+use crate::capabilities::{Capabilities, FencingGuarantee, Tier, WaitStrategy};
+use crate::error::Result;
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::token::{FencingToken, OwnerToken};
+
+/// A lock backend that lives in this process: TTL expiry, a fencing counter, owner-checked
+/// release and renewal, and release notifications, exactly as the server backends behave, but
+/// excluding only the tasks of this process ([`Tier::Local`]).
+///
+/// Use it as the embedded default of a single-instance service, in tests and in examples.
+/// Clones share the same locks.
+///
+/// ```
+/// use lockkit_core::{LockClient, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockkit_core::Result<()> {
+/// let locks = LockClient::new(MemoryBackend::new());
+/// let first = locks.mutex("job")?.lock().await?;
+/// assert!(locks.mutex("job")?.try_lock().await?.is_none());
+/// drop(first);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    slots: StdMutex<HashMap<LockKey, Slot>>,
+    /// One counter for all keys: strictly increasing per key, and slots of free keys can be
+    /// dropped without forgetting where their tokens were.
+    fence: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    holder: Option<Holder>,
+    released: Arc<Notify>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    owner: OwnerToken,
+    fencing_token: FencingToken,
+    expires_at: Instant,
+}
+
+impl Slot {
+    fn live_holder(&self, now: Instant) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.expires_at > now)
+    }
+
+    fn is_idle(&self, now: Instant) -> bool {
+        self.live_holder(now).is_none() && Arc::strong_count(&self.released) == 1
+    }
+}
+
+impl MemoryBackend {
+    /// An empty backend.
+    pub fn new() -> Self {
+        MemoryBackend::default()
+    }
+
+    fn with_slots<T>(&self, f: impl FnOnce(&mut HashMap<LockKey, Slot>, Instant) -> T) -> T {
+        let mut slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let out = f(&mut slots, now);
+        slots.retain(|_, slot| !slot.is_idle(now));
+        out
+    }
+
+    /// Removes the holder of `key` without telling it, as an operator (or an expiry) would:
+    /// the holder's renewal then fails and its guard reports the lock lost. Returns whether
+    /// the key was held.
+    pub fn force_release(&self, key: &LockKey) -> bool {
+        self.with_slots(|slots, now| {
+            let Some(slot) = slots.get_mut(key) else {
+                return false;
+            };
+            let was_held = slot.live_holder(now).is_some();
+            slot.holder = None;
+            slot.released.notify_waiters();
+            was_held
+        })
+    }
+
+    /// The keys held right now in `namespace`.
+    pub fn held_keys(&self, namespace: &str) -> Vec<LockKey> {
+        self.with_slots(|slots, now| {
+            slots
+                .iter()
+                .filter(|(key, slot)| {
+                    key.namespace() == namespace && slot.live_holder(now).is_some()
+                })
+                .map(|(key, _)| key.clone())
+                .collect()
+        })
+    }
+
+    fn release_if_owner(&self, key: &LockKey, owner: &OwnerToken) -> bool {
+        self.with_slots(|slots, now| {
+            let Some(slot) = slots.get_mut(key) else {
+                return false;
+            };
+            let ours = slot.live_holder(now).is_some_and(|h| h.owner == *owner);
+            if ours {
+                slot.holder = None;
+                slot.released.notify_waiters();
+            }
+            ours
+        })
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Local
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Notify)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        Ok(self.with_slots(|slots, now| {
+            let slot = slots.entry(request.key.clone()).or_default();
+            match slot.live_holder(now) {
+                Some(holder) if holder.owner == request.owner => {
+                    Attempt::Granted(Grant::new(holder.fencing_token, holder.expires_at - now))
+                }
+                Some(holder) => {
+                    Attempt::Contended(Contention::new().with_retry_after(holder.expires_at - now))
+                }
+                None => {
+                    let fencing_token =
+                        FencingToken(self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1);
+                    slot.holder = Some(Holder {
+                        owner: request.owner.clone(),
+                        fencing_token,
+                        expires_at: now + request.ttl,
+                    });
+                    Attempt::Granted(Grant::new(fencing_token, request.ttl))
+                }
+            }
+        }))
+    }
+
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        _contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let released = self.with_slots(|slots, now| {
+            let slot = slots.entry(request.key.clone()).or_default();
+            let holder_left = slot.live_holder(now).map(|h| h.expires_at - now);
+            (slot.released.clone(), holder_left)
+        });
+        let (notify, holder_left) = released;
+        let Some(holder_left) = holder_left else {
+            return Ok(());
+        };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // The holder may have released between the check above and `enable`.
+        if self.inspect(&request.key).await?.is_none() {
+            return Ok(());
+        }
+        let _ = tokio::time::timeout(max_wait.min(holder_left), notified).await;
+        Ok(())
+    }
+
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.release_if_owner(&request.key, &request.owner);
+        Ok(())
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        Ok(self.with_slots(|slots, now| {
+            match slots
+                .get_mut(lease.key())
+                .and_then(|slot| slot.holder.as_mut())
+            {
+                Some(holder) if holder.expires_at > now && holder.owner == *lease.owner() => {
+                    holder.expires_at = now + lease.ttl();
+                    Renewal::Extended(lease.ttl())
+                }
+                _ => Renewal::Lost,
+            }
+        }))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        Ok(self.release_if_owner(lease.key(), lease.owner()))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        Ok(self.with_slots(|slots, now| {
+            slots
+                .get(key)
+                .and_then(|slot| slot.live_holder(now))
+                .map(|holder| {
+                    LockInfo::new(holder.fencing_token).with_remaining_ttl(holder.expires_at - now)
+                })
+        }))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+}

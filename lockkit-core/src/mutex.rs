@@ -1,0 +1,433 @@
+//! The backend-agnostic mutex: waiting, backoff, reentrancy and cancel safety live here once.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument as _;
+
+use crate::backend::{AcquireRequest, Attempt, Contention, SharedBackend};
+use crate::backoff::{Backoff, jitter};
+use crate::capabilities::WaitStrategy;
+use crate::client::LockClient;
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::MutexGuard;
+use crate::key::LockKey;
+use crate::lease::{Lease, clock_drift, validity_deadline};
+use crate::metrics;
+use crate::options::LockOptions;
+use crate::renewal::{HeldLease, Scheduler};
+use crate::token::OwnerToken;
+
+/// A distributed mutex on one key. Cheap to create; holds no server state until locked.
+///
+/// Without an owner ([`Mutex::reentrant`]) every acquisition is independent: two tasks of the
+/// same process exclude each other exactly as two processes do.
+///
+/// # Cancel safety
+/// `lock`, `lock_timeout` and `try_lock` are cancel-safe: dropping their future (a
+/// `select!`, a timeout) removes whatever the attempt left on the server, in the background,
+/// including a grant whose reply had not arrived yet.
+#[derive(Clone)]
+pub struct Mutex {
+    client: LockClient,
+    key: LockKey,
+    owner: Option<Arc<str>>,
+    options: LockOptions,
+}
+
+#[derive(Clone, Copy)]
+enum Wait {
+    No,
+    Until(Option<Instant>),
+}
+
+impl Mutex {
+    pub(crate) fn new(client: LockClient, key: LockKey) -> Self {
+        let options = client.options().clone();
+        Mutex {
+            client,
+            key,
+            owner: None,
+            options,
+        }
+    }
+
+    /// The key this mutex locks.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// Makes acquisitions by `owner` reentrant: while a guard of this owner holds the lock
+    /// (through this client or its clones), another acquisition by the same owner succeeds at
+    /// once with the same grant, and the lock is released on the server when the last of
+    /// those guards is released. Reentrancy is local to the client: another process using the
+    /// same owner name is a different contender.
+    #[must_use]
+    pub fn reentrant(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into().into());
+        self
+    }
+
+    /// Uses a different TTL for this mutex.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.options.ttl = ttl;
+        self
+    }
+
+    /// Uses different options for this mutex.
+    #[must_use]
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Takes the lock, waiting for as long as the options' `wait_timeout` allows (forever by
+    /// default).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Timeout`] when `wait_timeout` passes; backend errors that are not
+    /// retryable, or retryable ones more than `error_retries` times in a row.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        let deadline = self.options.wait_timeout.map(|d| Instant::now() + d);
+        self.acquire_guard(Wait::Until(deadline)).await
+    }
+
+    /// Takes the lock, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Timeout`] when `timeout` passes; backend errors as for [`Mutex::lock`].
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        self.acquire_guard(Wait::Until(Some(Instant::now() + timeout)))
+            .await
+    }
+
+    /// Takes the lock if it is free, without waiting. Contention is `Ok(None)`, not an error.
+    ///
+    /// # Errors
+    /// Backend errors.
+    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        self.acquire(Wait::No).await
+    }
+
+    /// Takes the lock, runs `f` with the grant while holding it, and releases it.
+    ///
+    /// If the lock is lost while `f` runs, `f`'s future is dropped at its next await point and
+    /// the result is [`ErrorKind::Lost`]: the work was cut short and may be partly done (use
+    /// the lease's fencing token to make partial work harmless).
+    ///
+    /// # Errors
+    /// Errors of [`Mutex::lock`]; [`ErrorKind::Lost`] when the lock was lost during `f`, or
+    /// when the release found the lock already gone.
+    pub async fn with_lock<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock().await?;
+        let lost = guard.lost_signal();
+        let backend = self.client.backend().name();
+        let outcome = tokio::select! {
+            biased;
+            () = lost.fired() => None,
+            value = f(guard.lease().clone()) => Some(value),
+        };
+        let Some(value) = outcome else {
+            drop(guard);
+            return Err(Error::new(
+                ErrorKind::Lost,
+                backend,
+                format!(
+                    "lock {} was lost; the critical section was cancelled",
+                    self.key
+                ),
+            ));
+        };
+        let protected_to_the_end = !guard.is_lost();
+        match guard.release().await {
+            Ok(true) => Ok(value),
+            Ok(false) => Err(Error::new(
+                ErrorKind::Lost,
+                backend,
+                format!(
+                    "the critical section finished, but lock {} was no longer held at release",
+                    self.key
+                ),
+            )),
+            Err(e) if protected_to_the_end => {
+                tracing::warn!(key = %self.key, error = %e, "release failed after the critical section; the lock expires with its TTL");
+                Ok(value)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn acquire_guard(&self, wait: Wait) -> Result<MutexGuard> {
+        match self.acquire(wait).await? {
+            Some(guard) => Ok(guard),
+            None => Err(self.timeout_error()),
+        }
+    }
+
+    fn timeout_error(&self) -> Error {
+        Error::new(
+            ErrorKind::Timeout,
+            self.client.backend().name(),
+            format!("lock {} was not acquired in time", self.key),
+        )
+    }
+
+    async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
+        let Some(owner) = &self.owner else {
+            return self.acquire_fresh(wait).await;
+        };
+        let slot = self.client.reentrant_slot(&self.key, owner);
+        let mut current = match wait {
+            Wait::No => match slot.try_lock() {
+                Ok(current) => current,
+                Err(_) => return Ok(None),
+            },
+            Wait::Until(None) => slot.lock().await,
+            Wait::Until(Some(deadline)) => tokio::time::timeout_at(deadline.into(), slot.lock())
+                .await
+                .map_err(|_| self.timeout_error())?,
+        };
+        if let Some(held) = current.upgrade()
+            && held.try_share()
+        {
+            return Ok(Some(MutexGuard::new(held)));
+        }
+        let guard = self.acquire_fresh(wait).await?;
+        if let Some(guard) = &guard {
+            *current = guard.downgrade();
+        }
+        Ok(guard)
+    }
+
+    async fn acquire_fresh(&self, wait: Wait) -> Result<Option<MutexGuard>> {
+        let backend = self.client.backend().clone();
+        let ttl = self.options.ttl.max(backend.capabilities().min_ttl);
+        let request = AcquireRequest::new(
+            self.key.clone(),
+            OwnerToken::generate()?,
+            ttl,
+            !matches!(wait, Wait::No),
+        );
+        let span =
+            tracing::info_span!("lockkit.acquire", key = %self.key, backend = backend.name());
+        let pending = PendingAcquire {
+            backend,
+            request,
+            armed: true,
+        };
+        self.acquire_loop(pending, wait).instrument(span).await
+    }
+
+    async fn acquire_loop(
+        &self,
+        mut pending: PendingAcquire,
+        wait: Wait,
+    ) -> Result<Option<MutexGuard>> {
+        let backend = pending.backend.clone();
+        let name = backend.name();
+        let strategy = backend.capabilities().wait;
+        let options = &self.options;
+        let started = Instant::now();
+        let mut waited = Duration::ZERO;
+        let mut backoff = Backoff::new(options.backoff_min, options.backoff_max);
+        let mut errors = 0u32;
+        loop {
+            let sent_at = Instant::now();
+            let attempt = backend.try_acquire(&pending.request).await;
+            let remaining = match wait {
+                Wait::Until(Some(deadline)) => {
+                    Some(deadline.saturating_duration_since(Instant::now()))
+                }
+                Wait::Until(None) | Wait::No => None,
+            };
+            match attempt {
+                Ok(Attempt::Granted(grant)) => {
+                    let drift = clock_drift(pending.request.ttl, options.clock_drift_factor);
+                    let valid_until = validity_deadline(sent_at, grant.valid_for, drift)
+                        .filter(|deadline| *deadline > Instant::now());
+                    let Some(valid_until) = valid_until else {
+                        tracing::debug!("grant arrived with no validity left; giving it back");
+                        pending.abandon().await;
+                        if matches!(wait, Wait::No) || remaining == Some(Duration::ZERO) {
+                            metrics::acquired(name, "timeout", started.elapsed(), waited);
+                            return Ok(None);
+                        }
+                        pending.armed = true;
+                        tokio::time::sleep(backoff.next_delay()).await;
+                        continue;
+                    };
+                    let mut lease = Lease::new(
+                        pending.request.key.clone(),
+                        pending.request.owner.clone(),
+                        grant.fencing_token,
+                        pending.request.ttl,
+                        sent_at,
+                    );
+                    if let Some(handle) = grant.handle {
+                        lease = lease.with_handle(handle);
+                    }
+                    if let Some(session) = grant.session {
+                        lease = lease.with_session(session);
+                    }
+                    let held = HeldLease::new(lease, backend.clone(), valid_until, drift);
+                    Scheduler::global().register(held.clone(), options.auto_renew);
+                    pending.armed = false;
+                    metrics::acquired(name, "granted", started.elapsed(), waited);
+                    tracing::debug!(fencing_token = %grant.fencing_token, "acquired");
+                    return Ok(Some(MutexGuard::new(held)));
+                }
+                Ok(Attempt::Contended(contention)) => {
+                    metrics::contended(name);
+                    errors = 0;
+                    if matches!(wait, Wait::No) || remaining == Some(Duration::ZERO) {
+                        pending.abandon().await;
+                        let outcome = if matches!(wait, Wait::No) {
+                            "contended"
+                        } else {
+                            "timeout"
+                        };
+                        metrics::acquired(name, outcome, started.elapsed(), waited);
+                        return Ok(None);
+                    }
+                    let pause = self.pause(strategy, &contention, &mut backoff, remaining);
+                    let wait_started = Instant::now();
+                    let waited_ok = backend
+                        .wait_for_change(&pending.request, &contention, pause)
+                        .instrument(tracing::debug_span!(
+                            "lockkit.wait",
+                            max_ms = pause.as_millis() as u64
+                        ))
+                        .await;
+                    if strategy == WaitStrategy::Notify {
+                        tokio::time::sleep(jitter(Duration::ZERO, options.backoff_min)).await;
+                    }
+                    waited += wait_started.elapsed();
+                    if let Err(e) = waited_ok {
+                        self.on_error(
+                            &mut pending,
+                            e,
+                            &mut errors,
+                            &mut backoff,
+                            remaining,
+                            started,
+                            waited,
+                        )
+                        .await?;
+                    }
+                }
+                Err(e) => {
+                    if matches!(wait, Wait::No) {
+                        pending.abandon().await;
+                        metrics::acquired(name, "error", started.elapsed(), waited);
+                        return Err(e);
+                    }
+                    self.on_error(
+                        &mut pending,
+                        e,
+                        &mut errors,
+                        &mut backoff,
+                        remaining,
+                        started,
+                        waited,
+                    )
+                    .await?;
+                }
+            }
+        }
+    }
+
+    /// How long to wait before the next attempt.
+    fn pause(
+        &self,
+        strategy: WaitStrategy,
+        contention: &Contention,
+        backoff: &mut Backoff,
+        remaining: Option<Duration>,
+    ) -> Duration {
+        let holder_gone_by = contention
+            .retry_after
+            .map(|d| d + jitter(Duration::from_millis(1), self.options.backoff_min));
+        let pause = match strategy {
+            WaitStrategy::Poll => {
+                let delay = backoff.next_delay();
+                holder_gone_by.map_or(delay, |gone| delay.min(gone))
+            }
+            // Notifications and watches wake us; the cap only covers a missed notification.
+            _ => holder_gone_by.unwrap_or(self.options.backoff_max),
+        };
+        remaining.map_or(pause, |left| pause.min(left))
+    }
+
+    /// Decides whether a backend error while waiting is retried. Returns the error when not.
+    #[allow(clippy::too_many_arguments)]
+    async fn on_error(
+        &self,
+        pending: &mut PendingAcquire,
+        error: Error,
+        errors: &mut u32,
+        backoff: &mut Backoff,
+        remaining: Option<Duration>,
+        started: Instant,
+        waited: Duration,
+    ) -> Result<()> {
+        *errors += 1;
+        let out_of_time = remaining == Some(Duration::ZERO);
+        if !error.is_retryable() || *errors > self.options.error_retries || out_of_time {
+            pending.abandon().await;
+            metrics::acquired(pending.backend.name(), "error", started.elapsed(), waited);
+            return Err(error);
+        }
+        tracing::debug!(error = %error, attempt = *errors, "retryable error while acquiring; retrying");
+        let delay = backoff.next_delay();
+        tokio::time::sleep(remaining.map_or(delay, |left| delay.min(left))).await;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Mutex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mutex")
+            .field("key", &self.key)
+            .field("owner", &self.owner)
+            .field("ttl", &self.options.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An acquisition in progress. If it is dropped while armed (the acquire future was
+/// cancelled), whatever the request left on the server is removed in the background.
+struct PendingAcquire {
+    backend: SharedBackend,
+    request: AcquireRequest,
+    armed: bool,
+}
+
+impl PendingAcquire {
+    /// Removes what the request left on the server, now, and disarms.
+    async fn abandon(&mut self) {
+        self.armed = false;
+        if let Err(e) = self.backend.abandon(&self.request).await {
+            tracing::warn!(key = %self.request.key, error = %e, "could not clean up after an acquisition; leftovers expire with their TTL");
+        }
+    }
+}
+
+impl Drop for PendingAcquire {
+    fn drop(&mut self) {
+        if self.armed {
+            let backend = self.backend.clone();
+            let request = self.request.clone();
+            crate::runtime::spawn(async move {
+                if let Err(e) = backend.abandon(&request).await {
+                    tracing::warn!(key = %request.key, error = %e, "could not clean up after a cancelled acquisition; leftovers expire with their TTL");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! How locks are taken: TTL, waiting, backoff, drift, renewal.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Options for taking locks; the `[lock]` table of the configuration.
+///
+/// Every field has a default, listed in `reference.toml`.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LockOptions {
+    /// How long a grant lives without renewal. A crashed holder blocks the key this long.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How long [`Mutex::lock`](crate::Mutex::lock) waits before failing with
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout); `None` waits for as long as it takes.
+    #[serde(with = "humantime_serde")]
+    pub wait_timeout: Option<Duration>,
+    /// Whether held locks are renewed in the background (at a third of the TTL). Without it a
+    /// grant simply expires after its TTL and the guard reports it lost then.
+    pub auto_renew: bool,
+    /// The shortest pause between polling attempts, and the largest jitter after a release
+    /// notification.
+    #[serde(with = "humantime_serde")]
+    pub backoff_min: Duration,
+    /// The longest pause between polling attempts.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// The share of the TTL assumed lost to clock drift between client and server, on top of a
+    /// fixed 2 ms (see [`clock_drift`](crate::clock_drift)).
+    pub clock_drift_factor: f64,
+    /// How many retryable backend errors in a row an acquisition tolerates while it waits,
+    /// before it gives up with the last one.
+    pub error_retries: u32,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(10),
+            wait_timeout: None,
+            auto_renew: true,
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(500),
+            clock_drift_factor: 0.01,
+            error_retries: 3,
+        }
+    }
+}
+
+impl LockOptions {
+    /// Sets the TTL.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets how long `lock()` waits.
+    #[must_use]
+    pub fn with_wait_timeout(mut self, wait_timeout: Option<Duration>) -> Self {
+        self.wait_timeout = wait_timeout;
+        self
+    }
+
+    /// Turns background renewal on or off.
+    #[must_use]
+    pub fn with_auto_renew(mut self, auto_renew: bool) -> Self {
+        self.auto_renew = auto_renew;
+        self
+    }
+
+    /// Sets the polling backoff range.
+    #[must_use]
+    pub fn with_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Checks that the values make sense together.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) saying which value is wrong.
+    pub fn validate(&self) -> Result<()> {
+        if self.ttl < Duration::from_millis(10) {
+            return Err(Error::invalid_config(format!(
+                "lock.ttl must be at least 10ms, got {}",
+                humantime::format_duration(self.ttl)
+            )));
+        }
+        if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
+            return Err(Error::invalid_config(
+                "lock.backoff_min must be above zero and at most lock.backoff_max",
+            ));
+        }
+        if !(0.0..0.5).contains(&self.clock_drift_factor) {
+            return Err(Error::invalid_config(format!(
+                "lock.clock_drift_factor must be in [0, 0.5), got {}",
+                self.clock_drift_factor
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        LockOptions::default()
+            .validate()
+            .expect("defaults are valid");
+    }
+
+    #[test]
+    fn nonsense_values_are_refused() {
+        let tiny = LockOptions::default().with_ttl(Duration::from_millis(1));
+        assert!(
+            tiny.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("lock.ttl")
+        );
+        let inverted =
+            LockOptions::default().with_backoff(Duration::from_secs(2), Duration::from_secs(1));
+        assert!(
+            inverted
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("backoff_min")
+        );
+        let drift = LockOptions {
+            clock_drift_factor: 0.7,
+            ..LockOptions::default()
+        };
+        assert!(
+            drift
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("clock_drift_factor")
+        );
+    }
+}

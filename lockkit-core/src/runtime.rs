@@ -1,0 +1,66 @@
+//! lockkit's own small runtime: one background thread that runs renewals, background
+//! releases and whatever connection drivers a backend puts there.
+//!
+//! Renewal must not depend on the user's runtime having a free worker: a service whose
+//! tasks hog every worker (CPU-bound work without `.await`, blocking calls) would otherwise
+//! stop renewing and lose its locks. The thread starts on first use and lives for the process.
+
+use std::future::Future;
+use std::sync::OnceLock;
+
+use tokio::runtime::{Builder, Handle};
+
+use crate::error::{Error, ErrorKind, Result};
+
+static HANDLE: OnceLock<Handle> = OnceLock::new();
+
+/// The handle of lockkit's background runtime, starting it on first use.
+///
+/// Backends may create their connections on it (with [`run`]) so that the connection's driver
+/// task keeps running even when the user's runtime is saturated.
+pub fn handle() -> &'static Handle {
+    HANDLE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("lockkit-runtime".into())
+            .spawn(move || {
+                let runtime = match Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => panic!("lockkit cannot start its background runtime: {e}"),
+                };
+                let _ = tx.send(runtime.handle().clone());
+                runtime.block_on(std::future::pending::<()>());
+            })
+            .unwrap_or_else(|e| panic!("lockkit cannot start its background thread: {e}"));
+        rx.recv()
+            .unwrap_or_else(|e| panic!("lockkit's background runtime did not start: {e}"))
+    })
+}
+
+/// Spawns `future` on lockkit's background runtime.
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    handle().spawn(future)
+}
+
+/// Runs `future` on lockkit's background runtime and waits for its output.
+///
+/// # Errors
+/// [`ErrorKind::Backend`] if the task panicked.
+pub async fn run<F, T>(future: F) -> Result<T>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    spawn(future).await.map_err(|e| {
+        Error::new(
+            ErrorKind::Backend,
+            "core",
+            "a task on lockkit's runtime failed",
+        )
+        .with_source(e)
+    })
+}

@@ -1,0 +1,188 @@
+//! The conformance suite: the contract between the core and every backend, as runnable
+//! scenarios (feature `testing`).
+//!
+//! A backend crate implements [`Harness`] for its servers and generates one test per
+//! scenario with [`conformance_tests!`](crate::conformance_tests):
+//!
+//! ```ignore
+//! lockkit_core::conformance_tests!(my_backend_harness);
+//! ```
+//!
+//! where `my_backend_harness` is an `async fn() -> Option<MyHarness>` that returns `None`
+//! (after [`backend_missing`] has decided between skipping and failing) when the servers are
+//! not there. Each scenario works in a fresh random namespace, so scenarios run in parallel
+//! against the same servers, and each ends by checking that nothing is left on the server.
+//! Scenarios that depend on a capability run only where [`Capabilities`](crate::Capabilities)
+//! claims it.
+
+mod scenarios;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::client::LockClient;
+use crate::error::Result;
+use crate::key::LockKey;
+use crate::options::LockOptions;
+
+pub use scenarios::SCENARIOS;
+
+/// What a backend provides to run the conformance suite against it.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A new client with its own connections (its own session), using `namespace` and
+    /// `options`. Clients of one harness contend for the same keys.
+    async fn client(&self, namespace: &str, options: LockOptions) -> Result<LockClient>;
+
+    /// The TTL scenarios use: short, to keep the suite quick, but one the backend honours.
+    fn ttl(&self) -> Duration;
+
+    /// Deletes the current holder's server-side record of `key` behind its back, as an
+    /// operator would.
+    async fn force_release(&self, key: &LockKey) -> Result<()>;
+
+    /// Simulates a crash of `client`'s process: whatever keeps its grants alive stops (its
+    /// session, its keep-alive), and nothing is released. The default drops the client.
+    async fn crash(&self, client: LockClient) {
+        drop(client);
+    }
+
+    /// The server-side records (lock keys, queue entries) left under `namespace`.
+    async fn leftovers(&self, namespace: &str) -> Result<Vec<String>>;
+}
+
+/// Why a scenario failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure(pub String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<crate::Error> for Failure {
+    fn from(e: crate::Error) -> Self {
+        Failure(format!("unexpected error: {e}"))
+    }
+}
+
+/// The result of a scenario.
+pub type Outcome = std::result::Result<(), Failure>;
+
+/// A scenario: an async function over a harness.
+pub type Scenario =
+    for<'a> fn(&'a dyn Harness) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+/// Runs the scenario `name` against `harness`.
+///
+/// # Errors
+/// The scenario's failure, or a failure naming an unknown scenario.
+pub async fn run_scenario(harness: &dyn Harness, name: &str) -> Outcome {
+    let Some((_, scenario)) = SCENARIOS.iter().find(|(n, _)| *n == name) else {
+        return Err(Failure(format!("no scenario named {name}")));
+    };
+    scenario(harness).await
+}
+
+/// Runs every scenario against `harness`, one after another, and returns the failures.
+pub async fn run_all(harness: &dyn Harness) -> Vec<(&'static str, Failure)> {
+    let mut failures = Vec::new();
+    for (name, scenario) in SCENARIOS {
+        if let Err(failure) = scenario(harness).await {
+            failures.push((*name, failure));
+        }
+    }
+    failures
+}
+
+/// Whether tests must fail, rather than skip, when a server is missing:
+/// `LOCKKIT_REQUIRE_BACKENDS=1` (set by CI).
+pub fn backends_required() -> bool {
+    std::env::var("LOCKKIT_REQUIRE_BACKENDS").is_ok_and(|v| v == "1")
+}
+
+/// Reports a missing server: panics when [`backends_required`], otherwise prints a notice so
+/// the caller can skip.
+///
+/// # Panics
+/// When `LOCKKIT_REQUIRE_BACKENDS=1`.
+pub fn backend_missing(what: &str) {
+    assert!(
+        !backends_required(),
+        "{what} is not available and LOCKKIT_REQUIRE_BACKENDS=1: start it with compose/up.sh"
+    );
+    eprintln!(
+        "SKIPPED: {what} is not available (start it with compose/up.sh; set LOCKKIT_REQUIRE_BACKENDS=1 to fail instead)"
+    );
+}
+
+/// The longest one scenario may run before it counts as hung.
+pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Runs one scenario on a fresh multi-threaded runtime, for the tests that
+/// [`conformance_tests!`](crate::conformance_tests) generates.
+///
+/// # Panics
+/// When the scenario fails or hangs past [`SCENARIO_TIMEOUT`].
+pub fn run_one<H, F, Fut>(name: &str, make_harness: F)
+where
+    H: Harness,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Option<H>>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("cannot build a test runtime: {e}"));
+    runtime.block_on(async {
+        let Some(harness) = make_harness().await else {
+            return;
+        };
+        match tokio::time::timeout(SCENARIO_TIMEOUT, run_scenario(&harness, name)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(failure)) => panic!("conformance scenario {name} failed: {failure}"),
+            Err(_) => panic!("conformance scenario {name} hung for {SCENARIO_TIMEOUT:?}"),
+        }
+    });
+}
+
+/// Generates one `#[test]` per conformance scenario, each running against the harness that
+/// `$make_harness` (an `async fn() -> Option<H>`) builds.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make_harness:path) => {
+        $crate::conformance_tests!(@each $make_harness;
+            mutual_exclusion_under_contention,
+            fencing_tokens_strictly_increase,
+            release_by_non_owner_is_refused,
+            abandoned_lease_expires,
+            renewal_keeps_lock_past_ttl,
+            lost_fires_when_lease_is_taken_away,
+            try_lock_returns_none_on_contention,
+            lock_timeout_fails_with_timeout,
+            cancelled_acquire_leaves_nothing_behind,
+            reentrant_owner_shares_the_grant,
+            invalid_keys_are_rejected,
+            dropped_guard_releases_in_background,
+            with_lock_cancels_when_lost,
+            inspect_shows_the_holder,
+            release_wakes_a_waiter,
+        );
+    };
+    (@each $make_harness:path; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testing::run_one(stringify!($name), $make_harness);
+            }
+        )*
+    };
+}

@@ -1,0 +1,109 @@
+//! Fencing tokens (public, ordered) and owner tokens (secret, random).
+
+use std::fmt;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// A number that strictly increases across successive grants of one key on one backend.
+///
+/// Pass it along with every write to the resource the lock protects, and have the resource
+/// reject a write whose token is lower than the highest it has seen: that turns a holder that
+/// was paused past its lease (and so lost the lock without knowing) into a rejected write
+/// instead of a corrupted one. How strong the promise is depends on the tier; see
+/// [`Capabilities::fencing`](crate::Capabilities).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    /// The token as a number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The secret that proves ownership of one grant: 128 bits from the operating system's CSPRNG.
+///
+/// Whoever knows it can release or extend the lock, so it never appears in `Debug` output,
+/// errors or logs. Backends store it server-side through [`OwnerToken::expose_hex`].
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct OwnerToken([u8; 16]);
+
+impl OwnerToken {
+    /// Draws a fresh token from the operating system's CSPRNG.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Backend`] if the operating system cannot supply randomness.
+    pub fn generate() -> Result<Self> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|e| {
+            Error::new(
+                ErrorKind::Backend,
+                "core",
+                "the OS random number generator failed",
+            )
+            .with_source(e.to_string())
+        })?;
+        Ok(OwnerToken(bytes))
+    }
+
+    /// Rebuilds a token from the 32 lowercase hex digits of [`OwnerToken::expose_hex`].
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(OwnerToken(bytes))
+    }
+
+    /// The token as 32 lowercase hex digits, to be stored on the server. Keep it out of logs.
+    pub fn expose_hex(&self) -> String {
+        use fmt::Write as _;
+        self.0.iter().fold(String::with_capacity(32), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OwnerToken(<redacted>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn owner_tokens_are_unique_and_round_trip_through_hex() {
+        let mut seen = HashSet::new();
+        for _ in 0..10_000 {
+            let t = OwnerToken::generate().expect("os rng");
+            let hex = t.expose_hex();
+            assert_eq!(hex.len(), 32);
+            assert_eq!(OwnerToken::from_hex(&hex), Some(t.clone()));
+            assert!(seen.insert(t), "duplicate owner token");
+        }
+        assert_eq!(OwnerToken::from_hex("zz"), None);
+        assert_eq!(OwnerToken::from_hex(&"g".repeat(32)), None);
+    }
+
+    #[test]
+    fn owner_token_debug_is_redacted() {
+        let t = OwnerToken::generate().expect("os rng");
+        let debug = format!("{t:?}");
+        assert!(!debug.contains(&t.expose_hex()));
+        assert_eq!(debug, "OwnerToken(<redacted>)");
+    }
+}
