@@ -1,1 +1,17 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod config;
+mod connect;
+
+pub use config::{BackendKind, LockkitConfig};
+pub use connect::connect;
+
+pub use lockkit_core::{
+    BoxError, Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, Lease, LockBackend,
+    LockClient, LockInfo, LockKey, LockOptions, LostSignal, MemoryBackend, Mutex, MutexGuard,
+    Result, SharedBackend, Tier, WaitStrategy,
+};
+
+/// The core crate, for backend authors and the conformance suite.
+pub use lockkit_core as core;
