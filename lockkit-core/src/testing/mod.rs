@@ -123,6 +123,29 @@ pub fn backend_missing(what: &str) {
     );
 }
 
+/// The URL of a test topology, by its variable name (`LOCKKIT_TEST_REDIS_URL`, ...): from the
+/// environment, or else from the endpoints file `compose/up.sh` writes
+/// (`$LOCKKIT_COMPOSE_DIR/endpoints.env`, by default `target/compose/endpoints.env` in the
+/// first ancestor of the current directory that has one).
+pub fn endpoint(var: &str) -> Option<String> {
+    if let Ok(value) = std::env::var(var) {
+        return Some(value);
+    }
+    let file = match std::env::var_os("LOCKKIT_COMPOSE_DIR") {
+        Some(dir) => std::path::PathBuf::from(dir).join("endpoints.env"),
+        None => std::env::current_dir()
+            .ok()?
+            .ancestors()
+            .map(|dir| dir.join("target/compose/endpoints.env"))
+            .find(|file| file.is_file())?,
+    };
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines()
+        .filter_map(|line| line.split_once('='))
+        .find(|(name, _)| name.trim() == var)
+        .map(|(_, value)| value.trim().trim_matches('"').to_owned())
+}
+
 /// The longest one scenario may run before it counts as hung.
 pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
