@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# compose/compare.sh [--quick] [--json FILE]: the comparison suite (examples/compare.rs) in a
+# release build, on every tier it supports. It starts the topologies the suite needs with
+# compose/up.sh (installing packages if missing) and stops them afterwards.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+# The suite covers these topologies; the memory tier needs none. Extend as backends land.
+topologies=()
+if ((${#topologies[@]})); then
+  trap 'compose/down.sh "${topologies[@]}"' EXIT
+  compose/up.sh "${topologies[@]}"
+  set -a
+  # shellcheck disable=SC1091
+  . "${LOCKKIT_COMPOSE_DIR:-$root/target/compose}/endpoints.env"
+  set +a
+fi
+cargo run --release --example compare -- "$@"

@@ -1,0 +1,440 @@
+# shellcheck shell=bash
+# compose/lib.sh: shared helpers for compose/{up,down,member}.sh. Sourced, not run; the callers set
+# `set -euo pipefail`, and every function here returns non-zero rather than relying on errexit (so it can
+# also be sourced by hand, e.g. `. compose/lib.sh; zk4 20201 mntr`).
+# Defines the working folder $LK (LOCKKIT_COMPOSE_DIR, default <repo>/target/compose) with data/, pids/,
+# logs/ and endpoints.env, the port plan of shared/BACKENDS.md §1, the members of each topology, and:
+#   lk_ensure_packages  install missing Debian packages (root, apt-get update once, no service started)
+#   lk_spawn / lk_is_ours / lk_pid / lk_stop   start detached with a recorded PID / PID-reuse guard / stop
+#   zk4 PORT WORD       ZooKeeper four-letter word without nc
+#   lk_prepare / lk_start / lk_wait_ready / lk_env_update   config, start, readiness, endpoints.env
+# Knobs: LOCKKIT_COMPOSE_TIMEOUT (readiness bound, s, default 60), LOCKKIT_COMPOSE_STOP_TIMEOUT (SIGTERM to
+# SIGKILL, s, default 3).
+
+LK_COMPOSE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LK_ROOT=$(dirname "$LK_COMPOSE")
+LK=$(realpath -m -- "${LOCKKIT_COMPOSE_DIR:-$LK_ROOT/target/compose}")
+LK_DATA=$LK/data LK_PIDS=$LK/pids LK_LOGS=$LK/logs LK_ENV=$LK/endpoints.env
+LK_TIMEOUT=${LOCKKIT_COMPOSE_TIMEOUT:-60}
+LK_STOP_TIMEOUT=${LOCKKIT_COMPOSE_STOP_TIMEOUT:-3}
+mkdir -p "$LK_DATA" "$LK_PIDS" "$LK_LOGS"
+
+# Port plan (BACKENDS.md §1), everything on 127.0.0.1.
+LK_REDIS_PORT=20000
+LK_SENTINEL_PRIMARY_PORT=20010 LK_SENTINEL_REPLICA_PORT=20011
+LK_SENTINEL_PORTS=(20020 20021 20022) LK_SENTINEL_MASTER=lkprimary
+LK_REDLOCK_PORTS=(20031 20032 20033 20034 20035)
+LK_ETCD_CLIENT_PORTS=(20101 20102 20103) LK_ETCD_PEER_PORTS=(20111 20112 20113)
+LK_ZK_CLIENT_PORTS=(20201 20202 20203) LK_ZK_QUORUM_PORTS=(20211 20212 20213) LK_ZK_ELECTION_PORTS=(20221 20222 20223)
+LK_TOPOLOGIES="redis sentinel redlock etcd zk"
+
+lk_hostports() { local p out=''; for p; do out+=${out:+,}127.0.0.1:$p; done; echo "$out"; }
+LK_ETCD_ENDPOINTS=$(lk_hostports "${LK_ETCD_CLIENT_PORTS[@]}")
+LK_ETCD_CLUSTER=''
+for i in 1 2 3; do LK_ETCD_CLUSTER+=${LK_ETCD_CLUSTER:+,}etcd-$i=http://127.0.0.1:${LK_ETCD_PEER_PORTS[i - 1]}; done
+LK_ZK_JAVA=(java -Xms32m -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=32m
+  -XX:MaxMetaspaceSize=64m -XX:-UsePerfData -Djava.net.preferIPv4Stack=true
+  -Dorg.slf4j.simpleLogger.defaultLogLevel=warn
+  -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar org.apache.zookeeper.server.quorum.QuorumPeerMain)
+
+lk_now() { echo "${EPOCHREALTIME//[.,]/}"; } # microseconds
+lk_since() { local us=$(($(lk_now) - $1)); printf '%d.%02d' $((us / 1000000)) $((us % 1000000 / 10000)); }
+
+# ---- topologies and members ------------------------------------------------------------------------
+lk_members() { # TOPOLOGY -> its member names
+  case $1 in
+    redis) echo redis ;;
+    sentinel) echo sentinel-primary sentinel-replica sentinel-1 sentinel-2 sentinel-3 ;;
+    redlock) echo redlock-1 redlock-2 redlock-3 redlock-4 redlock-5 ;;
+    etcd) echo etcd-1 etcd-2 etcd-3 ;;
+    zk) echo zk-1 zk-2 zk-3 ;;
+    *) return 1 ;;
+  esac
+}
+lk_topology_of() { # NAME -> its topology; non-zero for an unknown name
+  case $1 in
+    redis) echo redis ;;
+    sentinel-primary | sentinel-replica | sentinel-[123]) echo sentinel ;;
+    redlock-[1-5]) echo redlock ;;
+    etcd-[123]) echo etcd ;;
+    zk-[123]) echo zk ;;
+    *) return 1 ;;
+  esac
+}
+lk_topologies() { # ARG... -> validated, de-duplicated topologies ("all" expands)
+  local a t out=" "
+  for a; do
+    if [ "$a" = all ]; then a=$LK_TOPOLOGIES
+    elif ! lk_members "$a" >/dev/null; then echo "error: unknown topology '$a' (one of: $LK_TOPOLOGIES all)" >&2; return 2; fi
+    for t in $a; do [[ $out == *" $t "* ]] || out+="$t "; done
+  done
+  out=${out# }
+  echo "${out% }"
+}
+lk_port() { # NAME -> client port
+  local i=${1##*-}
+  case $1 in
+    redis) echo "$LK_REDIS_PORT" ;;
+    sentinel-primary) echo "$LK_SENTINEL_PRIMARY_PORT" ;;
+    sentinel-replica) echo "$LK_SENTINEL_REPLICA_PORT" ;;
+    sentinel-?) echo "${LK_SENTINEL_PORTS[i - 1]}" ;;
+    redlock-?) echo "${LK_REDLOCK_PORTS[i - 1]}" ;;
+    etcd-?) echo "${LK_ETCD_CLIENT_PORTS[i - 1]}" ;;
+    zk-?) echo "${LK_ZK_CLIENT_PORTS[i - 1]}" ;;
+    *) return 1 ;;
+  esac
+}
+lk_ports() { # NAME -> every port it listens on
+  local i=${1##*-}
+  case $1 in
+    etcd-?) echo "${LK_ETCD_CLIENT_PORTS[i - 1]} ${LK_ETCD_PEER_PORTS[i - 1]}" ;;
+    zk-?) echo "${LK_ZK_CLIENT_PORTS[i - 1]} ${LK_ZK_QUORUM_PORTS[i - 1]} ${LK_ZK_ELECTION_PORTS[i - 1]}" ;;
+    *) lk_port "$1" ;;
+  esac
+}
+
+# ---- packages ----------------------------------------------------------------------------------------
+lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever is missing; protoc always
+  local t need=() guard=/usr/sbin/policy-rc.d made_guard='' rc=0
+  command -v protoc >/dev/null || need+=(protobuf-compiler)
+  # shellcheck disable=SC2086  # a word list
+  (($#)) || set -- $LK_TOPOLOGIES
+  for t; do
+    case $t in
+      redis | sentinel | redlock)
+        command -v redis-server >/dev/null || need+=(redis-server)
+        command -v redis-cli >/dev/null || need+=(redis-tools) ;;
+      etcd)
+        command -v etcd >/dev/null || need+=(etcd-server)
+        command -v etcdctl >/dev/null || need+=(etcd-client) ;;
+      zk)
+        { command -v java >/dev/null && [ -e /usr/share/java/zookeeper.jar ]; } || need+=(zookeeper)
+        [ -e /usr/share/java/slf4j-simple.jar ] || need+=(libslf4j-java) ;;
+    esac
+  done
+  ((${#need[@]})) || return 0
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  if [ "$(id -u)" != 0 ]; then
+    echo "error: missing packages: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
+    return 1
+  fi
+  echo "installing ${need[*]} (log: $LK_LOGS/apt.log)"
+  # A policy-rc.d that answers 101 keeps the packages' post-install from starting system services.
+  if [ ! -e "$guard" ]; then printf '#!/bin/sh\nexit 101\n' >"$guard" && chmod 755 "$guard" && made_guard=1; fi
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"; } >"$LK_LOGS/apt.log" 2>&1 || rc=$?
+  [ -z "$made_guard" ] || rm -f "$guard"
+  if ((rc)); then echo "error: apt-get failed (rc $rc):" >&2; tail -n 20 "$LK_LOGS/apt.log" >&2; return 1; fi
+  # Should a system service have started anyway, leave it alone: our ports are different.
+  if pgrep -x redis-server >/dev/null || pgrep -x etcd >/dev/null || pgrep -f QuorumPeerMain >/dev/null; then
+    echo "note: a redis/etcd/zookeeper process not started by compose/ is running; left alone (other ports)"
+  fi
+}
+
+# ---- processes -------------------------------------------------------------------------------------
+lk_is_ours() { # PID NAME: PID is alive and is our server for member NAME (guard against PID reuse)
+  local cmd
+  [[ $1 =~ ^[0-9]+$ ]] || return 1
+  cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
+  cmd+=" "
+  case $2 in
+    etcd-*) [[ $cmd == *etcd* && $cmd == *" --data-dir $LK_DATA/$2 "* ]] ;;
+    zk-*) [[ $cmd == *QuorumPeerMain* && $cmd == *" $LK_DATA/$2/zoo.cfg "* ]] ;;
+    *) [[ $cmd == *redis-server* && ($cmd == *"127.0.0.1:$(lk_port "$2") "* || $cmd == *" $LK_DATA/$2/"*) ]] ;;
+  esac
+}
+lk_pid() { # NAME -> PID of our running member; a stale PID file is removed
+  local f=$LK_PIDS/$1.pid pid
+  [ -s "$f" ] || return 1
+  pid=$(<"$f")
+  if lk_is_ours "$pid" "$1"; then echo "$pid"; else rm -f "$f"; return 1; fi
+}
+lk_state() { # NAME -> up | paused | down
+  local pid stat
+  pid=$(lk_pid "$1") || { echo down; return 0; }
+  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo down; return 0; }
+  stat=${stat##*) }
+  [ "${stat%% *}" = T ] && echo paused || echo up
+}
+lk_spawn() { # NAME CMD...: run CMD detached in its own session, log to logs/NAME.log, record its real PID
+  local name=$1 f=$LK_PIDS/$1.pid i pid; shift
+  rm -f "$f"
+  # shellcheck disable=SC2016  # $$ and $@ are expanded by the inner bash
+  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$f" "$@" >>"$LK_LOGS/$name.log" 2>&1 </dev/null &
+  for ((i = 0; i < 250; i++)); do
+    if [ -s "$f" ]; then
+      pid=$(<"$f")
+      lk_is_ours "$pid" "$name" && return 0
+      [ -n "$(tr -d '\0' 2>/dev/null <"/proc/$pid/cmdline")" ] || break # exited already
+    fi
+    sleep 0.02
+  done
+  echo "error: $name did not start" >&2 # its PID file stays: lk_pid drops it once it is stale
+  return 1
+}
+lk_stop() { # NAME...: SIGTERM (and SIGCONT, for paused ones), SIGKILL after LK_STOP_TIMEOUT s; remove PID files.
+  # Sets LK_STOPPED_PIDS.
+  local m pid names=() pids=() i end
+  for m; do
+    pid=$(lk_pid "$m") || continue
+    kill -TERM "$pid" 2>/dev/null || true
+    kill -CONT "$pid" 2>/dev/null || true
+    names+=("$m") pids+=("$pid")
+  done
+  end=$(($(lk_now) + LK_STOP_TIMEOUT * 1000000))
+  for ((i = 0; i < ${#pids[@]}; i++)); do
+    while lk_is_ours "${pids[i]}" "${names[i]}" && (($(lk_now) < end)); do sleep 0.05; done
+  done
+  for ((i = 0; i < ${#pids[@]}; i++)); do
+    if lk_is_ours "${pids[i]}" "${names[i]}"; then
+      echo "${names[i]}: still running ${LK_STOP_TIMEOUT}s after SIGTERM, sending SIGKILL" >&2
+      kill -KILL "${pids[i]}" 2>/dev/null || true
+    fi
+  done
+  for ((i = 0; i < ${#pids[@]}; i++)); do
+    while lk_is_ours "${pids[i]}" "${names[i]}"; do sleep 0.02; done
+    rm -f "$LK_PIDS/${names[i]}.pid"
+  done
+  # shellcheck disable=SC2034  # used by the callers
+  LK_STOPPED_PIDS=("${pids[@]}")
+}
+lk_wait_reaped() { # PID...: wait (at most 3 s) until these dead processes are no zombies any more, so that
+  # pgrep shows nothing (an init that reaps lazily, like this sandbox's, keeps them for up to ~2 s)
+  local p stat end=$(($(lk_now) + 3000000))
+  for p; do
+    while stat=$(cat "/proc/$p/stat" 2>/dev/null) && stat=${stat##*) } && [ "${stat%% *}" = Z ]; do
+      (($(lk_now) < end)) || return 0
+      sleep 0.05
+    done
+  done
+}
+lk_tail() { # NAME: the last lines of its log, on stderr
+  [ -s "$LK_LOGS/$1.log" ] || return 0
+  echo "--- last lines of $LK_LOGS/$1.log:" >&2
+  tail -n "${2:-20}" "$LK_LOGS/$1.log" >&2 2>/dev/null || true
+}
+
+# ---- clients -----------------------------------------------------------------------------------------
+zk4() { # PORT WORD: send a ZooKeeper four-letter word to 127.0.0.1:PORT and print the answer (2 s bound)
+  # shellcheck disable=SC2016
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0" && printf %s "$1" >&3 && cat <&3' "$1" "$2" 2>/dev/null
+}
+lk_cli() { timeout 2 redis-cli -h 127.0.0.1 -p "$1" "${@:2}" 2>/dev/null | tr -d '\r'; }
+lk_etcdctl() { ETCDCTL_API=3 timeout 10 etcdctl --dial-timeout=1s --command-timeout=2s "$@"; }
+lk_zk_mode() { zk4 "$(lk_port "$1")" srvr | sed -n 's/^Mode: //p'; }
+lk_ping() { [ "$(lk_cli "$(lk_port "$1")" PING)" = PONG ]; }
+
+# ---- configuration and start -------------------------------------------------------------------------
+lk_prepare() { # NAME: create the data dir and config of member NAME unless they exist
+  local name=$1 dir=$LK_DATA/$1 port i=${1##*-}
+  port=$(lk_port "$name")
+  mkdir -p "$dir" && chmod 700 "$dir"
+  case $name in
+    etcd-?) ;; # etcd keeps everything in its data dir
+    sentinel-[123])
+      [ -e "$dir/sentinel.conf" ] || cat >"$dir/sentinel.conf" <<EOF
+bind 127.0.0.1
+port $port
+daemonize no
+dir $dir
+sentinel monitor $LK_SENTINEL_MASTER 127.0.0.1 $LK_SENTINEL_PRIMARY_PORT 2
+sentinel down-after-milliseconds $LK_SENTINEL_MASTER 1000
+sentinel failover-timeout $LK_SENTINEL_MASTER 3000
+sentinel parallel-syncs $LK_SENTINEL_MASTER 1
+EOF
+      ;;
+    zk-?)
+      mkdir -p "$dir/data"
+      [ -e "$dir/data/myid" ] || echo "$i" >"$dir/data/myid"
+      [ -e "$dir/zoo.cfg" ] || cat >"$dir/zoo.cfg" <<EOF
+tickTime=500
+initLimit=20
+syncLimit=10
+minSessionTimeout=1000
+maxSessionTimeout=60000
+dataDir=$dir/data
+clientPortAddress=127.0.0.1
+clientPort=$port
+server.1=127.0.0.1:${LK_ZK_QUORUM_PORTS[0]}:${LK_ZK_ELECTION_PORTS[0]}
+server.2=127.0.0.1:${LK_ZK_QUORUM_PORTS[1]}:${LK_ZK_ELECTION_PORTS[1]}
+server.3=127.0.0.1:${LK_ZK_QUORUM_PORTS[2]}:${LK_ZK_ELECTION_PORTS[2]}
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,mntr,stat,conf,cons,wchs,dump,envi
+forceSync=no
+autopurge.snapRetainCount=3
+autopurge.purgeInterval=1
+EOF
+      ;;
+    *)
+      [ -e "$dir/redis.conf" ] || {
+        cat <<EOF
+bind 127.0.0.1
+port $port
+protected-mode yes
+daemonize no
+logfile ""
+dir $dir
+save ""
+appendonly no
+repl-diskless-sync-delay 0
+EOF
+        [ "$name" != sentinel-replica ] || echo "replicaof 127.0.0.1 $LK_SENTINEL_PRIMARY_PORT"
+      } >"$dir/redis.conf"
+      ;;
+  esac
+}
+lk_start() { # NAME: start member NAME from its data dir and config (lk_prepare first)
+  local name=$1 dir=$LK_DATA/$1 p i=${1##*-}
+  for p in $(lk_ports "$name"); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "error: $name: port $p is already in use by another process" >&2
+      return 1
+    fi
+  done
+  case $name in
+    sentinel-[123]) lk_spawn "$name" redis-server "$dir/sentinel.conf" --sentinel ;;
+    etcd-?)
+      lk_spawn "$name" etcd --name "$name" --data-dir "$dir" \
+        --listen-client-urls "http://127.0.0.1:${LK_ETCD_CLIENT_PORTS[i - 1]}" \
+        --advertise-client-urls "http://127.0.0.1:${LK_ETCD_CLIENT_PORTS[i - 1]}" \
+        --listen-peer-urls "http://127.0.0.1:${LK_ETCD_PEER_PORTS[i - 1]}" \
+        --initial-advertise-peer-urls "http://127.0.0.1:${LK_ETCD_PEER_PORTS[i - 1]}" \
+        --initial-cluster "$LK_ETCD_CLUSTER" --initial-cluster-token lk-etcd --initial-cluster-state new \
+        --logger zap --log-outputs stderr --log-level warn ;;
+    zk-?) lk_spawn "$name" "${LK_ZK_JAVA[@]}" "$dir/zoo.cfg" ;;
+    *) lk_spawn "$name" redis-server "$dir/redis.conf" ;;
+  esac
+}
+
+# ---- readiness ---------------------------------------------------------------------------------------
+lk_member_answers() { # NAME: the process answers (no quorum needed)
+  case $1 in
+    # etcd opens its client port only once a quorum has let it publish itself: look at its peer port
+    etcd-?) (exec 3<>"/dev/tcp/127.0.0.1/${LK_ETCD_PEER_PORTS[${1##*-} - 1]}") 2>/dev/null ;;
+    zk-?) [ "$(zk4 "$(lk_port "$1")" ruok)" = imok ] ;;
+    *) lk_ping "$1" ;;
+  esac
+}
+lk_member_serving() { # NAME: it serves requests (etcd/ZK: it is part of a quorum)
+  case $1 in
+    etcd-?) lk_etcdctl --endpoints="127.0.0.1:$(lk_port "$1")" endpoint health >/dev/null 2>&1 ;;
+    zk-?) [[ $(lk_zk_mode "$1") =~ ^(leader|follower)$ ]] ;;
+    *) lk_ping "$1" ;;
+  esac
+}
+lk_sentinel_field() { # PORT FIELD: a field of SENTINEL MASTER lkprimary
+  lk_cli "$1" SENTINEL MASTER "$LK_SENTINEL_MASTER" | awk -v k="$2" '$0 == k { getline; print; exit }'
+}
+lk_sentinel_ready() { # all 3 sentinels agree on the master, see 2 other sentinels and 1 replica; replica linked
+  local s port addr master='' n other
+  for s in sentinel-1 sentinel-2 sentinel-3; do
+    port=$(lk_port "$s") LK_BAD=$s
+    addr=$(lk_cli "$port" SENTINEL get-master-addr-by-name "$LK_SENTINEL_MASTER" | paste -sd:)
+    [[ $addr == 127.0.0.1:* ]] || { LK_WHY="$s does not know master $LK_SENTINEL_MASTER"; return 1; }
+    [[ -z $master || $addr == "$master" ]] || { LK_WHY="sentinels disagree on the master: $master vs $addr"; return 1; }
+    master=$addr
+    n=$(lk_sentinel_field "$port" num-other-sentinels)
+    [ "$n" = 2 ] || { LK_WHY="$s sees ${n:-?} other sentinels, not 2"; return 1; }
+    n=$(lk_sentinel_field "$port" num-slaves)
+    [[ $n =~ ^[1-9] ]] || { LK_WHY="$s has not discovered the replica yet"; return 1; }
+  done
+  case ${master##*:} in
+    "$LK_SENTINEL_PRIMARY_PORT") other=sentinel-replica ;;
+    "$LK_SENTINEL_REPLICA_PORT") other=sentinel-primary ;;
+    *) LK_WHY="sentinels name an unknown master $master" LK_BAD=sentinel-1; return 1 ;;
+  esac
+  LK_BAD=$other
+  lk_cli "$(lk_port "$other")" INFO replication | grep -qx "master_link_status:up" ||
+    { LK_WHY="$other: replication link to $master is not up"; return 1; }
+}
+lk_topology_ready() { # TOPOLOGY: 0 ready, 1 not yet, 2 hopeless (a member is down or paused); sets LK_WHY, LK_BAD
+  local t=$1 m mode leaders=0 out
+  LK_WHY='' LK_BAD=''
+  for m in $(lk_members "$t"); do
+    case $(lk_state "$m") in
+      down) LK_WHY="$m is not running (it exited)" LK_BAD=$m; return 2 ;;
+      paused) LK_WHY="$m is paused (compose/member.sh resume $m)" LK_BAD=$m; return 2 ;;
+    esac
+  done
+  case $t in
+    sentinel) lk_sentinel_ready || return 1 ;;
+    etcd)
+      out=$(lk_etcdctl --endpoints="$LK_ETCD_ENDPOINTS" endpoint health 2>&1) ||
+        { LK_WHY="etcdctl endpoint health: $(tail -n 2 <<<"$out")" LK_BAD=etcd-1; return 1; } ;;
+    zk)
+      for m in $(lk_members zk); do
+        mode=$(lk_zk_mode "$m")
+        case $mode in
+          leader) leaders=$((leaders + 1)) ;;
+          follower) ;;
+          *) LK_WHY="$m is not serving (srvr Mode: '${mode:-none}')" LK_BAD=$m; return 1 ;;
+        esac
+      done
+      ((leaders == 1)) || { LK_WHY="$leaders ZooKeeper leaders, not 1" LK_BAD=zk-1; return 1; } ;;
+    *) for m in $(lk_members "$t"); do lk_ping "$m" || { LK_WHY="$m does not answer PING" LK_BAD=$m; return 1; }; done ;;
+  esac
+}
+lk_wait_ready() { # TOPOLOGY: wait until ready (bounded); on failure say why and show the blamed member's log
+  local t=$1 end=$(($(lk_now) + LK_TIMEOUT * 1000000)) rc
+  while :; do
+    rc=0 && lk_topology_ready "$t" || rc=$?
+    ((rc == 0)) && return 0
+    ((rc == 1 && $(lk_now) < end)) || break
+    sleep 0.1
+  done
+  ((rc == 2)) || LK_WHY="not ready after ${LK_TIMEOUT} s${LK_WHY:+: $LK_WHY}"
+  echo "error: $t: $LK_WHY" >&2
+  [ -z "$LK_BAD" ] || lk_tail "$LK_BAD"
+  return 1
+}
+
+lk_leader() { # etcd|zk|sentinel -> the member that leads now (sentinel: the current master); non-zero if none
+  local m eps='' line port=''
+  case $1 in
+    etcd)
+      for m in $(lk_members etcd); do ! lk_pid "$m" >/dev/null || eps+=${eps:+,}127.0.0.1:$(lk_port "$m"); done
+      [ -n "$eps" ] || return 1
+      # simple format: endpoint, id, version, db size, is leader, is learner, term, index, applied, errors
+      line=$(lk_etcdctl --endpoints="$eps" endpoint status 2>/dev/null | awk -F', ' '$5 == "true" { print $1; exit }') || true
+      [ -n "$line" ] || return 1
+      port=${line##*:} ;;
+    zk)
+      for m in $(lk_members zk); do
+        if lk_pid "$m" >/dev/null && [ "$(lk_zk_mode "$m")" = leader ]; then echo "$m"; return 0; fi
+      done
+      return 1 ;;
+    sentinel)
+      for m in sentinel-1 sentinel-2 sentinel-3; do
+        lk_pid "$m" >/dev/null || continue
+        port=$(lk_cli "$(lk_port "$m")" SENTINEL get-master-addr-by-name "$LK_SENTINEL_MASTER" | sed -n 2p)
+        [ -z "$port" ] || break
+      done
+      [ -n "$port" ] || return 1 ;;
+  esac
+  for m in $(lk_members "$1"); do [ "$(lk_port "$m")" != "$port" ] || { echo "$m"; return 0; }; done
+  return 1
+}
+
+# ---- endpoints.env -----------------------------------------------------------------------------------
+lk_env_line() { # TOPOLOGY -> its line of endpoints.env
+  case $1 in
+    redis) echo "LOCKKIT_TEST_REDIS_URL=redis://127.0.0.1:$LK_REDIS_PORT" ;;
+    sentinel) echo "LOCKKIT_TEST_SENTINEL_URL=redis+sentinel://$(lk_hostports "${LK_SENTINEL_PORTS[@]}")/$LK_SENTINEL_MASTER" ;;
+    redlock) echo "LOCKKIT_TEST_REDLOCK_URL=redlock://$(lk_hostports "${LK_REDLOCK_PORTS[@]}")" ;;
+    etcd) echo "LOCKKIT_TEST_ETCD_URL=etcd://$LK_ETCD_ENDPOINTS" ;;
+    zk) echo "LOCKKIT_TEST_ZK_URL=zk://$(lk_hostports "${LK_ZK_CLIENT_PORTS[@]}")" ;;
+  esac
+}
+lk_topology_alive() { local m; for m in $(lk_members "$1"); do lk_pid "$m" >/dev/null && return 0; done; return 1; }
+lk_env_update() { # add|remove TOPOLOGY...: rewrite endpoints.env; keeps lines of other topologies still running
+  local op=$1 t line tmp=$LK_ENV.$$; shift
+  : >"$tmp"
+  for t in $LK_TOPOLOGIES; do
+    line=$(lk_env_line "$t")
+    if [[ " $* " == *" $t "* ]]; then
+      [ "$op" = remove ] || echo "$line" >>"$tmp"
+    elif [ -f "$LK_ENV" ] && grep -qxF "$line" "$LK_ENV" && lk_topology_alive "$t"; then
+      echo "$line" >>"$tmp"
+    fi
+  done
+  mv -f "$tmp" "$LK_ENV"
+}
