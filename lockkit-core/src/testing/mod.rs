@@ -4,7 +4,7 @@
 //! A backend crate implements [`Harness`] for its servers and generates one test per
 //! scenario with [`conformance_tests!`](crate::conformance_tests):
 //!
-//! ```ignore
+//! ```text
 //! lockkit_core::conformance_tests!(my_backend_harness);
 //! ```
 //!
