@@ -24,8 +24,11 @@ impl Write for Captured {
     }
 }
 
+/// One metric: name, labels, value.
+type Sample = (String, Vec<(String, String)>, DebugValue);
+
 fn counter(
-    snapshot: &[(String, Vec<(String, String)>, DebugValue)],
+    snapshot: &[Sample],
     name: &str,
     label: Option<(&str, &str)>,
 ) -> u64 {
