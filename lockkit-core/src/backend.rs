@@ -254,13 +254,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     async fn renew(&self, lease: &Lease) -> Result<Renewal>;
 
     /// Renews several leases at once; the answers are in the same order. Backends that can
-    /// batch (one pipeline, one keep-alive) override it; the default renews one by one.
+    /// batch (one pipeline, one keep-alive) override it; the default renews them concurrently.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let mut out = Vec::with_capacity(leases.len());
-        for lease in leases {
-            out.push(self.renew(lease).await);
-        }
-        out
+        futures_util::future::join_all(leases.iter().map(|lease| self.renew(lease))).await
     }
 
     /// Releases the lease if it is still ours. Returns whether it was.
@@ -268,6 +264,17 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// Backend failures; the lock then expires with its TTL.
     async fn release(&self, lease: &Lease) -> Result<bool>;
+
+    /// Whether `lease` still holds its lock, asked of the server. The default compares the
+    /// holder's fencing token; backends whose tokens can repeat (after a failover) override it
+    /// to compare the owner token.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        let info = self.inspect(lease.key()).await?;
+        Ok(info.is_some_and(|info| info.fencing_token == lease.fencing_token()))
+    }
 
     /// Tells who holds `key`, if anyone.
     ///

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::renewal::HeldLease;
+use crate::renewal::{self, HeldLease};
 use crate::runtime;
 use crate::token::FencingToken;
 
@@ -110,9 +110,10 @@ impl MutexGuard {
         self.held().lost.clone().cancelled_owned()
     }
 
-    /// Whether the lock is already known to be lost (no server round trip).
+    /// Whether the lock is known to be lost, or its validity deadline has passed (no server
+    /// round trip).
     pub fn is_lost(&self) -> bool {
-        self.held().lost.is_cancelled() || Instant::now() >= self.valid_until()
+        self.held().is_lost()
     }
 
     /// Asks the backend whether this grant still holds the lock.
@@ -121,30 +122,17 @@ impl MutexGuard {
     /// Backend failures; the answer is then unknown.
     pub async fn is_held(&self) -> Result<bool> {
         let held = self.held();
-        let info = held.backend.inspect(held.lease.key()).await?;
-        Ok(info.is_some_and(|info| info.fencing_token == held.lease.fencing_token()))
+        held.backend.is_held(&held.lease).await
     }
 
-    /// Renews the lease now, instead of waiting for the background renewal.
+    /// Renews the lease now, instead of waiting for the background renewal. Bounded by the
+    /// lease's validity deadline.
     ///
     /// # Errors
     /// [`ErrorKind::Lost`] if the lease is no longer ours (the lost signal fires too);
-    /// backend failures otherwise.
+    /// backend failures otherwise (the lease keeps its previous deadline).
     pub async fn extend(&self) -> Result<()> {
-        let held = self.held();
-        let sent_at = Instant::now();
-        let answer = held.backend.renew(&held.lease).await;
-        let still_ours = held.apply_renewal(sent_at, &answer);
-        answer?;
-        if still_ours {
-            Ok(())
-        } else {
-            Err(Error::new(
-                ErrorKind::Lost,
-                held.backend.name(),
-                format!("lock {} is no longer held", held.lease.key()),
-            ))
-        }
+        renewal::extend_now(self.held()).await
     }
 
     /// Releases the lock and says whether it was still ours when the backend got the request
@@ -161,7 +149,7 @@ impl MutexGuard {
             return Ok(false);
         };
         if !held.drop_holder() {
-            return Ok(!held.lost.is_cancelled());
+            return Ok(!held.is_lost());
         }
         release_now(&held).await
     }

@@ -206,6 +206,7 @@ impl Mutex {
     }
 
     async fn acquire_fresh(&self, wait: Wait) -> Result<Option<MutexGuard>> {
+        self.options.validate()?;
         let backend = self.client.backend().clone();
         let ttl = self.options.ttl.max(backend.capabilities().min_ttl);
         let request = AcquireRequest::new(
@@ -252,14 +253,27 @@ impl Mutex {
                     let valid_until = validity_deadline(sent_at, grant.valid_for, drift)
                         .filter(|deadline| *deadline > Instant::now());
                     let Some(valid_until) = valid_until else {
-                        tracing::debug!("grant arrived with no validity left; giving it back");
                         pending.abandon().await;
-                        if matches!(wait, Wait::No) || remaining == Some(Duration::ZERO) {
-                            metrics::acquired(name, "timeout", started.elapsed(), waited);
-                            return Ok(None);
+                        let late = Error::new(
+                            ErrorKind::Unavailable,
+                            name,
+                            "the grant arrived with no validity left: the backend answers slower than the TTL allows",
+                        );
+                        if matches!(wait, Wait::No) {
+                            metrics::acquired(name, "error", started.elapsed(), waited);
+                            return Err(late);
                         }
                         pending.armed = true;
-                        tokio::time::sleep(backoff.next_delay()).await;
+                        self.on_error(
+                            &mut pending,
+                            late,
+                            &mut errors,
+                            &mut backoff,
+                            remaining,
+                            started,
+                            waited,
+                        )
+                        .await?;
                         continue;
                     };
                     let mut lease = Lease::new(
@@ -275,8 +289,14 @@ impl Mutex {
                     if let Some(session) = grant.session {
                         lease = lease.with_session(session);
                     }
-                    let held = HeldLease::new(lease, backend.clone(), valid_until, drift);
-                    Scheduler::global().register(held.clone(), options.auto_renew);
+                    let held = HeldLease::new(
+                        lease,
+                        backend.clone(),
+                        valid_until,
+                        drift,
+                        options.auto_renew,
+                    );
+                    Scheduler::global().register(held.clone());
                     pending.armed = false;
                     metrics::acquired(name, "granted", started.elapsed(), waited);
                     tracing::debug!(fencing_token = %grant.fencing_token, "acquired");
@@ -411,8 +431,10 @@ struct PendingAcquire {
 impl PendingAcquire {
     /// Removes what the request left on the server, now, and disarms.
     async fn abandon(&mut self) {
+        let outcome = self.backend.abandon(&self.request).await;
+        // Disarmed only now: if this future is dropped mid-way, `Drop` cleans up instead.
         self.armed = false;
-        if let Err(e) = self.backend.abandon(&self.request).await {
+        if let Err(e) = outcome {
             tracing::warn!(key = %self.request.key, error = %e, "could not clean up after an acquisition; leftovers expire with their TTL");
         }
     }

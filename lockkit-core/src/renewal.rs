@@ -1,8 +1,9 @@
-//! The shared renewal scheduler: one task on lockkit's runtime renews every held lease at a
-//! third of its TTL, batching the leases of one backend into one `renew_many` call, and fires
-//! the lost signal of every lease whose validity deadline passes without a renewal.
+//! The shared renewal scheduler: one task on lockkit's runtime renews every held lease when a
+//! third of its validity has passed, batching the leases of one backend into one `renew_many`
+//! call, and fires the lost signal of every lease whose validity deadline passes without a
+//! renewal.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -12,13 +13,41 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::backend::{Renewal, SharedBackend};
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{Lease, validity_deadline};
 use crate::metrics;
 use crate::runtime;
 
 /// The longest the scheduler sleeps when nothing is due (new leases wake it earlier).
 const IDLE_TICK: Duration = Duration::from_secs(1);
+/// The shortest pause before retrying a failed renewal.
+const MIN_RETRY: Duration = Duration::from_millis(5);
+
+/// When to renew a lease valid from `sent_at` until `valid_until`: after a third of it.
+fn renewal_time(sent_at: Instant, valid_until: Instant) -> Instant {
+    sent_at + valid_until.saturating_duration_since(sent_at) / 3
+}
+
+/// Who applies a renewal answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// The background scheduler (which marks the lease as being renewed while it waits).
+    Scheduler,
+    /// An explicit `MutexGuard::extend`.
+    Extend,
+}
+
+/// What a renewal answer did to the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// The lease is valid at least until the answer's deadline.
+    Extended,
+    /// The answer did not extend anything (an error, or no validity left); the lease keeps its
+    /// previous deadline.
+    Unchanged,
+    /// The lease is lost.
+    Lost,
+}
 
 /// A granted lease while it is held: the state shared by its guards and the scheduler.
 #[derive(Debug)]
@@ -33,7 +62,9 @@ pub(crate) struct HeldLease {
 #[derive(Debug)]
 struct HeldState {
     valid_until: Instant,
-    next_renewal: Instant,
+    /// When the scheduler renews next; `None` without auto-renewal.
+    next_renewal: Option<Instant>,
+    /// A scheduler renewal is in flight.
     renewing: bool,
     /// Guards sharing this lease (more than one only for reentrant acquisitions).
     holders: usize,
@@ -46,12 +77,13 @@ impl HeldLease {
         backend: SharedBackend,
         valid_until: Instant,
         drift: Duration,
+        auto_renew: bool,
     ) -> Arc<Self> {
         let lost = match lease.session() {
             Some(session) => session.child_token(),
             None => CancellationToken::new(),
         };
-        let next_renewal = lease.acquired_at() + lease.ttl() / 3;
+        let next_renewal = auto_renew.then(|| renewal_time(lease.acquired_at(), valid_until));
         Arc::new(HeldLease {
             lease,
             backend,
@@ -76,14 +108,18 @@ impl HeldLease {
         self.state().valid_until
     }
 
+    /// Lost, or past the validity deadline (the scheduler may not have noticed yet).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || Instant::now() >= self.valid_until()
+    }
+
     /// Adds a holder (a reentrant acquisition) if the lease is still held and valid.
     pub(crate) fn try_share(&self) -> bool {
+        if self.is_lost() {
+            return false;
+        }
         let mut state = self.state();
-        if state.released
-            || state.holders == 0
-            || self.lost.is_cancelled()
-            || Instant::now() >= state.valid_until
-        {
+        if state.released || state.holders == 0 {
             return false;
         }
         state.holders += 1;
@@ -109,44 +145,99 @@ impl HeldLease {
         }
     }
 
-    /// Applies the answer to a renewal sent at `sent_at`. Returns whether the lease is still ours.
-    pub(crate) fn apply_renewal(&self, sent_at: Instant, answer: &Result<Renewal>) -> bool {
-        let backend = self.backend.name();
+    /// Applies the answer to a renewal sent at `sent_at`. Answers may arrive out of order (a
+    /// slow `extend` beside the scheduler): a deadline only ever moves forward, and nothing is
+    /// applied to a lease that is already lost or released.
+    pub(crate) fn apply_renewal(
+        &self,
+        sent_at: Instant,
+        answer: &Result<Renewal>,
+        origin: Origin,
+    ) -> Applied {
         let mut state = self.state();
-        state.renewing = false;
-        match answer {
-            Ok(Renewal::Extended(valid_for)) => {
-                match validity_deadline(sent_at, *valid_for, self.drift) {
-                    Some(deadline) => {
-                        state.valid_until = deadline;
-                        state.next_renewal = sent_at + (*valid_for / 3);
-                        true
-                    }
-                    None => {
-                        drop(state);
-                        self.mark_lost("renewal came back with no validity left");
-                        false
+        if origin == Origin::Scheduler {
+            state.renewing = false;
+        }
+        if self.lost.is_cancelled() {
+            return Applied::Lost;
+        }
+        if state.released {
+            return Applied::Unchanged;
+        }
+        let gone = match answer {
+            Ok(Renewal::Lost) => true,
+            Err(e) => matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotOwner),
+            Ok(Renewal::Extended(_)) => false,
+        };
+        if gone {
+            drop(state);
+            self.mark_lost("the backend says the lease is no longer ours");
+            return Applied::Lost;
+        }
+        let deadline = match answer {
+            Ok(Renewal::Extended(valid_for)) => validity_deadline(sent_at, *valid_for, self.drift),
+            _ => None,
+        };
+        match deadline {
+            Some(deadline) => {
+                if deadline > state.valid_until {
+                    state.valid_until = deadline;
+                    if state.next_renewal.is_some() {
+                        state.next_renewal = Some(renewal_time(sent_at, deadline));
                     }
                 }
+                Applied::Extended
             }
-            Ok(Renewal::Lost) => {
-                drop(state);
-                self.mark_lost("the backend says the lease is no longer ours");
-                false
-            }
-            Err(e) if matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotOwner) => {
-                drop(state);
-                self.mark_lost("the backend says the lease is no longer ours");
-                false
-            }
-            Err(e) => {
-                metrics::renew_failed(backend);
-                tracing::warn!(key = %self.lease.key(), backend, error = %e, "renewal failed; retrying before the validity deadline");
-                let left = state.valid_until.saturating_duration_since(Instant::now());
-                state.next_renewal = Instant::now() + (left / 4).max(Duration::from_millis(5));
-                true
+            None => {
+                if let Err(e) = answer {
+                    metrics::renew_failed(self.backend.name());
+                    tracing::warn!(key = %self.lease.key(), backend = self.backend.name(), error = %e, "renewal failed; retrying before the validity deadline");
+                }
+                if origin == Origin::Scheduler && state.next_renewal.is_some() {
+                    let left = state.valid_until.saturating_duration_since(Instant::now());
+                    state.next_renewal = Some(Instant::now() + (left / 4).max(MIN_RETRY));
+                }
+                Applied::Unchanged
             }
         }
+    }
+}
+
+/// Sends one renewal of `held` now (for `MutexGuard::extend`), bounded by its validity.
+pub(crate) async fn extend_now(held: &HeldLease) -> Result<()> {
+    let backend = held.backend.name();
+    let lost = || {
+        Error::new(
+            ErrorKind::Lost,
+            backend,
+            format!("lock {} is no longer held", held.lease.key()),
+        )
+    };
+    if held.is_lost() {
+        return Err(lost());
+    }
+    let sent_at = Instant::now();
+    let answer =
+        tokio::time::timeout_at(held.valid_until().into(), held.backend.renew(&held.lease))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    backend,
+                    "renewal did not answer before the validity deadline",
+                ))
+            });
+    let applied = held.apply_renewal(sent_at, &answer, Origin::Extend);
+    Scheduler::global().wake.notify_one();
+    match (applied, answer) {
+        (Applied::Lost, _) => Err(lost()),
+        (_, Err(e)) => Err(e),
+        (Applied::Unchanged, Ok(_)) => Err(Error::new(
+            ErrorKind::Unavailable,
+            backend,
+            "the renewal answered with no validity left; the lease keeps its previous deadline",
+        )),
+        (Applied::Extended, Ok(_)) => Ok(()),
     }
 }
 
@@ -173,11 +264,9 @@ impl Scheduler {
         })
     }
 
-    /// Starts renewing `held` (or only watching its deadline when `renew` is false).
-    pub(crate) fn register(&self, held: Arc<HeldLease>, renew: bool) {
-        if !renew {
-            held.state().next_renewal = far_future();
-        }
+    /// Starts watching `held`: renewing it (when it auto-renews) and firing its lost signal at
+    /// its validity deadline.
+    pub(crate) fn register(&self, held: Arc<HeldLease>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.leases
             .lock()
@@ -196,14 +285,17 @@ impl Scheduler {
         }
     }
 
-    /// One pass over the held leases: drops finished ones, fires deadlines, starts the renewals
-    /// that are due (one batch per backend). Returns when the next pass is needed.
+    /// One pass over the held leases: drops finished ones, fires deadlines, and starts one
+    /// renewal batch per backend that has a lease due, taking along that backend's leases due
+    /// within the next sixth of their TTL (renewing a little early costs nothing and keeps
+    /// batches full). Returns when the next pass is needed.
     fn tick(&'static self, now: Instant) -> Instant {
         let mut next_wake = now + IDLE_TICK;
-        let mut due: HashMap<*const (), (SharedBackend, Vec<Arc<HeldLease>>)> = HashMap::new();
+        let mut due_backends = HashSet::new();
+        let mut candidates = Vec::new();
         let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         leases.retain(|_, held| {
-            let mut state = held.state();
+            let state = held.state();
             if state.released || held.lost.is_cancelled() {
                 return false;
             }
@@ -213,22 +305,29 @@ impl Scheduler {
                 return false;
             }
             next_wake = next_wake.min(state.valid_until);
-            if !state.renewing {
-                if now >= state.next_renewal {
-                    state.renewing = true;
-                    let ptr = Arc::as_ptr(&held.backend) as *const ();
-                    due.entry(ptr)
-                        .or_insert_with(|| (held.backend.clone(), Vec::new()))
-                        .1
-                        .push(held.clone());
-                } else {
-                    next_wake = next_wake.min(state.next_renewal);
+            if let (false, Some(next)) = (state.renewing, state.next_renewal) {
+                if now >= next {
+                    due_backends.insert(backend_id(&held.backend));
                 }
+                next_wake = next_wake.min(next);
+                candidates.push((held.clone(), next));
             }
             true
         });
         drop(leases);
-        for (backend, batch) in due.into_values() {
+        let mut batches: HashMap<*const (), (SharedBackend, Vec<Arc<HeldLease>>)> = HashMap::new();
+        for (held, next) in candidates {
+            let id = backend_id(&held.backend);
+            if due_backends.contains(&id) && next <= now + held.lease.ttl() / 6 {
+                held.state().renewing = true;
+                batches
+                    .entry(id)
+                    .or_insert_with(|| (held.backend.clone(), Vec::new()))
+                    .1
+                    .push(held);
+            }
+        }
+        for (backend, batch) in batches.into_values() {
             let span = tracing::debug_span!(
                 "lockkit.renew",
                 backend = backend.name(),
@@ -239,35 +338,39 @@ impl Scheduler {
         next_wake
     }
 
+    /// Renews a batch and applies each answer. The call is bounded by the latest deadline in
+    /// the batch; leases whose own deadline passes meanwhile are declared lost by `tick`, and a
+    /// late answer cannot revive them.
     async fn renew_batch(&'static self, backend: SharedBackend, batch: Vec<Arc<HeldLease>>) {
         let leases: Vec<Lease> = batch.iter().map(|h| h.lease.clone()).collect();
         let sent_at = Instant::now();
         let deadline = batch
             .iter()
             .map(|h| h.valid_until())
-            .min()
+            .max()
             .unwrap_or(sent_at);
         let answers =
             match tokio::time::timeout_at(deadline.into(), backend.renew_many(&leases)).await {
                 Ok(answers) if answers.len() == batch.len() => answers,
-                Ok(_) | Err(_) => batch
-                    .iter()
-                    .map(|_| {
-                        Err(crate::Error::new(
-                            ErrorKind::Unavailable,
-                            backend.name(),
-                            "renewal did not answer before the validity deadline",
-                        ))
-                    })
-                    .collect(),
+                outcome => {
+                    let why = if outcome.is_ok() {
+                        "renew_many returned the wrong number of answers"
+                    } else {
+                        "renewal did not answer before the validity deadline"
+                    };
+                    batch
+                        .iter()
+                        .map(|_| Err(Error::new(ErrorKind::Unavailable, backend.name(), why)))
+                        .collect()
+                }
             };
         for (held, answer) in batch.iter().zip(&answers) {
-            held.apply_renewal(sent_at, answer);
+            held.apply_renewal(sent_at, answer, Origin::Scheduler);
         }
         self.wake.notify_one();
     }
 }
 
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+fn backend_id(backend: &SharedBackend) -> *const () {
+    Arc::as_ptr(backend) as *const ()
 }

@@ -1,14 +1,15 @@
 //! The conformance suite on the memory backend, and proof that the suite catches a backend
 //! that breaks mutual exclusion or fencing.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use lockkit_core::testing::{self, Harness};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Grant, Lease, LockBackend, LockClient, LockInfo,
-    LockKey, LockOptions, MemoryBackend, Renewal, Result, Tier, async_trait,
+    AcquireRequest, Attempt, Capabilities, Contention, Grant, Lease, LockBackend, LockClient,
+    LockInfo, LockKey, LockOptions, MemoryBackend, Renewal, Result, Tier, async_trait,
 };
 
 /// Clients of one harness share one memory backend, as processes share one server.
@@ -57,6 +58,139 @@ async fn memory_harness() -> Option<MemoryHarness> {
 }
 
 lockkit_core::conformance_tests!(memory_harness);
+
+/// The memory backend behind a slow link, with a server-side waiting queue: every call takes
+/// 1-3 ms, so cancellations land in the middle of attempts, grants and clean-ups, and a
+/// waiter that is not cleaned up leaves a queue entry the leftovers check sees.
+#[derive(Debug, Clone, Default)]
+struct Slow {
+    memory: MemoryBackend,
+    queue: Arc<StdMutex<HashSet<(LockKey, String)>>>,
+}
+
+async fn lag() {
+    tokio::time::sleep(Duration::from_micros(rand::random_range(1_000..3_000))).await;
+}
+
+impl Slow {
+    fn queue(&self) -> std::sync::MutexGuard<'_, HashSet<(LockKey, String)>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[async_trait]
+impl LockBackend for Slow {
+    fn name(&self) -> &'static str {
+        "slow-memory"
+    }
+    fn tier(&self) -> Tier {
+        Tier::Local
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.memory.capabilities()
+    }
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        lag().await;
+        let attempt = self.memory.try_acquire(request).await?;
+        let entry = (request.key.clone(), request.owner.expose_hex());
+        match &attempt {
+            Attempt::Contended(_) if request.wait => {
+                self.queue().insert(entry);
+            }
+            _ => {
+                self.queue().remove(&entry);
+            }
+        }
+        lag().await;
+        Ok(attempt)
+    }
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.memory
+            .wait_for_change(request, contention, max_wait)
+            .await
+    }
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        lag().await;
+        self.queue()
+            .remove(&(request.key.clone(), request.owner.expose_hex()));
+        self.memory.abandon(request).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        lag().await;
+        self.memory.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        lag().await;
+        self.memory.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        lag().await;
+        self.memory.inspect(key).await
+    }
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct SlowHarness(Slow);
+
+#[async_trait]
+impl Harness for SlowHarness {
+    async fn client(&self, namespace: &str, options: LockOptions) -> Result<LockClient> {
+        LockClient::with_options(Arc::new(self.0.clone()), namespace, options)
+    }
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(400)
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<()> {
+        self.0.memory.force_release(key);
+        Ok(())
+    }
+    async fn leftovers(&self, namespace: &str) -> Result<Vec<String>> {
+        let mut left: Vec<String> = self
+            .0
+            .memory
+            .held_keys(namespace)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        left.extend(
+            self.0
+                .queue()
+                .iter()
+                .filter(|(key, _)| key.namespace() == namespace)
+                .map(|(key, _)| format!("queue entry of {key}")),
+        );
+        Ok(left)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_suite_passes_over_a_slow_link() {
+    let harness = SlowHarness(Slow::default());
+    let failures = testing::run_all(&harness).await;
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_that_drift_would_eat_is_refused() {
+    let locks = LockClient::new(MemoryBackend::new());
+    let err = locks
+        .mutex("tiny")
+        .expect("key")
+        .with_ttl(Duration::from_millis(2))
+        .lock()
+        .await
+        .expect_err("a 2 ms TTL cannot be honoured");
+    assert_eq!(err.kind(), lockkit_core::ErrorKind::InvalidConfig, "{err}");
+}
 
 #[test]
 fn the_macro_generates_every_scenario() {

@@ -27,11 +27,7 @@ impl Write for Captured {
 /// One metric: name, labels, value.
 type Sample = (String, Vec<(String, String)>, DebugValue);
 
-fn counter(
-    snapshot: &[Sample],
-    name: &str,
-    label: Option<(&str, &str)>,
-) -> u64 {
+fn counter(snapshot: &[Sample], name: &str, label: Option<(&str, &str)>) -> u64 {
     snapshot
         .iter()
         .filter(|(n, labels, _)| {

@@ -2,11 +2,11 @@
 //! per tick, and the lost signal when renewals stop working.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Error, ErrorKind, Lease, LockBackend, LockClient,
+    AcquireRequest, Attempt, Capabilities, Error, ErrorKind, Grant, Lease, LockBackend, LockClient,
     LockInfo, LockKey, LockOptions, MemoryBackend, Renewal, Result, Tier, async_trait,
 };
 
@@ -17,6 +17,12 @@ struct Instrumented {
     batches: Arc<AtomicUsize>,
     renewed: Arc<AtomicUsize>,
     failing: Arc<AtomicBool>,
+    /// Grants report only a quarter of the TTL as valid (as after a slow quorum fan-out).
+    short_grants: Arc<AtomicBool>,
+    /// Every renewal takes this many milliseconds.
+    renew_delay_ms: Arc<AtomicU64>,
+    /// The next renewal alone takes this many milliseconds.
+    next_renew_delay_ms: Arc<AtomicU64>,
 }
 
 #[async_trait]
@@ -31,12 +37,20 @@ impl LockBackend for Instrumented {
         self.memory.capabilities()
     }
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        self.memory.try_acquire(request).await
+        match self.memory.try_acquire(request).await? {
+            Attempt::Granted(grant) if self.short_grants.load(Ordering::SeqCst) => Ok(
+                Attempt::Granted(Grant::new(grant.fencing_token, grant.valid_for / 4)),
+            ),
+            other => Ok(other),
+        }
     }
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
         self.memory.abandon(request).await
     }
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        let delay = self.renew_delay_ms.load(Ordering::SeqCst)
+            + self.next_renew_delay_ms.swap(0, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
         if self.failing.load(Ordering::SeqCst) {
             return Err(Error::new(
                 ErrorKind::Unavailable,
@@ -49,11 +63,7 @@ impl LockBackend for Instrumented {
     }
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
-        let mut out = Vec::new();
-        for lease in leases {
-            out.push(self.renew(lease).await);
-        }
-        out
+        futures_util::future::join_all(leases.iter().map(|lease| self.renew(lease))).await
     }
     async fn release(&self, lease: &Lease) -> Result<bool> {
         self.memory.release(lease).await
@@ -163,7 +173,7 @@ async fn failing_renewals_fire_lost_at_the_validity_deadline() {
     );
     assert!(guard.is_lost());
     let err = guard.extend().await.expect_err("extend after loss");
-    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,4 +200,126 @@ async fn without_auto_renew_the_lease_expires_and_reports_lost() {
         !guard.release().await.expect("release"),
         "an expired lease was still ours"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_with_little_validity_left_is_renewed_in_time() {
+    let backend = Instrumented::default();
+    backend.short_grants.store(true, Ordering::SeqCst);
+    let ttl = Duration::from_millis(600);
+    let locks = client(&backend, ttl);
+    let guard = locks
+        .mutex("short")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !guard.is_lost(),
+        "a grant with a quarter of its TTL left was not renewed before its deadline"
+    );
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_extend_never_moves_the_deadline_back() {
+    let backend = Instrumented::default();
+    let ttl = Duration::from_millis(600);
+    let locks = client(&backend, ttl);
+    let guard = locks
+        .mutex("slow-extend")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    backend.next_renew_delay_ms.store(450, Ordering::SeqCst);
+    let mut best_seen = guard.valid_until();
+    let outcome = {
+        let extend = guard.extend();
+        tokio::pin!(extend);
+        loop {
+            tokio::select! {
+                outcome = &mut extend => break outcome,
+                () = tokio::time::sleep(Duration::from_millis(10)) => best_seen = best_seen.max(guard.valid_until()),
+            }
+        }
+    };
+    outcome.expect("the slow extend succeeds");
+    assert!(
+        guard.valid_until() >= best_seen,
+        "a late extend answer moved the deadline back"
+    );
+    tokio::time::sleep(ttl).await;
+    assert!(!guard.is_lost());
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_answered_after_release_does_not_fire_lost() {
+    let backend = Instrumented::default();
+    backend.renew_delay_ms.store(250, Ordering::SeqCst);
+    let ttl = Duration::from_millis(450);
+    let locks = client(&backend, ttl);
+    let guard = locks
+        .mutex("released")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    let lost = guard.lost_signal();
+    // The first renewal starts at ttl/3 and answers 250 ms later, after the release.
+    tokio::time::sleep(ttl / 3 + Duration::from_millis(50)).await;
+    assert!(guard.release().await.expect("release"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!lost.is_fired(), "a normal release fired the lost signal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_without_auto_renew_renews_once() {
+    let backend = Instrumented::default();
+    let ttl = Duration::from_millis(300);
+    let options = LockOptions::default().with_ttl(ttl).with_auto_renew(false);
+    let locks = LockClient::with_options(Arc::new(backend.clone()), "renewal-test", options)
+        .expect("valid");
+    let guard = locks
+        .mutex("manual")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    guard.extend().await.expect("extend");
+    tokio::time::timeout(ttl * 5, guard.lost())
+        .await
+        .expect("the lease still expires");
+    assert_eq!(
+        backend.renewed.load(Ordering::SeqCst),
+        1,
+        "extend turned background renewal on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_renewals_of_many_leases_do_not_lose_them() {
+    let backend = Instrumented::default();
+    backend.renew_delay_ms.store(5, Ordering::SeqCst);
+    let ttl = Duration::from_millis(600);
+    let locks = client(&backend, ttl);
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        guards.push(
+            locks
+                .mutex(&format!("slow-{i}"))
+                .expect("key")
+                .lock()
+                .await
+                .expect("lock"),
+        );
+    }
+    tokio::time::sleep(ttl * 3).await;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    assert_eq!(lost, 0, "{lost} of 100 leases lost to 5 ms renewals");
+    for guard in guards {
+        assert!(guard.release().await.expect("release"));
+    }
 }

@@ -355,8 +355,9 @@ async fn lock_timeout_fails_with_timeout(h: &dyn Harness) -> Outcome {
     expect_no_leftovers(h, &ns).await
 }
 
-/// Acquisitions cancelled at any point (while waiting, or racing the grant) leave nothing
-/// that could block the key: with a 60 s TTL on the cancelled side, a leftover would block.
+/// Acquisitions cancelled at any point (while waiting, while giving up, or racing the grant)
+/// leave nothing that could block the key: with a 60 s TTL on the cancelled side, a leftover
+/// would block.
 async fn cancelled_acquire_leaves_nothing_behind(h: &dyn Harness) -> Outcome {
     let ns = namespace();
     let clients = clients(h, &ns, 3).await?;
@@ -371,6 +372,13 @@ async fn cancelled_acquire_leaves_nothing_behind(h: &dyn Harness) -> Outcome {
             .is_err(),
         "a waiter got a held lock"
     );
+    for round in 0..10u64 {
+        let cut_after = Duration::from_micros(round * 700);
+        let contender = clients[1].mutex("cancel")?.with_ttl(LONG_TTL);
+        let _ = tokio::time::timeout(cut_after, contender.try_lock()).await;
+        let _ =
+            tokio::time::timeout(cut_after, contender.lock_timeout(Duration::from_millis(5))).await;
+    }
     holder.release().await?;
     for round in 0..10u64 {
         let racer = clients[1].mutex("cancel")?.with_ttl(LONG_TTL);
@@ -573,7 +581,10 @@ async fn release_wakes_a_waiter(h: &dyn Harness) -> Outcome {
         .with_ttl(LONG_TTL)
         .lock_timeout(patience(h))
         .await?;
-    let waiter = clients[1].mutex("wake")?;
+    // Polling this slowly would miss the 20 s deadline: only a notification can wake it.
+    let waiter = clients[1]
+        .mutex("wake")?
+        .with_options(options(h).with_backoff(Duration::from_millis(5), LONG_TTL));
     let waiting = tokio::spawn(async move { waiter.lock_timeout(Duration::from_secs(20)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     holder.release().await?;
