@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument as _;
 
-use crate::backend::{AcquireRequest, Attempt, Contention, SharedBackend};
+use crate::backend::{AcquireRequest, Attempt, Contention, Grant, SharedBackend};
 use crate::backoff::{Backoff, jitter};
 use crate::capabilities::WaitStrategy;
 use crate::client::LockClient;
@@ -217,196 +217,175 @@ impl Mutex {
         );
         let span =
             tracing::info_span!("lockkit.acquire", key = %self.key, backend = backend.name());
-        let pending = PendingAcquire {
-            backend,
-            request,
-            armed: true,
+        let run = Acquisition {
+            options: &self.options,
+            pending: PendingAcquire {
+                backend,
+                request,
+                armed: true,
+            },
+            wait,
+            started: Instant::now(),
+            waited: Duration::ZERO,
+            backoff: Backoff::new(self.options.backoff_min, self.options.backoff_max),
+            errors: 0,
         };
-        self.acquire_loop(pending, wait).instrument(span).await
+        run.run().instrument(span).await
     }
+}
 
-    async fn acquire_loop(
-        &self,
-        mut pending: PendingAcquire,
-        wait: Wait,
-    ) -> Result<Option<MutexGuard>> {
-        let backend = pending.backend.clone();
-        let name = backend.name();
-        let strategy = backend.capabilities().wait;
-        let options = &self.options;
-        let started = Instant::now();
-        let mut waited = Duration::ZERO;
-        let mut backoff = Backoff::new(options.backoff_min, options.backoff_max);
-        let mut errors = 0u32;
+/// One acquisition in progress: the attempt loop and its bookkeeping.
+struct Acquisition<'a> {
+    options: &'a LockOptions,
+    pending: PendingAcquire,
+    wait: Wait,
+    started: Instant,
+    waited: Duration,
+    backoff: Backoff,
+    /// Retryable errors in a row.
+    errors: u32,
+}
+
+impl Acquisition<'_> {
+    async fn run(mut self) -> Result<Option<MutexGuard>> {
+        let backend = self.pending.backend.clone();
         loop {
             let sent_at = Instant::now();
-            let attempt = backend.try_acquire(&pending.request).await;
-            let remaining = match wait {
-                Wait::Until(Some(deadline)) => {
-                    Some(deadline.saturating_duration_since(Instant::now()))
-                }
-                Wait::Until(None) | Wait::No => None,
-            };
-            match attempt {
+            match backend.try_acquire(&self.pending.request).await {
                 Ok(Attempt::Granted(grant)) => {
-                    let drift = clock_drift(pending.request.ttl, options.clock_drift_factor);
-                    let valid_until = validity_deadline(sent_at, grant.valid_for, drift)
-                        .filter(|deadline| *deadline > Instant::now());
-                    let Some(valid_until) = valid_until else {
-                        pending.abandon().await;
-                        let late = Error::new(
-                            ErrorKind::Unavailable,
-                            name,
-                            "the grant arrived with no validity left: the backend answers slower than the TTL allows",
-                        );
-                        if matches!(wait, Wait::No) {
-                            metrics::acquired(name, "error", started.elapsed(), waited);
-                            return Err(late);
-                        }
-                        pending.armed = true;
-                        self.on_error(
-                            &mut pending,
-                            late,
-                            &mut errors,
-                            &mut backoff,
-                            remaining,
-                            started,
-                            waited,
-                        )
-                        .await?;
-                        continue;
-                    };
-                    let mut lease = Lease::new(
-                        pending.request.key.clone(),
-                        pending.request.owner.clone(),
-                        grant.fencing_token,
-                        pending.request.ttl,
-                        sent_at,
-                    );
-                    if let Some(handle) = grant.handle {
-                        lease = lease.with_handle(handle);
+                    if let Some(guard) = self.accept(grant, sent_at) {
+                        return Ok(Some(guard));
                     }
-                    if let Some(session) = grant.session {
-                        lease = lease.with_session(session);
-                    }
-                    let held = HeldLease::new(
-                        lease,
-                        backend.clone(),
-                        valid_until,
-                        drift,
-                        options.auto_renew,
+                    // Too late to be of use: give the grant back before trying again.
+                    self.pending.abandon().await;
+                    self.pending.armed = true;
+                    let late = Error::new(
+                        ErrorKind::Unavailable,
+                        backend.name(),
+                        "the grant arrived with no validity left: the backend answers slower than the TTL allows",
                     );
-                    Scheduler::global().register(held.clone());
-                    pending.armed = false;
-                    metrics::acquired(name, "granted", started.elapsed(), waited);
-                    tracing::debug!(fencing_token = %grant.fencing_token, "acquired");
-                    return Ok(Some(MutexGuard::new(held)));
+                    self.absorb(late).await?;
                 }
                 Ok(Attempt::Contended(contention)) => {
-                    metrics::contended(name);
-                    errors = 0;
-                    if matches!(wait, Wait::No) || remaining == Some(Duration::ZERO) {
-                        pending.abandon().await;
-                        let outcome = if matches!(wait, Wait::No) {
-                            "contended"
-                        } else {
-                            "timeout"
-                        };
-                        metrics::acquired(name, outcome, started.elapsed(), waited);
+                    metrics::contended(backend.name());
+                    self.errors = 0;
+                    if matches!(self.wait, Wait::No) {
+                        self.give_up("contended").await;
                         return Ok(None);
                     }
-                    let pause = self.pause(strategy, &contention, &mut backoff, remaining);
-                    let wait_started = Instant::now();
-                    let waited_ok = backend
-                        .wait_for_change(&pending.request, &contention, pause)
-                        .instrument(tracing::debug_span!(
-                            "lockkit.wait",
-                            max_ms = pause.as_millis() as u64
-                        ))
-                        .await;
-                    if strategy == WaitStrategy::Notify {
-                        tokio::time::sleep(jitter(Duration::ZERO, options.backoff_min)).await;
+                    if self.remaining() == Some(Duration::ZERO) {
+                        self.give_up("timeout").await;
+                        return Ok(None);
                     }
-                    waited += wait_started.elapsed();
-                    if let Err(e) = waited_ok {
-                        self.on_error(
-                            &mut pending,
-                            e,
-                            &mut errors,
-                            &mut backoff,
-                            remaining,
-                            started,
-                            waited,
-                        )
-                        .await?;
+                    if let Err(e) = self.wait_for_change(&contention).await {
+                        self.absorb(e).await?;
                     }
                 }
-                Err(e) => {
-                    if matches!(wait, Wait::No) {
-                        pending.abandon().await;
-                        metrics::acquired(name, "error", started.elapsed(), waited);
-                        return Err(e);
-                    }
-                    self.on_error(
-                        &mut pending,
-                        e,
-                        &mut errors,
-                        &mut backoff,
-                        remaining,
-                        started,
-                        waited,
-                    )
-                    .await?;
-                }
+                Err(e) => self.absorb(e).await?,
             }
         }
     }
 
-    /// How long to wait before the next attempt.
-    fn pause(
-        &self,
-        strategy: WaitStrategy,
-        contention: &Contention,
-        backoff: &mut Backoff,
-        remaining: Option<Duration>,
-    ) -> Duration {
+    /// Time left before the wait deadline; `None` when there is none.
+    fn remaining(&self) -> Option<Duration> {
+        match self.wait {
+            Wait::Until(Some(deadline)) => Some(deadline.saturating_duration_since(Instant::now())),
+            Wait::Until(None) | Wait::No => None,
+        }
+    }
+
+    /// Turns a grant into a guard, unless it has no validity left.
+    fn accept(&mut self, grant: Grant, sent_at: Instant) -> Option<MutexGuard> {
+        let request = &self.pending.request;
+        let drift = clock_drift(request.ttl, self.options.clock_drift_factor);
+        let valid_until = validity_deadline(sent_at, grant.valid_for, drift)
+            .filter(|deadline| *deadline > Instant::now())?;
+        let mut lease = Lease::new(
+            request.key.clone(),
+            request.owner.clone(),
+            grant.fencing_token,
+            request.ttl,
+            sent_at,
+        );
+        if let Some(handle) = grant.handle {
+            lease = lease.with_handle(handle);
+        }
+        if let Some(session) = grant.session {
+            lease = lease.with_session(session);
+        }
+        let backend = self.pending.backend.clone();
+        let held = HeldLease::new(lease, backend, valid_until, drift, self.options.auto_renew);
+        Scheduler::global().register(held.clone());
+        self.pending.armed = false;
+        metrics::acquired(
+            self.pending.backend.name(),
+            "granted",
+            self.started.elapsed(),
+            self.waited,
+        );
+        tracing::debug!(fencing_token = %grant.fencing_token, "acquired");
+        Some(MutexGuard::new(held))
+    }
+
+    /// Waits until the lock may be free, by the backend's notification or by polling.
+    async fn wait_for_change(&mut self, contention: &Contention) -> Result<()> {
+        let backend = self.pending.backend.clone();
+        let strategy = backend.capabilities().wait;
         let holder_gone_by = contention
             .retry_after
             .map(|d| d + jitter(Duration::from_millis(1), self.options.backoff_min));
         let pause = match strategy {
             WaitStrategy::Poll => {
-                let delay = backoff.next_delay();
+                let delay = self.backoff.next_delay();
                 holder_gone_by.map_or(delay, |gone| delay.min(gone))
             }
             // Notifications and watches wake us; the cap only covers a missed notification.
             _ => holder_gone_by.unwrap_or(self.options.backoff_max),
         };
-        remaining.map_or(pause, |left| pause.min(left))
+        let pause = self.remaining().map_or(pause, |left| pause.min(left));
+        let wait_started = Instant::now();
+        let outcome = backend
+            .wait_for_change(&self.pending.request, contention, pause)
+            .instrument(tracing::debug_span!(
+                "lockkit.wait",
+                max_ms = pause.as_millis() as u64
+            ))
+            .await;
+        if strategy == WaitStrategy::Notify {
+            // Every waiter of the key was woken: spread their retries.
+            tokio::time::sleep(jitter(Duration::ZERO, self.options.backoff_min)).await;
+        }
+        self.waited += wait_started.elapsed();
+        outcome
     }
 
-    /// Decides whether a backend error while waiting is retried. Returns the error when not.
-    #[allow(clippy::too_many_arguments)]
-    async fn on_error(
-        &self,
-        pending: &mut PendingAcquire,
-        error: Error,
-        errors: &mut u32,
-        backoff: &mut Backoff,
-        remaining: Option<Duration>,
-        started: Instant,
-        waited: Duration,
-    ) -> Result<()> {
-        *errors += 1;
-        let out_of_time = remaining == Some(Duration::ZERO);
-        if !error.is_retryable() || *errors > self.options.error_retries || out_of_time {
-            pending.abandon().await;
-            metrics::acquired(pending.backend.name(), "error", started.elapsed(), waited);
+    /// Retries after a retryable error (at most `error_retries` in a row, within the wait
+    /// deadline), or gives up with it.
+    async fn absorb(&mut self, error: Error) -> Result<()> {
+        self.errors += 1;
+        let give_up = matches!(self.wait, Wait::No)
+            || !error.is_retryable()
+            || self.errors > self.options.error_retries
+            || self.remaining() == Some(Duration::ZERO);
+        if give_up {
+            self.give_up("error").await;
             return Err(error);
         }
-        tracing::debug!(error = %error, attempt = *errors, "retryable error while acquiring; retrying");
-        let delay = backoff.next_delay();
-        tokio::time::sleep(remaining.map_or(delay, |left| delay.min(left))).await;
+        tracing::debug!(error = %error, attempt = self.errors, "retryable error while acquiring; retrying");
+        let delay = self.backoff.next_delay();
+        tokio::time::sleep(self.remaining().map_or(delay, |left| delay.min(left))).await;
         Ok(())
+    }
+
+    /// Removes what the attempts left on the server and records the outcome.
+    async fn give_up(&mut self, outcome: &'static str) {
+        self.pending.abandon().await;
+        metrics::acquired(
+            self.pending.backend.name(),
+            outcome,
+            self.started.elapsed(),
+            self.waited,
+        );
     }
 }
 
