@@ -129,7 +129,7 @@ impl MutexGuard {
     /// lease's validity deadline.
     ///
     /// # Errors
-    /// [`ErrorKind::Lost`] if the lease is no longer ours (the lost signal fires too);
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the lease is no longer ours (the lost signal fires too);
     /// backend failures otherwise (the lease keeps its previous deadline).
     pub async fn extend(&self) -> Result<()> {
         renewal::extend_now(self.held()).await
