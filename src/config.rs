@@ -16,6 +16,8 @@ use toml::{Table, Value};
 #[serde(rename_all = "kebab-case")]
 pub enum BackendKind {
     /// In-process locks ([`MemoryBackend`](lockkit_core::MemoryBackend)); always compiled in.
+    /// Each [`connect`](crate::connect) creates its own lock table: share the returned client
+    /// (it is cheap to clone) rather than connecting twice.
     Memory,
     /// One Redis server (tier `single`).
     Redis,
