@@ -49,7 +49,8 @@ impl fmt::Debug for LostSignal {
 ///
 /// Prefer [`release`](MutexGuard::release), which says whether the lock was still ours. When a
 /// guard is dropped instead, the release runs in the background on lockkit's runtime, so it
-/// happens even when no runtime is current.
+/// happens even when no runtime is current; but a process that exits right after the drop may
+/// not get it to the server, and the lock then stays taken until its TTL runs out.
 ///
 /// Pass [`fencing_token`](MutexGuard::fencing_token) with every write to the protected
 /// resource, and watch [`lost`](MutexGuard::lost): once it fires, stop touching the resource.
