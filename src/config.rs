@@ -86,12 +86,12 @@ impl BackendKind {
         match scheme {
             "memory" => Ok(BackendKind::Memory),
             "redis" | "rediss" => Ok(BackendKind::Redis),
-            "redis+sentinel" | "rediss+sentinel" => Ok(BackendKind::RedisSentinel),
-            "redlock" | "redlocks" => Ok(BackendKind::Redlock),
-            "etcd" | "etcds" => Ok(BackendKind::Etcd),
+            "redis+sentinel" => Ok(BackendKind::RedisSentinel),
+            "redlock" => Ok(BackendKind::Redlock),
+            "etcd" => Ok(BackendKind::Etcd),
             "zk" => Ok(BackendKind::Zk),
             other => Err(Error::invalid_config(format!(
-                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redlock://, etcd://, etcds://, zk://"
+                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redlock://, etcd://, zk://"
             ))),
         }
     }

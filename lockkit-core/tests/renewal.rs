@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Error, ErrorKind, Grant, Lease, LockBackend, LockClient,
-    LockInfo, LockKey, LockOptions, MemoryBackend, Renewal, Result, Tier, async_trait,
+    LockInfo, LockKey, LockOptions, MemoryBackend, MutexGuard, Renewal, Result, Tier, async_trait,
 };
 
 /// Wraps the memory backend, counts renewal batches, and can make renewals fail.
@@ -76,6 +76,16 @@ impl LockBackend for Instrumented {
     }
 }
 
+/// Takes the lock `name`, which the test expects to be free.
+async fn hold(locks: &LockClient, name: &str) -> MutexGuard {
+    locks
+        .mutex(name)
+        .expect("valid key")
+        .lock()
+        .await
+        .expect("a free lock")
+}
+
 fn client(backend: &Instrumented, ttl: Duration) -> LockClient {
     let options = LockOptions::default().with_ttl(ttl);
     LockClient::with_options(Arc::new(backend.clone()), "renewal-test", options)
@@ -91,12 +101,7 @@ fn renewal_continues_while_the_user_runtime_is_blocked() {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let guard = locks
-            .mutex("busy")
-            .expect("key")
-            .lock()
-            .await
-            .expect("lock");
+        let guard = hold(&locks, "busy").await;
         // CPU-bound work that never yields, for more than three TTLs: the user's only worker
         // thread is blocked, yet the lock must stay renewed.
         std::thread::sleep(Duration::from_millis(1_000));
@@ -120,14 +125,7 @@ async fn one_batch_per_tick_renews_every_held_lock() {
     let locks = client(&backend, ttl);
     let mut guards = Vec::new();
     for i in 0..100 {
-        guards.push(
-            locks
-                .mutex(&format!("lock-{i}"))
-                .expect("key")
-                .lock()
-                .await
-                .expect("lock"),
-        );
+        guards.push(hold(&locks, &format!("lock-{i}")).await);
     }
     let started = Instant::now();
     tokio::time::sleep(ttl * 3).await;
@@ -155,12 +153,7 @@ async fn failing_renewals_fire_lost_at_the_validity_deadline() {
     let backend = Instrumented::default();
     let ttl = Duration::from_millis(400);
     let locks = client(&backend, ttl);
-    let guard = locks
-        .mutex("doomed")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = hold(&locks, "doomed").await;
     let deadline = guard.valid_until();
     backend.failing.store(true, Ordering::SeqCst);
     tokio::time::timeout(ttl * 5, guard.lost())
@@ -184,12 +177,7 @@ async fn without_auto_renew_the_lease_expires_and_reports_lost() {
         .with_auto_renew(false);
     let locks = LockClient::with_options(Arc::new(backend.clone()), "renewal-test", options)
         .expect("valid");
-    let guard = locks
-        .mutex("lease")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = hold(&locks, "lease").await;
     tokio::time::timeout(Duration::from_secs(3), guard.lost())
         .await
         .expect("lost must fire");
@@ -208,12 +196,7 @@ async fn a_grant_with_little_validity_left_is_renewed_in_time() {
     backend.short_grants.store(true, Ordering::SeqCst);
     let ttl = Duration::from_millis(600);
     let locks = client(&backend, ttl);
-    let guard = locks
-        .mutex("short")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = hold(&locks, "short").await;
     tokio::time::sleep(ttl * 2).await;
     assert!(
         !guard.is_lost(),
@@ -227,12 +210,7 @@ async fn a_slow_extend_never_moves_the_deadline_back() {
     let backend = Instrumented::default();
     let ttl = Duration::from_millis(600);
     let locks = client(&backend, ttl);
-    let guard = locks
-        .mutex("slow-extend")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = hold(&locks, "slow-extend").await;
     backend.next_renew_delay_ms.store(450, Ordering::SeqCst);
     let mut best_seen = guard.valid_until();
     let outcome = {
@@ -261,12 +239,7 @@ async fn a_renewal_answered_after_release_does_not_fire_lost() {
     backend.renew_delay_ms.store(250, Ordering::SeqCst);
     let ttl = Duration::from_millis(450);
     let locks = client(&backend, ttl);
-    let guard = locks
-        .mutex("released")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = hold(&locks, "released").await;
     let lost = guard.lost_signal();
     // The first renewal starts at ttl/3 and answers 250 ms later, after the release.
     tokio::time::sleep(ttl / 3 + Duration::from_millis(50)).await;
@@ -282,12 +255,7 @@ async fn extend_without_auto_renew_renews_once() {
     let options = LockOptions::default().with_ttl(ttl).with_auto_renew(false);
     let locks = LockClient::with_options(Arc::new(backend.clone()), "renewal-test", options)
         .expect("valid");
-    let guard = locks
-        .mutex("manual")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
+    let guard = hold(&locks, "manual").await;
     guard.extend().await.expect("extend");
     tokio::time::timeout(ttl * 5, guard.lost())
         .await
@@ -307,14 +275,7 @@ async fn slow_renewals_of_many_leases_do_not_lose_them() {
     let locks = client(&backend, ttl);
     let mut guards = Vec::new();
     for i in 0..100 {
-        guards.push(
-            locks
-                .mutex(&format!("slow-{i}"))
-                .expect("key")
-                .lock()
-                .await
-                .expect("lock"),
-        );
+        guards.push(hold(&locks, &format!("slow-{i}")).await);
     }
     tokio::time::sleep(ttl * 3).await;
     let lost = guards.iter().filter(|g| g.is_lost()).count();
