@@ -1,0 +1,25 @@
+-- Takes the lock if it is free, in one round trip.
+-- KEYS[1] lock key, KEYS[2] fence key (same hash tag)
+-- ARGV[1] owner token (hex), ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms
+-- Returns {1, fencing token} when granted (also to a retry of the same owner whose reply was
+-- lost), {0, remaining TTL of the holder in ms} when contended.
+local held = redis.call('GET', KEYS[1])
+if held then
+  if string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(string.sub(held, #ARGV[1] + 2))}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+-- The token is the larger of the counter plus one and the server clock in microseconds, so it
+-- keeps increasing after the fence key expires or the data is lost, unless the clock steps back.
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local token = redis.call('INCR', KEYS[2])
+if token < clock then
+  token = clock
+  redis.call('SET', KEYS[2], string.format('%d', token))
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%d', token), 'PX', ARGV[2])
+return {1, token}

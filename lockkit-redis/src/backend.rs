@@ -1,0 +1,387 @@
+//! [`RedisBackend`]: locks on one Redis server or on a Sentinel-managed primary.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockkit_core::{
+    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee, Grant,
+    Lease, LockBackend, LockInfo, LockKey, Renewal, Result, Tier, WaitStrategy,
+};
+use redis::Value;
+
+use crate::config::{RedisConfig, parse_host};
+use crate::connection::{Dialer, Primary};
+use crate::error::{BACKEND, unexpected};
+use crate::scripts::{self, AcquireReply, Keys, millis};
+
+/// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
+/// `replicated`).
+///
+/// - **acquire**: one round trip, a Lua script that does `SET key owner:token NX PX ttl` and,
+///   on success, increments the key's fence counter (the fencing token); on contention it
+///   returns the holder's remaining TTL, so a waiter never sleeps past it.
+/// - **release**: one round trip, a Lua compare-and-delete that publishes a release
+///   notification.
+/// - **renewal**: Lua compare-and-`PEXPIRE`; the leases due at one tick go out as one
+///   pipeline.
+/// - **waiting**: every waiter of this backend listens on one shared pub/sub connection and
+///   retries on a release or when the holder's TTL runs out; polling when pub/sub is off
+///   ([`RedisConfig::notifications`]) or refused.
+///
+/// See the crate documentation for what each tier guarantees and what breaks it.
+#[derive(Clone)]
+pub struct RedisBackend {
+    primary: Arc<Primary>,
+    config: Arc<RedisConfig>,
+}
+
+impl RedisBackend {
+    /// Connects to the server (or asks the Sentinels for the primary and connects to it) and
+    /// loads the scripts.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for an invalid configuration; [`ErrorKind::Unavailable`]
+    /// when the server does not answer within `connect_timeout + response_timeout`;
+    /// [`ErrorKind::Auth`] for wrong credentials.
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        config.validate()?;
+        let dialer = Dialer {
+            backend: BACKEND,
+            username: config.username.clone(),
+            password: config.password.clone(),
+            db: config.db,
+            tls: config.tls,
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.response_timeout,
+        };
+        let hosts = config
+            .hosts
+            .iter()
+            .map(|h| parse_host(h))
+            .collect::<Result<Vec<_>>>()?;
+        let sentinel_master = config.sentinel_master.clone();
+        let primary = lockkit_core::runtime::run(async move {
+            match sentinel_master {
+                Some(master) => Primary::sentinel(dialer, hosts, master).await,
+                None => {
+                    let addr = hosts.into_iter().next().ok_or_else(|| {
+                        Error::invalid_config("redis.hosts is empty")
+                    })?;
+                    Primary::fixed(dialer, addr).await
+                }
+            }
+        })
+        .await??;
+        let backend = RedisBackend {
+            primary: Arc::new(primary),
+            config: Arc::new(config),
+        };
+        backend.load_scripts().await?;
+        Ok(backend)
+    }
+
+    /// The configuration this backend was built with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    async fn load_scripts(&self) -> Result<()> {
+        self.primary
+            .request("loading the scripts", |mut con| async move {
+                scripts::load_all().query_async::<Vec<String>>(&mut con).await
+            })
+            .await
+            .map(drop)
+    }
+
+    /// After a grant: waits until `min_replicas` replicas have it, else gives it back.
+    async fn ensure_replicated(&self, keys: &Keys, request: &AcquireRequest) -> Result<()> {
+        let acked = self.wait_replicas().await?;
+        let need = self.config.min_replicas as usize;
+        if acked >= need {
+            return Ok(());
+        }
+        if let Err(e) = self.release_keys(keys, request.owner.expose_hex()).await {
+            tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
+        }
+        Err(Error::new(
+            ErrorKind::QuorumNotReached { got: acked, need },
+            BACKEND,
+            format!(
+                "the grant reached {acked} replica(s) within {:?}, min_replicas = {need}: it was given back",
+                self.config.replica_timeout
+            ),
+        )
+        .with_retryable(true))
+    }
+
+    /// `WAIT min_replicas replica_timeout`: how many replicas have every write so far.
+    async fn wait_replicas(&self) -> Result<usize> {
+        let need = self.config.min_replicas;
+        let timeout = millis(self.config.replica_timeout);
+        let acked: i64 = self
+            .primary
+            .request("waiting for replicas", |mut con| async move {
+                redis::cmd("WAIT").arg(need).arg(timeout).query_async(&mut con).await
+            })
+            .await?;
+        Ok(usize::try_from(acked).unwrap_or(0))
+    }
+
+    async fn release_keys(&self, keys: &Keys, owner_hex: String) -> Result<bool> {
+        let lock = keys.lock.clone();
+        let channel = keys.channel.clone();
+        let released: i64 = self
+            .primary
+            .request("releasing", |mut con| async move {
+                scripts::RELEASE
+                    .key(lock)
+                    .arg(owner_hex)
+                    .arg(channel)
+                    .invoke_async(&mut con)
+                    .await
+            })
+            .await?;
+        Ok(released == 1)
+    }
+
+    async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
+        let lock = Keys::of(key).lock;
+        let reply: Value = self
+            .primary
+            .request("inspecting", |mut con| async move {
+                scripts::INSPECT.key(lock).invoke_async(&mut con).await
+            })
+            .await?;
+        scripts::inspect_reply(BACKEND, &reply)
+    }
+
+    /// One pipelined round trip of compare-and-`PEXPIRE`s (plus `WAIT` with `min_replicas`).
+    async fn renew_batch(&self, leases: &[Lease]) -> Result<Vec<Renewal>> {
+        let build = || {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for lease in leases {
+                pipe.cmd("EVALSHA")
+                    .arg(scripts::RENEW.get_hash())
+                    .arg(1)
+                    .arg(Keys::of(lease.key()).lock)
+                    .arg(lease.owner().expose_hex())
+                    .arg(millis(lease.ttl()));
+            }
+            if self.config.min_replicas > 0 {
+                pipe.cmd("WAIT")
+                    .arg(self.config.min_replicas)
+                    .arg(millis(self.config.replica_timeout));
+            }
+            pipe
+        };
+        let mut replies = self.query_pipeline(build()).await?;
+        if replies.iter().any(scripts::is_noscript) {
+            self.load_scripts().await?;
+            replies = self.query_pipeline(build()).await?;
+        }
+        if self.config.min_replicas > 0 {
+            let acked = match replies.pop() {
+                Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
+                _ => return Err(unexpected(BACKEND, "WAIT")),
+            };
+            let need = self.config.min_replicas as usize;
+            if acked < need {
+                return Err(Error::new(
+                    ErrorKind::QuorumNotReached { got: acked, need },
+                    BACKEND,
+                    format!("a renewal reached {acked} replica(s), min_replicas = {need}"),
+                )
+                .with_retryable(true));
+            }
+        }
+        replies
+            .iter()
+            .map(|reply| match reply {
+                Value::Int(1) => Ok(Renewal::Extended(Duration::ZERO)),
+                Value::Int(0) => Ok(Renewal::Lost),
+                Value::ServerError(e) => Err(Error::new(
+                    ErrorKind::Backend,
+                    BACKEND,
+                    format!("renewal failed: {e}"),
+                )
+                .with_retryable(true)),
+                _ => Err(unexpected(BACKEND, "the renew script")),
+            })
+            .zip(leases)
+            .map(|(renewal, lease)| match renewal {
+                Ok(Renewal::Extended(_)) => Ok(Renewal::Extended(lease.ttl())),
+                other => other,
+            })
+            .collect()
+    }
+
+    async fn query_pipeline(&self, pipe: redis::Pipeline) -> Result<Vec<Value>> {
+        self.primary
+            .renewal_request(|mut con| async move {
+                pipe.query_async::<Vec<Value>>(&mut con).await
+            })
+            .await
+    }
+
+    /// Sleeps like a poller: a short jittered pause, never past `max_wait`.
+    async fn poll_pause(max_wait: Duration) {
+        let pause = Duration::from_millis(rand::random_range(10..=100));
+        tokio::time::sleep(pause.min(max_wait)).await;
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn tier(&self) -> Tier {
+        if self.config.sentinel_master.is_some() {
+            Tier::Replicated
+        } else {
+            Tier::Single
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let wait = if self.config.notifications {
+            WaitStrategy::Notify
+        } else {
+            WaitStrategy::Poll
+        };
+        Capabilities::new(FencingGuarantee::BestEffort, wait)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let keys = Keys::of(&request.key);
+        let (lock, fence) = (keys.lock.clone(), keys.fence.clone());
+        let owner = request.owner.expose_hex();
+        let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
+        let reply: Value = self
+            .primary
+            .request("acquiring", |mut con| async move {
+                scripts::ACQUIRE
+                    .key(lock)
+                    .key(fence)
+                    .arg(owner)
+                    .arg(ttl)
+                    .arg(fence_ttl)
+                    .invoke_async(&mut con)
+                    .await
+            })
+            .await?;
+        match scripts::acquire_reply(BACKEND, &reply)? {
+            AcquireReply::Granted(token) => {
+                if self.config.min_replicas > 0 {
+                    self.ensure_replicated(&keys, request).await?;
+                }
+                Ok(Attempt::Granted(Grant::new(token, request.ttl)))
+            }
+            AcquireReply::Contended(remaining) => {
+                let contention = Contention::new();
+                Ok(Attempt::Contended(match remaining {
+                    Some(remaining) => contention.with_retry_after(remaining),
+                    None => contention,
+                }))
+            }
+        }
+    }
+
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        _contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        if !self.config.notifications {
+            tokio::time::sleep(max_wait).await;
+            return Ok(());
+        }
+        let keys = Keys::of(&request.key);
+        let epoch = self.primary.epoch();
+        let mut subscription = match epoch.notifier.subscribe(&keys.channel).await {
+            Ok(subscription) => subscription,
+            Err(e) => {
+                tracing::debug!(error = %e, "release notifications unavailable; polling");
+                Self::poll_pause(max_wait).await;
+                return Ok(());
+            }
+        };
+        // A release between the attempt and the subscription published nothing we saw.
+        let remaining = match self.holder(&request.key).await? {
+            None => return Ok(()),
+            Some(holder) => holder.info.remaining_ttl.unwrap_or(max_wait),
+        };
+        let _ = tokio::time::timeout(max_wait.min(remaining), subscription.released()).await;
+        Ok(())
+    }
+
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.release_keys(&Keys::of(&request.key), request.owner.expose_hex())
+            .await
+            .map(drop)
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        self.renew_many(std::slice::from_ref(lease))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(unexpected(BACKEND, "the renew script")))
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        let this = self.clone();
+        let owned = leases.to_vec();
+        let outcome = lockkit_core::runtime::run(async move { this.renew_batch(&owned).await })
+            .await
+            .and_then(|renewals| renewals);
+        match outcome {
+            Ok(renewals) => renewals.into_iter().map(Ok).collect(),
+            Err(e) => leases.iter().map(|_| Err(crate::error::repeat(&e))).collect(),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        self.release_keys(&Keys::of(lease.key()), lease.owner().expose_hex())
+            .await
+    }
+
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        Ok(self
+            .holder(lease.key())
+            .await?
+            .is_some_and(|holder| holder.is(lease.owner())))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        Ok(self.holder(key).await?.map(|holder| holder.info))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let pong: String = self
+            .primary
+            .request("ping", |mut con| async move {
+                redis::cmd("PING").query_async(&mut con).await
+            })
+            .await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(unexpected(BACKEND, "PING"))
+        }
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("tier", &self.tier())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

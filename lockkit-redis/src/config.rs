@@ -1,0 +1,392 @@
+//! Configuration of the Redis backends: [`RedisConfig`] (single node or Sentinel) and
+//! [`RedlockConfig`] (independent nodes).
+
+use std::fmt;
+use std::time::Duration;
+
+use lockkit_core::url::ConnectionUrl;
+use lockkit_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+const DEFAULT_PORT: u16 = 6379;
+const DEFAULT_SENTINEL_PORT: u16 = 26379;
+
+/// How to reach one Redis server or a Sentinel-managed primary, and how to talk to it.
+///
+/// From a URL ([`RedisConfig::from_url`]):
+/// - `redis://[user:password@]host[:port][/db]`: one server (port 6379 by default);
+/// - `rediss://...`: the same over TLS (cargo feature `tls`);
+/// - `redis+sentinel://[user:password@]s1[:port],s2,s3/master-name[/db]`: the primary that the
+///   Sentinels `s1..` (port 26379 by default) know as `master-name`. The user and password are
+///   those of the Redis servers; the Sentinels are asked without credentials.
+///
+/// In TOML, the `[redis]` table of the `lockkit` configuration. Every field is optional and
+/// defaults as documented; unknown fields are errors.
+#[non_exhaustive]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `host:port` of the Redis server; for Sentinel, of the Sentinels. Default: `127.0.0.1:6379`.
+    pub hosts: Vec<String>,
+    /// When set, `hosts` are Sentinels and the lock server is the primary they know by this
+    /// name (tier `replicated`). Default: unset (one server, tier `single`).
+    pub sentinel_master: Option<String>,
+    /// The logical database. Default: 0.
+    pub db: i64,
+    /// The ACL user. Default: unset (the `default` user).
+    pub username: Option<String>,
+    /// The password. Default: unset. Never logged or shown by `Debug`.
+    pub password: Option<String>,
+    /// Connect with TLS (needs the cargo feature `tls`). Default: false.
+    pub tls: bool,
+    /// How long connecting may take. Default: 1s.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long one request may take before it fails with `Unavailable`. Default: 1s.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
+    /// Waiters learn about releases from pub/sub notifications on one shared connection;
+    /// when false they poll with jittered backoff. Default: true.
+    pub notifications: bool,
+    /// Sentinel only: after a grant (and a renewal), `WAIT` until this many replicas have it;
+    /// if fewer acknowledge within `replica_timeout`, the grant is given back and the acquire
+    /// fails. This narrows the failover window, it does not close it (see the crate docs).
+    /// Default: 0 (do not wait).
+    pub min_replicas: u32,
+    /// How long `WAIT` waits for `min_replicas`. Default: 100ms.
+    #[serde(with = "humantime_serde")]
+    pub replica_timeout: Duration,
+    /// How long a key's fence counter outlives its last grant. Tokens also follow the
+    /// server's clock, so this only matters if that clock steps back. Default: 1h.
+    #[serde(with = "humantime_serde")]
+    pub fence_ttl: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            hosts: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
+            sentinel_master: None,
+            db: 0,
+            username: None,
+            password: None,
+            tls: false,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            notifications: true,
+            min_replicas: 0,
+            replica_timeout: Duration::from_millis(100),
+            fence_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl RedisConfig {
+    /// A configuration from a `redis://`, `rediss://` or `redis+sentinel://` URL, with the
+    /// other fields at their defaults.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for a malformed URL
+    /// or another scheme.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let mut config = RedisConfig::default();
+        config.apply_url(&ConnectionUrl::parse(url)?)?;
+        Ok(config)
+    }
+
+    /// Takes the hosts, credentials, database and Sentinel master name from `url`; the other
+    /// fields keep their values.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for another scheme,
+    /// a bad path or query parameters (none are accepted).
+    pub fn apply_url(&mut self, url: &ConnectionUrl) -> Result<()> {
+        reject_query(url)?;
+        let sentinel = match url.scheme.as_str() {
+            "redis" => false,
+            "rediss" => {
+                self.tls = true;
+                false
+            }
+            "redis+sentinel" => true,
+            other => {
+                return Err(Error::invalid_config(format!(
+                    "a Redis URL starts with redis://, rediss:// or redis+sentinel://, not {other}://"
+                )));
+            }
+        };
+        let segments: Vec<&str> = url.path.split('/').filter(|s| !s.is_empty()).collect();
+        let db = if sentinel {
+            let Some((master, rest)) = segments.split_first() else {
+                return Err(Error::invalid_config(
+                    "a redis+sentinel:// URL names the master: redis+sentinel://s1,s2,s3/master-name",
+                ));
+            };
+            self.sentinel_master = Some((*master).to_owned());
+            rest
+        } else {
+            self.sentinel_master = None;
+            &segments[..]
+        };
+        self.db = match db {
+            [] => 0,
+            [db] => db.parse().map_err(|_| {
+                Error::invalid_config(format!("the database in a Redis URL is a number, not {db:?}"))
+            })?,
+            _ => return Err(Error::invalid_config(format!("unexpected path {:?} in a Redis URL", url.path))),
+        };
+        let port = if sentinel { DEFAULT_SENTINEL_PORT } else { DEFAULT_PORT };
+        if !url.hosts.is_empty() {
+            self.hosts = url
+                .hosts
+                .iter()
+                .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(port)))
+                .collect();
+        }
+        if url.username.is_some() {
+            self.username.clone_from(&url.username);
+        }
+        if url.password.is_some() {
+            self.password.clone_from(&url.password);
+        }
+        Ok(())
+    }
+
+    /// Checks what serde cannot.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) saying what is wrong.
+    pub fn validate(&self) -> Result<()> {
+        if self.hosts.is_empty() {
+            return Err(Error::invalid_config("redis.hosts is empty"));
+        }
+        if self.sentinel_master.is_none() && self.hosts.len() > 1 {
+            return Err(Error::invalid_config(format!(
+                "redis.hosts lists {} servers but no sentinel_master is set: a single-node lock uses one server (for several independent servers use the redlock backend)",
+                self.hosts.len()
+            )));
+        }
+        if self.sentinel_master.is_none() && self.min_replicas > 0 {
+            return Err(Error::invalid_config(
+                "redis.min_replicas needs a Sentinel-managed primary (sentinel_master)",
+            ));
+        }
+        if self.sentinel_master.as_deref() == Some("") {
+            return Err(Error::invalid_config("redis.sentinel_master is empty"));
+        }
+        for host in &self.hosts {
+            parse_host(host)?;
+        }
+        positive("redis.connect_timeout", self.connect_timeout)?;
+        positive("redis.response_timeout", self.response_timeout)?;
+        positive("redis.replica_timeout", self.replica_timeout)?;
+        positive("redis.fence_ttl", self.fence_ttl)?;
+        if self.tls && !cfg!(feature = "tls") {
+            return Err(Error::invalid_config(
+                "redis.tls (or rediss://) needs the cargo feature `tls` of lockkit-redis",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("hosts", &self.hosts)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("db", &self.db)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("notifications", &self.notifications)
+            .field("min_replicas", &self.min_replicas)
+            .field("replica_timeout", &self.replica_timeout)
+            .field("fence_ttl", &self.fence_ttl)
+            .finish()
+    }
+}
+
+/// How to reach the independent Redis servers of a Redlock quorum.
+///
+/// From a URL: `redlock://[user:password@]h1[:port],h2,h3,h4,h5` (port 6379 by default). In
+/// TOML, the `[redlock]` table of the `lockkit` configuration. Every field is optional and
+/// defaults as documented; unknown fields are errors.
+#[non_exhaustive]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedlockConfig {
+    /// `host:port` of each independent server; a majority (N/2+1) must agree. Use an odd
+    /// number, 3 or more. Default: empty (must be set).
+    pub nodes: Vec<String>,
+    /// The ACL user on every node. Default: unset.
+    pub username: Option<String>,
+    /// The password on every node. Default: unset. Never logged or shown by `Debug`.
+    pub password: Option<String>,
+    /// Connect with TLS (needs the cargo feature `tls`). Default: false.
+    pub tls: bool,
+    /// How long connecting to one node may take. Default: 1s.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long one node may take to answer; a slower node counts as failed for that round,
+    /// so a dead node costs at most this much. Keep it a small share of the TTL. Default: 100ms.
+    #[serde(with = "humantime_serde")]
+    pub node_timeout: Duration,
+    /// Stop renewing a lock after it was held this long; it is then reported lost when its
+    /// validity runs out. Default: unset (renew as long as the guard lives).
+    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub max_hold: Option<Duration>,
+    /// How long a key's fence counters outlive its last grant (see [`RedisConfig::fence_ttl`]).
+    /// Default: 1h.
+    #[serde(with = "humantime_serde")]
+    pub fence_ttl: Duration,
+}
+
+impl Default for RedlockConfig {
+    fn default() -> Self {
+        RedlockConfig {
+            nodes: Vec::new(),
+            username: None,
+            password: None,
+            tls: false,
+            connect_timeout: Duration::from_secs(1),
+            node_timeout: Duration::from_millis(100),
+            max_hold: None,
+            fence_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl RedlockConfig {
+    /// A configuration from a `redlock://h1,h2,h3` URL, with the other fields at their defaults.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for a malformed URL
+    /// or another scheme.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let mut config = RedlockConfig::default();
+        config.apply_url(&ConnectionUrl::parse(url)?)?;
+        Ok(config)
+    }
+
+    /// Takes the nodes and credentials from `url`; the other fields keep their values.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for another scheme,
+    /// a path or query parameters.
+    pub fn apply_url(&mut self, url: &ConnectionUrl) -> Result<()> {
+        reject_query(url)?;
+        if url.scheme != "redlock" {
+            return Err(Error::invalid_config(format!(
+                "a Redlock URL starts with redlock://, not {}://",
+                url.scheme
+            )));
+        }
+        if !url.path.trim_matches('/').is_empty() {
+            return Err(Error::invalid_config(format!(
+                "a redlock:// URL has no path (got {:?}); every node uses database 0",
+                url.path
+            )));
+        }
+        if !url.hosts.is_empty() {
+            self.nodes = url
+                .hosts
+                .iter()
+                .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(DEFAULT_PORT)))
+                .collect();
+        }
+        if url.username.is_some() {
+            self.username.clone_from(&url.username);
+        }
+        if url.password.is_some() {
+            self.password.clone_from(&url.password);
+        }
+        Ok(())
+    }
+
+    /// How many nodes must agree: N/2+1.
+    pub fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// Checks what serde cannot.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) saying what is wrong.
+    pub fn validate(&self) -> Result<()> {
+        if self.nodes.len() < 3 {
+            return Err(Error::invalid_config(format!(
+                "redlock.nodes lists {} server(s); Redlock needs at least 3 independent servers (use the redis backend for one)",
+                self.nodes.len()
+            )));
+        }
+        for node in &self.nodes {
+            parse_host(node)?;
+        }
+        let mut unique = self.nodes.clone();
+        unique.sort();
+        unique.dedup();
+        if unique.len() != self.nodes.len() {
+            return Err(Error::invalid_config(
+                "redlock.nodes lists a server twice: a quorum needs independent servers",
+            ));
+        }
+        positive("redlock.connect_timeout", self.connect_timeout)?;
+        positive("redlock.node_timeout", self.node_timeout)?;
+        positive("redlock.fence_ttl", self.fence_ttl)?;
+        if let Some(max_hold) = self.max_hold {
+            positive("redlock.max_hold", max_hold)?;
+        }
+        if self.tls && !cfg!(feature = "tls") {
+            return Err(Error::invalid_config(
+                "redlock.tls needs the cargo feature `tls` of lockkit-redis",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for RedlockConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockConfig")
+            .field("nodes", &self.nodes)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("node_timeout", &self.node_timeout)
+            .field("max_hold", &self.max_hold)
+            .field("fence_ttl", &self.fence_ttl)
+            .finish()
+    }
+}
+
+/// Splits `host:port`.
+pub(crate) fn parse_host(host: &str) -> Result<(String, u16)> {
+    let bad = || Error::invalid_config(format!("{host:?} is not host:port"));
+    let (name, port) = host.rsplit_once(':').ok_or_else(bad)?;
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    if name.is_empty() {
+        return Err(bad());
+    }
+    let port = port.parse::<u16>().map_err(|_| bad())?;
+    Ok((name.to_owned(), port))
+}
+
+fn positive(name: &str, value: Duration) -> Result<()> {
+    if value.is_zero() {
+        return Err(Error::invalid_config(format!("{name} must be greater than zero")));
+    }
+    Ok(())
+}
+
+fn reject_query(url: &ConnectionUrl) -> Result<()> {
+    match url.query.first() {
+        Some((name, _)) => Err(Error::invalid_config(format!(
+            "unknown URL parameter {name:?}: set options in the configuration's table instead"
+        ))),
+        None => Ok(()),
+    }
+}

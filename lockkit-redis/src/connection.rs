@@ -1,0 +1,369 @@
+//! Connections: one reconnecting [`ConnectionManager`] per server, with bounded timeouts, and
+//! the [`Primary`] that follows a Sentinel-managed primary across failovers.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use lockkit_core::{Error, ErrorKind, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisError,
+    RedisConnectionInfo,
+};
+
+use crate::error::{from_redis, timed_out};
+use crate::notify::Notifier;
+
+/// How to open connections to the servers of one backend.
+#[derive(Clone)]
+pub(crate) struct Dialer {
+    pub(crate) backend: &'static str,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) db: i64,
+    pub(crate) tls: bool,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl Dialer {
+    /// The connection info of `host:port` with this dialer's credentials.
+    pub(crate) fn info(&self, host: &str, port: u16, protocol: ProtocolVersion) -> Result<ConnectionInfo> {
+        let mut redis = RedisConnectionInfo::default()
+            .set_db(self.db)
+            .set_protocol(protocol);
+        if let Some(user) = &self.username {
+            redis = redis.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            redis = redis.set_password(password);
+        }
+        let addr = self.addr(host, port)?;
+        let info = addr
+            .into_connection_info()
+            .map_err(|e| from_redis(self.backend, e))?;
+        Ok(info.set_redis_settings(redis))
+    }
+
+    #[cfg(feature = "tls")]
+    fn addr(&self, host: &str, port: u16) -> Result<ConnectionAddr> {
+        if self.tls {
+            crate::tls::ensure_crypto_provider();
+            return Ok(ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            });
+        }
+        Ok(ConnectionAddr::Tcp(host.to_owned(), port))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn addr(&self, host: &str, port: u16) -> Result<ConnectionAddr> {
+        if self.tls {
+            return Err(Error::invalid_config(
+                "TLS needs the cargo feature `tls` of lockkit-redis",
+            ));
+        }
+        Ok(ConnectionAddr::Tcp(host.to_owned(), port))
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(200))
+    }
+
+    /// A manager that connects on first use (for servers that may be down at start-up).
+    pub(crate) fn lazy(&self, info: ConnectionInfo) -> Result<ConnectionManager> {
+        let client = Client::open(info).map_err(|e| from_redis(self.backend, e))?;
+        ConnectionManager::new_lazy_with_config(client, self.manager_config())
+            .map_err(|e| from_redis(self.backend, e))
+    }
+
+    /// A manager that is connected (and authenticated) before this returns.
+    pub(crate) async fn connect(&self, info: ConnectionInfo) -> Result<ConnectionManager> {
+        let client = Client::open(info).map_err(|e| from_redis(self.backend, e))?;
+        let config = self.manager_config();
+        self.bounded("connect", async move {
+            ConnectionManager::new_with_config(client, config).await
+        })
+        .await
+    }
+
+    /// A manager for pub/sub pushes (RESP3), which resubscribes after a reconnect.
+    pub(crate) fn pubsub(
+        &self,
+        info: ConnectionInfo,
+        pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+    ) -> Result<ConnectionManager> {
+        let client = Client::open(info).map_err(|e| from_redis(self.backend, e))?;
+        let config = self
+            .manager_config()
+            .set_push_sender(pushes)
+            .set_automatic_resubscription();
+        ConnectionManager::new_lazy_with_config(client, config).map_err(|e| from_redis(self.backend, e))
+    }
+
+    /// The longest one request may take, reconnecting included.
+    pub(crate) fn request_bound(&self) -> Duration {
+        self.connect_timeout + self.response_timeout
+    }
+
+    /// Runs one request with the [`Dialer::request_bound`] and maps its error.
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        let bound = self.request_bound();
+        match tokio::time::timeout(bound, request).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(from_redis(self.backend, e)),
+            Err(_) => Err(timed_out(self.backend, what, bound)),
+        }
+    }
+}
+
+/// The server locks are taken on: a fixed server, or the primary that Sentinels point to.
+/// After a failover it finds the new primary and opens new connections to it.
+pub(crate) struct Primary {
+    dialer: Dialer,
+    sentinels: Option<Sentinels>,
+    current: RwLock<Arc<Epoch>>,
+    resolving: tokio::sync::Mutex<Instant>,
+}
+
+/// The connections to one primary address.
+pub(crate) struct Epoch {
+    pub(crate) addr: (String, u16),
+    /// For acquire, release and inspect, called from the user's tasks.
+    pub(crate) connection: ConnectionManager,
+    /// For renewals only, always used on lockkit's runtime, so its connection driver lives
+    /// there and a saturated user runtime cannot delay renewals.
+    pub(crate) renewals: ConnectionManager,
+    /// Release notifications.
+    pub(crate) notifier: Notifier,
+}
+
+struct Sentinels {
+    hosts: Vec<(String, u16)>,
+    master: String,
+}
+
+/// Re-resolving the primary more often than this does not find a failover faster.
+const RESOLVE_INTERVAL: Duration = Duration::from_millis(250);
+
+impl Primary {
+    /// Connects to a fixed server.
+    pub(crate) async fn fixed(dialer: Dialer, addr: (String, u16)) -> Result<Self> {
+        let epoch = Epoch::open(&dialer, addr).await?;
+        Ok(Primary::new(dialer, None, epoch))
+    }
+
+    /// Asks the Sentinels `hosts` for the primary named `master` and connects to it.
+    pub(crate) async fn sentinel(
+        dialer: Dialer,
+        hosts: Vec<(String, u16)>,
+        master: String,
+    ) -> Result<Self> {
+        let sentinels = Sentinels { hosts, master };
+        let addr = sentinels.resolve(&dialer).await?;
+        let epoch = Epoch::open(&dialer, addr).await?;
+        Ok(Primary::new(dialer, Some(sentinels), epoch))
+    }
+
+    fn new(dialer: Dialer, sentinels: Option<Sentinels>, epoch: Epoch) -> Self {
+        Primary {
+            dialer,
+            sentinels,
+            current: RwLock::new(Arc::new(epoch)),
+            resolving: tokio::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// The connections to the current primary.
+    pub(crate) fn epoch(&self) -> Arc<Epoch> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs `request` on the current primary's connection, bounded, and looks for a new
+    /// primary when the error says this one is gone or demoted.
+    pub(crate) async fn request<T, F, Fut>(&self, what: &str, request: F) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.request_via(what, false, request).await
+    }
+
+    /// As [`Primary::request`], on the renewal connection (call it on lockkit's runtime).
+    pub(crate) async fn renewal_request<T, F, Fut>(&self, request: F) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.request_via("renewing", true, request).await
+    }
+
+    async fn request_via<T, F, Fut>(&self, what: &str, renewal: bool, request: F) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let epoch = self.epoch();
+        let bound = self.dialer.request_bound();
+        let connection = if renewal {
+            epoch.renewals.clone()
+        } else {
+            epoch.connection.clone()
+        };
+        match tokio::time::timeout(bound, request(connection)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                if primary_may_have_moved(&e) {
+                    self.follow_failover(&epoch).await;
+                }
+                Err(from_redis(self.dialer.backend, e))
+            }
+            Err(_) => {
+                self.follow_failover(&epoch).await;
+                Err(timed_out(self.dialer.backend, what, bound))
+            }
+        }
+    }
+
+    /// Asks the Sentinels where the primary is now and switches to it if it moved.
+    async fn follow_failover(&self, failed: &Arc<Epoch>) {
+        let Some(sentinels) = &self.sentinels else {
+            return;
+        };
+        let mut last = self.resolving.lock().await;
+        if !Arc::ptr_eq(&self.epoch(), failed) || last.elapsed() < RESOLVE_INTERVAL {
+            return;
+        }
+        *last = Instant::now();
+        let addr = match sentinels.resolve(&self.dialer).await {
+            Ok(addr) => addr,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask the Sentinels for the primary");
+                return;
+            }
+        };
+        if addr == failed.addr {
+            return;
+        }
+        match Epoch::open(&self.dialer, addr.clone()).await {
+            Ok(epoch) => {
+                tracing::info!(primary = %format!("{}:{}", addr.0, addr.1), "following a Sentinel failover");
+                *self
+                    .current
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(epoch);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot connect to the new primary"),
+        }
+    }
+}
+
+impl Epoch {
+    /// Connects to `addr`, on lockkit's runtime so that the connection drivers live there.
+    async fn open(dialer: &Dialer, addr: (String, u16)) -> Result<Self> {
+        let dialer = dialer.clone();
+        lockkit_core::runtime::run(async move {
+            let info = dialer.info(&addr.0, addr.1, ProtocolVersion::RESP2)?;
+            let (connection, renewals) =
+                tokio::try_join!(dialer.connect(info.clone()), dialer.connect(info))?;
+            let notifier = Notifier::new(
+                dialer.clone(),
+                dialer.info(&addr.0, addr.1, ProtocolVersion::RESP3)?,
+            );
+            Ok(Epoch {
+                addr,
+                connection,
+                renewals,
+                notifier,
+            })
+        })
+        .await?
+    }
+}
+
+impl Sentinels {
+    /// The primary's address, from the first Sentinel that knows it.
+    async fn resolve(&self, dialer: &Dialer) -> Result<(String, u16)> {
+        let mut failures = Vec::new();
+        for (host, port) in &self.hosts {
+            match self.ask(dialer, host, *port).await {
+                Ok(addr) => return Ok(addr),
+                Err(e) => failures.push(format!("{host}:{port}: {}", e.message())),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            dialer.backend,
+            format!(
+                "no Sentinel named the primary {:?}: {}",
+                self.master,
+                failures.join("; ")
+            ),
+        )
+        .with_retryable(true))
+    }
+
+    async fn ask(&self, dialer: &Dialer, host: &str, port: u16) -> Result<(String, u16)> {
+        let sentinel = Dialer {
+            username: None,
+            password: None,
+            db: 0,
+            ..dialer.clone()
+        };
+        let client = Client::open(sentinel.info(host, port, ProtocolVersion::RESP2)?)
+            .map_err(|e| from_redis(dialer.backend, e))?;
+        let master = self.master.clone();
+        let reply: Option<(String, String)> = sentinel
+            .bounded("asking a Sentinel", async move {
+                let mut con = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&master)
+                    .query_async(&mut con)
+                    .await
+            })
+            .await?;
+        let Some((host, port)) = reply else {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                dialer.backend,
+                format!("the Sentinel does not know a primary named {:?}", self.master),
+            ));
+        };
+        let port = port.parse().map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                dialer.backend,
+                format!("a Sentinel answered with the port {port:?}"),
+            )
+        })?;
+        Ok((host, port))
+    }
+}
+
+/// Whether `error` means the primary may be down or demoted (then the Sentinels are asked).
+fn primary_may_have_moved(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.is_timeout()
+        || matches!(
+            error.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown)
+        )
+}

@@ -1,0 +1,87 @@
+//! Maps redis client errors onto lockkit's [`ErrorKind`]s.
+
+use lockkit_core::{Error, ErrorKind};
+use redis::{RedisError, RetryMethod, ServerErrorKind};
+
+/// The backend name in errors, logs and metrics.
+pub(crate) const BACKEND: &str = "redis";
+
+/// Converts a redis client error, saying whether a retry can help.
+pub(crate) fn from_redis(backend: &'static str, error: RedisError) -> Error {
+    let (kind, retryable) = classify(&error);
+    Error::new(kind, backend, describe(&error))
+        .with_retryable(retryable)
+        .with_source(error)
+}
+
+fn classify(error: &RedisError) -> (ErrorKind, bool) {
+    use redis::ErrorKind as K;
+    if error.is_timeout() {
+        return (ErrorKind::Timeout, true);
+    }
+    if error.is_connection_refusal() || error.is_connection_dropped() || error.is_io_error() {
+        return (ErrorKind::Unavailable, true);
+    }
+    if matches!(error.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM")) {
+        return (ErrorKind::Auth, false);
+    }
+    match error.kind() {
+        K::AuthenticationFailed => (ErrorKind::Auth, false),
+        K::Server(ServerErrorKind::NoPerm) => (ErrorKind::Auth, false),
+        K::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown) => {
+            (ErrorKind::Unavailable, true)
+        }
+        K::InvalidClientConfig => (ErrorKind::InvalidConfig, false),
+        K::MasterNameNotFoundBySentinel | K::EmptySentinelList => (ErrorKind::Unavailable, true),
+        _ => (
+            ErrorKind::Backend,
+            matches!(
+                error.retry_method(),
+                RetryMethod::Reconnect | RetryMethod::RetryImmediately | RetryMethod::WaitAndRetry
+            ),
+        ),
+    }
+}
+
+fn describe(error: &RedisError) -> String {
+    match error.kind() {
+        redis::ErrorKind::AuthenticationFailed => {
+            "authentication failed: check the username and password".to_owned()
+        }
+        _ if error.code() == Some("WRONGPASS") => {
+            "authentication failed: check the username and password".to_owned()
+        }
+        _ if error.code() == Some("NOAUTH") => {
+            "the server requires a password and none was configured".to_owned()
+        }
+        _ if error.code() == Some("NOPERM") => {
+            "the Redis user lacks a permission lockkit needs (EVALSHA, SCRIPT LOAD, PUBLISH, SUBSCRIBE on its keys)".to_owned()
+        }
+        _ => format!("redis: {error}"),
+    }
+}
+
+/// The error for a request that got no answer in time.
+pub(crate) fn timed_out(backend: &'static str, what: &str, after: std::time::Duration) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        backend,
+        format!("{what}: no answer within {after:?}"),
+    )
+    .with_retryable(true)
+}
+
+/// The error for an answer lockkit did not expect (a script of another version, a proxy).
+pub(crate) fn unexpected(backend: &'static str, what: &str) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        backend,
+        format!("unexpected reply to {what}"),
+    )
+}
+
+/// The same error again, for each lease of a failed batch (errors hold a source and do not
+/// clone).
+pub(crate) fn repeat(error: &Error) -> Error {
+    Error::new(error.kind(), error.backend(), error.message()).with_retryable(error.is_retryable())
+}

@@ -1,0 +1,12 @@
+//! Redis backends for lockkit. See the README's Redis section.
+mod backend;
+mod config;
+mod connection;
+mod error;
+mod notify;
+mod redlock;
+mod scripts;
+
+pub use backend::RedisBackend;
+pub use redlock::RedlockBackend;
+pub use config::{RedisConfig, RedlockConfig};

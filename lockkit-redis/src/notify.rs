@@ -1,0 +1,261 @@
+//! Release notifications: every waiter of a backend listens through ONE shared pub/sub
+//! connection, subscribed to the release channel of each key that has waiters.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::Duration;
+
+use lockkit_core::Result;
+use redis::aio::ConnectionManager;
+use redis::{ConnectionInfo, PushInfo, PushKind, Value};
+use tokio::sync::{OnceCell, mpsc, watch};
+
+use crate::connection::Dialer;
+
+/// A channel stays subscribed this long after its last waiter left, so that a waiter that
+/// retries and waits again finds it still subscribed.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The shared pub/sub connection of one backend (one primary address).
+pub(crate) struct Notifier {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dialer: Dialer,
+    info: ConnectionInfo,
+    connection: OnceCell<ConnectionManager>,
+    channels: StdMutex<HashMap<String, Channel>>,
+    /// Serializes SUBSCRIBE and UNSUBSCRIBE, so an unsubscribe of an idle channel cannot
+    /// overtake a new waiter's subscribe.
+    changes: tokio::sync::Mutex<()>,
+}
+
+struct Channel {
+    releases: watch::Sender<u64>,
+    waiters: usize,
+    /// The server confirmed the subscription.
+    confirmed: bool,
+}
+
+/// One waiter's interest in a channel; dropping it may unsubscribe (after [`LINGER`]).
+pub(crate) struct Subscription {
+    inner: Arc<Inner>,
+    channel: String,
+    releases: watch::Receiver<u64>,
+    /// Counted among the channel's waiters (false after a failed subscribe).
+    joined: bool,
+}
+
+impl Notifier {
+    pub(crate) fn new(dialer: Dialer, info: ConnectionInfo) -> Self {
+        Notifier {
+            inner: Arc::new(Inner {
+                dialer,
+                info,
+                connection: OnceCell::new(),
+                channels: StdMutex::new(HashMap::new()),
+                changes: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Subscribes to `channel` (or joins its subscription) and returns once the server has
+    /// confirmed it: every release published after this returns is seen.
+    ///
+    /// # Errors
+    /// When the pub/sub connection cannot be opened or the server refuses the subscription;
+    /// the caller then polls.
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<Subscription> {
+        if let Some(subscription) = self.inner.join(channel) {
+            return Ok(subscription);
+        }
+        let _changes = self.inner.changes.lock().await;
+        if let Some(subscription) = self.inner.join(channel) {
+            return Ok(subscription);
+        }
+        // The channel is registered before SUBSCRIBE is sent: a release published right after
+        // the confirmation must find it when its push is dispatched.
+        let (releases, mut receiver) = watch::channel(0);
+        receiver.mark_unchanged();
+        self.inner.channels().insert(
+            channel.to_owned(),
+            Channel {
+                releases,
+                waiters: 1,
+                confirmed: false,
+            },
+        );
+        let mut subscription = Subscription {
+            inner: self.inner.clone(),
+            channel: channel.to_owned(),
+            releases: receiver,
+            joined: true,
+        };
+        match self.inner.send_subscribe(channel).await {
+            Ok(()) => {
+                if let Some(entry) = self.inner.channels().get_mut(channel) {
+                    entry.confirmed = true;
+                }
+                Ok(subscription)
+            }
+            Err(e) => {
+                self.inner.channels().remove(channel);
+                subscription.joined = false;
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Subscribes on lockkit's runtime, where the pub/sub connection's driver lives.
+    async fn send_subscribe(self: &Arc<Self>, channel: &str) -> Result<()> {
+        let inner = self.clone();
+        let channel = channel.to_owned();
+        lockkit_core::runtime::run(async move {
+            let mut connection = inner.connection().await?;
+            inner
+                .dialer
+                .bounded("subscribing to release notifications", async move {
+                    connection.subscribe(&channel).await
+                })
+                .await
+        })
+        .await?
+    }
+
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn join(self: &Arc<Self>, channel: &str) -> Option<Subscription> {
+        let mut channels = self.channels();
+        let entry = channels.get_mut(channel).filter(|entry| entry.confirmed)?;
+        entry.waiters += 1;
+        let mut releases = entry.releases.subscribe();
+        releases.mark_unchanged();
+        Some(Subscription {
+            inner: self.clone(),
+            channel: channel.to_owned(),
+            releases,
+            joined: true,
+        })
+    }
+
+    /// The pub/sub connection, opened on first use with a task that dispatches its pushes.
+    async fn connection(self: &Arc<Self>) -> Result<ConnectionManager> {
+        let connection = self
+            .connection
+            .get_or_try_init(|| async {
+                let (pushes, received) = mpsc::unbounded_channel();
+                let connection = self.dialer.pubsub(self.info.clone(), pushes)?;
+                lockkit_core::runtime::spawn(dispatch(Arc::downgrade(self), received));
+                Ok::<_, lockkit_core::Error>(connection)
+            })
+            .await?;
+        Ok(connection.clone())
+    }
+
+    fn leave(self: &Arc<Self>, channel: &str) {
+        let idle = {
+            let mut channels = self.channels();
+            match channels.get_mut(channel) {
+                Some(entry) => {
+                    entry.waiters -= 1;
+                    entry.waiters == 0
+                }
+                None => false,
+            }
+        };
+        if idle {
+            let inner = self.clone();
+            let channel = channel.to_owned();
+            lockkit_core::runtime::spawn(async move {
+                tokio::time::sleep(LINGER).await;
+                inner.unsubscribe_if_idle(&channel).await;
+            });
+        }
+    }
+
+    async fn unsubscribe_if_idle(&self, channel: &str) {
+        let _changes = self.changes.lock().await;
+        let idle = {
+            let mut channels = self.channels();
+            let idle = channels
+                .get(channel)
+                .is_some_and(|entry| entry.waiters == 0);
+            if idle {
+                channels.remove(channel);
+            }
+            idle
+        };
+        if let (true, Some(connection)) = (idle, self.connection.get()) {
+            let mut connection = connection.clone();
+            let channel = channel.to_owned();
+            if let Err(e) = self
+                .dialer
+                .bounded("unsubscribing", async move { connection.unsubscribe(&channel).await })
+                .await
+            {
+                tracing::debug!(error = %e, "could not unsubscribe from a release channel");
+            }
+        }
+    }
+
+    /// Wakes the waiters of `channel`, or of every channel (after a disconnection, when
+    /// releases may have been missed).
+    fn wake(&self, channel: Option<&str>) {
+        let channels = self.channels();
+        let bump = |entry: &Channel| entry.releases.send_modify(|n| *n = n.wrapping_add(1));
+        match channel {
+            Some(channel) => channels.get(channel).into_iter().for_each(bump),
+            None => channels.values().for_each(bump),
+        }
+    }
+}
+
+async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedReceiver<PushInfo>) {
+    while let Some(push) = received.recv().await {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        match push.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(channel)) = push.data.first()
+                    && let Ok(channel) = std::str::from_utf8(channel)
+                {
+                    inner.wake(Some(channel));
+                }
+            }
+            PushKind::Disconnection => inner.wake(None),
+            _ => {}
+        }
+    }
+}
+
+impl Subscription {
+    /// Waits for the next release on the channel (or a disconnection of the pub/sub
+    /// connection, after which a release may have been missed).
+    pub(crate) async fn released(&mut self) {
+        if self.releases.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if self.joined {
+            self.inner.leave(&self.channel);
+        }
+    }
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("channels", &self.inner.channels().len())
+            .finish()
+    }
+}

@@ -1,0 +1,511 @@
+//! [`RedlockBackend`]: Redlock over N independent Redis servers.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use lockkit_core::{
+    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
+    FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result,
+    Tier, WaitStrategy,
+};
+use redis::aio::ConnectionManager;
+use redis::{ProtocolVersion, Value};
+
+use crate::config::{RedlockConfig, parse_host};
+use crate::connection::Dialer;
+use crate::error::{from_redis, timed_out, unexpected};
+use crate::scripts::{self, AcquireReply, Holder, Keys, millis};
+
+const BACKEND: &str = "redlock";
+
+/// Redlock over N independent Redis servers (tier `quorum`).
+///
+/// # Algorithm
+/// - **acquire**: the acquire script (as [`RedisBackend`](crate::RedisBackend)'s) runs on all
+///   nodes in parallel, each bounded by [`RedlockConfig::node_timeout`]. The lock is granted
+///   when a majority (N/2+1) said yes; on any other outcome it is released on every node that
+///   may hold it (those that said yes and those that did not answer), and the core retries
+///   with random jitter.
+/// - **fencing token**: each node returns its own counter (see the crate docs); the grant's
+///   token is the maximum over the nodes that said yes. Before the grant is returned, that
+///   maximum is written back to every node (`counter = max(counter, token)`), and the grant
+///   is refused unless a majority took it and still holds the lock.
+/// - **validity**: the grant is valid for `ttl - node_timeout` from when the acquire was sent,
+///   less the core's drift allowance; the core refuses a grant that arrives with no validity
+///   left. Renewals need a majority too; the holder's `lost()` fires when the validity passes
+///   without one, or as soon as more than N - majority nodes say the lock is not ours.
+///
+/// # Why tokens strictly increase, and what that needs
+/// Let grant G1 get token T1 and a later grant G2 token T2. G1's write-back reached a
+/// majority W1 before G1's guard was returned, at least `node_timeout` before G1's validity
+/// ended (the `- node_timeout` above). G2's majority M2 meets W1 in some node n. G2 can only
+/// be granted after G1's keys expired or were deleted on enough nodes, which is after G1's
+/// validity ended; G2's requests reached all its nodes within one `node_timeout` of each
+/// other, so its request reached n after G1's write-back did. There n's counter was at least
+/// T1, so n answered at least T1 + 1, and T2 >= T1 + 1. This needs:
+/// - no node loses data: a node restarted without persistence forgets both the lock and its
+///   counter (run with `appendonly yes`, `appendfsync always`, or keep a restarted node out
+///   for longer than the TTL, as the Redlock paper says);
+/// - bounded clock drift between the nodes and this client (the core's drift allowance) and
+///   pauses of this process shorter than the validity it checks;
+/// - the counter not expiring: it lives [`RedlockConfig::fence_ttl`] past the last grant,
+///   after which a node falls back to its clock (microseconds), which is safe unless the node
+///   clocks disagree by more than the time since that grant.
+///
+/// Tokens can still be out of order with exclusion broken (a holder paused past its
+/// validity): that is what they are for, a fenced resource rejects the stale holder.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    nodes: Arc<[Node]>,
+    config: Arc<RedlockConfig>,
+}
+
+struct Node {
+    addr: String,
+    /// For acquire, release and inspect, called from the user's tasks.
+    connection: ConnectionManager,
+    /// For renewals only, used on lockkit's runtime (see `RedisBackend`).
+    renewals: ConnectionManager,
+}
+
+/// One node's answer, or why it gave none.
+type NodeResult<T> = std::result::Result<T, Error>;
+
+impl RedlockBackend {
+    /// Opens connections to every node and loads the scripts where it can.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for an invalid configuration; [`ErrorKind::Auth`] if any
+    /// node refuses the credentials; [`ErrorKind::QuorumNotReached`] if fewer than a majority
+    /// of the nodes answer.
+    pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        config.validate()?;
+        let dialer = Dialer {
+            backend: BACKEND,
+            username: config.username.clone(),
+            password: config.password.clone(),
+            db: 0,
+            tls: config.tls,
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.node_timeout,
+        };
+        let addrs = config.nodes.clone();
+        let nodes = lockkit_core::runtime::run(async move {
+            addrs
+                .into_iter()
+                .map(|addr| {
+                    let (host, port) = parse_host(&addr)?;
+                    let info = dialer.info(&host, port, ProtocolVersion::RESP2)?;
+                    Ok(Node {
+                        addr,
+                        connection: dialer.lazy(info.clone())?,
+                        renewals: dialer.lazy(info)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .await??;
+        let backend = RedlockBackend {
+            nodes: nodes.into(),
+            config: Arc::new(config),
+        };
+        let connecting = backend.clone();
+        let loaded = lockkit_core::runtime::run(async move {
+            let bound = connecting.config.connect_timeout + connecting.config.node_timeout;
+            let load = |mut con: ConnectionManager| async move {
+                scripts::load_all().query_async::<Vec<String>>(&mut con).await
+            };
+            let (loaded, _) = tokio::join!(
+                connecting.on_all(bound, false, load),
+                connecting.on_all(bound, true, load)
+            );
+            loaded
+        })
+        .await?;
+        if let Some(auth) = loaded
+            .iter()
+            .find_map(|r| r.as_ref().err().filter(|e| e.kind() == ErrorKind::Auth))
+        {
+            return Err(Error::new(ErrorKind::Auth, BACKEND, auth.message()));
+        }
+        let answered = loaded.iter().filter(|r| r.is_ok()).count();
+        if answered < backend.quorum() {
+            return Err(backend.quorum_error("connecting", answered, &loaded));
+        }
+        Ok(backend)
+    }
+
+    /// The configuration this backend was built with.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.config
+    }
+
+    fn quorum(&self) -> usize {
+        self.config.quorum()
+    }
+
+    /// Runs `request` on every node at once (on the renewal connections if `renewal`), each
+    /// bounded by `bound`.
+    async fn on_all<T, F, Fut>(&self, bound: Duration, renewal: bool, request: F) -> Vec<NodeResult<T>>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        join_all(self.nodes.iter().map(|node| {
+            let connection = if renewal { &node.renewals } else { &node.connection };
+            let reply = request(connection.clone());
+            async move {
+                match tokio::time::timeout(bound, reply).await {
+                    Ok(Ok(value)) => Ok(value),
+                    Ok(Err(e)) => Err(from_redis(BACKEND, e)),
+                    Err(_) => Err(timed_out(BACKEND, &node.addr, bound)),
+                }
+            }
+        }))
+        .await
+    }
+
+    /// Runs one script on every node at once, each bounded by the node timeout.
+    async fn script_on_all(
+        &self,
+        script: &'static redis::Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Vec<NodeResult<Value>> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let invocation = &invocation;
+        self.on_all(self.config.node_timeout, false, |mut con| async move {
+            invocation.invoke_async::<Value>(&mut con).await
+        })
+        .await
+    }
+
+    /// The error for too few answers, naming the nodes that failed and why.
+    fn quorum_error<T>(&self, what: &str, got: usize, replies: &[NodeResult<T>]) -> Error {
+        let need = self.quorum();
+        let failed: Vec<String> = self
+            .nodes
+            .iter()
+            .zip(replies)
+            .filter_map(|(node, reply)| {
+                reply
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("{}: {}", node.addr, e.message()))
+            })
+            .collect();
+        Error::new(
+            ErrorKind::QuorumNotReached { got, need },
+            BACKEND,
+            format!(
+                "{what}: {got} of {} nodes agreed, {need} needed; failed: {}",
+                self.nodes.len(),
+                if failed.is_empty() { "none".to_owned() } else { failed.join("; ") }
+            ),
+        )
+        .with_retryable(true)
+    }
+
+    async fn release_on_all(&self, key: &LockKey, owner: &OwnerToken) -> Vec<NodeResult<Value>> {
+        let keys = Keys::of(key);
+        self.script_on_all(
+            &scripts::RELEASE,
+            &[&keys.lock],
+            &[owner.expose_hex(), keys.channel.clone()],
+        )
+        .await
+    }
+
+    /// Every node's view of the holder.
+    async fn holders(&self, key: &LockKey) -> Vec<NodeResult<Option<Holder>>> {
+        let keys = Keys::of(key);
+        self.script_on_all(&scripts::INSPECT, &[&keys.lock], &[])
+            .await
+            .into_iter()
+            .map(|reply| reply.and_then(|value| scripts::inspect_reply(BACKEND, &value)))
+            .collect()
+    }
+
+    /// Writes `token` back to every node; returns whether a majority took it and still has
+    /// the lock as ours.
+    async fn raise_fences(&self, request: &AcquireRequest, token: FencingToken) -> Result<()> {
+        let keys = Keys::of(&request.key);
+        let replies = self
+            .script_on_all(
+                &scripts::RAISE_FENCE,
+                &[&keys.lock, &keys.fence],
+                &[
+                    request.owner.expose_hex(),
+                    token.get().to_string(),
+                    millis(self.config.fence_ttl).to_string(),
+                ],
+            )
+            .await;
+        let ours = replies.iter().filter(|r| matches!(r, Ok(Value::Int(1)))).count();
+        if ours >= self.quorum() {
+            Ok(())
+        } else {
+            Err(self.quorum_error("writing the fencing token back", ours, &replies))
+        }
+    }
+
+    /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
+    /// nodes extended it, how many said it is not ours, and the failures.
+    async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        let build = || {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for lease in leases {
+                pipe.cmd("EVALSHA")
+                    .arg(scripts::RENEW.get_hash())
+                    .arg(1)
+                    .arg(Keys::of(lease.key()).lock)
+                    .arg(lease.owner().expose_hex())
+                    .arg(millis(lease.ttl()));
+            }
+            pipe
+        };
+        let pipe = &build();
+        let replies = self
+            .on_all(self.config.node_timeout, true, |mut con| async move {
+                let replies: Vec<Value> = pipe.query_async(&mut con).await?;
+                if replies.iter().any(scripts::is_noscript) {
+                    scripts::load_all().query_async::<Vec<String>>(&mut con).await?;
+                    return pipe.query_async(&mut con).await;
+                }
+                Ok(replies)
+            })
+            .await;
+        leases
+            .iter()
+            .enumerate()
+            .map(|(i, lease)| {
+                let answers: Vec<NodeResult<Value>> = replies
+                    .iter()
+                    .map(|node| match node {
+                        Ok(values) => values
+                            .get(i)
+                            .cloned()
+                            .ok_or_else(|| unexpected(BACKEND, "a renewal pipeline")),
+                        Err(e) => Err(crate::error::repeat(e)),
+                    })
+                    .collect();
+                let extended = answers.iter().filter(|a| matches!(a, Ok(Value::Int(1)))).count();
+                let refused = answers.iter().filter(|a| matches!(a, Ok(Value::Int(0)))).count();
+                if extended >= self.quorum() {
+                    Ok(Renewal::Extended(self.validity(lease.ttl())))
+                } else if refused > self.nodes.len() - self.quorum() {
+                    Ok(Renewal::Lost)
+                } else {
+                    Err(self.quorum_error("renewing", extended, &answers))
+                }
+            })
+            .collect()
+    }
+
+    /// How long a grant or renewal is valid from when it was sent: the TTL less one node
+    /// timeout (see the type's docs for why).
+    fn validity(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.config.node_timeout)
+    }
+
+    fn past_max_hold(&self, lease: &Lease) -> bool {
+        self.config
+            .max_hold
+            .is_some_and(|max| lease.acquired_at().elapsed() >= max)
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Quorum
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::BestEffort, WaitStrategy::Poll)
+            .with_min_ttl(self.config.node_timeout * 4)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let keys = Keys::of(&request.key);
+        let replies = self
+            .script_on_all(
+                &scripts::ACQUIRE,
+                &[&keys.lock, &keys.fence],
+                &[
+                    request.owner.expose_hex(),
+                    millis(request.ttl).to_string(),
+                    millis(self.config.fence_ttl).to_string(),
+                ],
+            )
+            .await;
+        let mut tokens = Vec::new();
+        let mut holder_ttls = Vec::new();
+        let mut answers = Vec::with_capacity(replies.len());
+        for reply in replies {
+            let answer = reply.and_then(|value| scripts::acquire_reply(BACKEND, &value));
+            match &answer {
+                Ok(AcquireReply::Granted(token)) => tokens.push(*token),
+                Ok(AcquireReply::Contended(ttl)) => holder_ttls.push(ttl.unwrap_or(request.ttl)),
+                Err(_) => {}
+            }
+            answers.push(answer);
+        }
+        let quorum = self.quorum();
+        if let Some(token) = tokens.iter().copied().max().filter(|_| tokens.len() >= quorum) {
+            match self.raise_fences(request, token).await {
+                Ok(()) => return Ok(Attempt::Granted(Grant::new(token, self.validity(request.ttl)))),
+                Err(e) => {
+                    self.release_on_all(&request.key, &request.owner).await;
+                    return Err(e);
+                }
+            }
+        }
+        if !tokens.is_empty() || answers.iter().any(Result::is_err) {
+            self.release_on_all(&request.key, &request.owner).await;
+        }
+        if tokens.len() + holder_ttls.len() < quorum {
+            return Err(self.quorum_error("acquiring", tokens.len() + holder_ttls.len(), &answers));
+        }
+        // The lock frees up when enough of the holders' keys are gone for a majority.
+        holder_ttls.sort();
+        let frees_up = holder_ttls
+            .get(quorum.saturating_sub(tokens.len()).saturating_sub(1))
+            .copied()
+            .unwrap_or(request.ttl);
+        Ok(Attempt::Contended(Contention::new().with_retry_after(frees_up)))
+    }
+
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        let replies = self.release_on_all(&request.key, &request.owner).await;
+        match replies.iter().find_map(|r| r.as_ref().err()) {
+            Some(e) => Err(crate::error::repeat(e)),
+            None => Ok(()),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        self.renew_many(std::slice::from_ref(lease))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(unexpected(BACKEND, "a renewal")))
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        let (expired, live): (Vec<usize>, Vec<usize>) =
+            (0..leases.len()).partition(|&i| self.past_max_hold(&leases[i]));
+        let live_leases: Vec<Lease> = live.iter().map(|&i| leases[i].clone()).collect();
+        let mut renewed = if live_leases.is_empty() {
+            Vec::new()
+        } else {
+            let this = self.clone();
+            let count = live_leases.len();
+            lockkit_core::runtime::run(async move { this.renew_on_all(&live_leases).await })
+                .await
+                .unwrap_or_else(|e| (0..count).map(|_| Err(crate::error::repeat(&e))).collect())
+        };
+        let mut results: Vec<Option<Result<Renewal>>> = (0..leases.len()).map(|_| None).collect();
+        for i in expired {
+            results[i] = Some(Ok(Renewal::Lost));
+        }
+        for i in live.into_iter().rev() {
+            results[i] = renewed.pop();
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(unexpected(BACKEND, "a renewal"))))
+            .collect()
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        let replies = self.release_on_all(lease.key(), lease.owner()).await;
+        let released = replies.iter().filter(|r| matches!(r, Ok(Value::Int(1)))).count();
+        let unknown = replies.iter().filter(|r| r.is_err()).count();
+        if released >= self.quorum() {
+            Ok(true)
+        } else if released + unknown >= self.quorum() {
+            Err(self.quorum_error("releasing", released, &replies))
+        } else {
+            Ok(false)
+        }
+    }
+
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        let holders = self.holders(lease.key()).await;
+        let ours = holders
+            .iter()
+            .filter(|h| matches!(h, Ok(Some(holder)) if holder.is(lease.owner())))
+            .count();
+        let unknown = holders.iter().filter(|h| h.is_err()).count();
+        if ours >= self.quorum() {
+            Ok(true)
+        } else if ours + unknown >= self.quorum() {
+            Err(self.quorum_error("checking the lock", ours, &holders))
+        } else {
+            Ok(false)
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let holders = self.holders(key).await;
+        let answered = holders.iter().filter(|h| h.is_ok()).count();
+        if answered < self.quorum() {
+            return Err(self.quorum_error("inspecting", answered, &holders));
+        }
+        let mut by_owner: HashMap<&str, Vec<&LockInfo>> = HashMap::new();
+        for holder in holders.iter().flatten().flatten() {
+            by_owner.entry(&holder.owner_hex).or_default().push(&holder.info);
+        }
+        let Some(infos) = by_owner.into_values().find(|infos| infos.len() >= self.quorum()) else {
+            return Ok(None);
+        };
+        let token = infos.iter().map(|i| i.fencing_token).max().unwrap_or(FencingToken(0));
+        // Held until fewer than a majority of its keys remain.
+        let mut ttls: Vec<Duration> = infos.iter().filter_map(|i| i.remaining_ttl).collect();
+        ttls.sort_by(|a, b| b.cmp(a));
+        let mut info = LockInfo::new(token);
+        if let Some(remaining) = ttls.get(self.quorum() - 1) {
+            info = info.with_remaining_ttl(*remaining);
+        }
+        Ok(Some(info))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let replies = self
+            .on_all(self.config.node_timeout, false, |mut con| async move {
+                redis::cmd("PING").query_async::<String>(&mut con).await
+            })
+            .await;
+        let up = replies.iter().filter(|r| r.is_ok()).count();
+        if up >= self.quorum() {
+            Ok(())
+        } else {
+            Err(self.quorum_error("ping", up, &replies))
+        }
+    }
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("quorum", &self.quorum())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,131 @@
+//! The Lua scripts (in `scripts/`), the key layout, and decoding of the scripts' replies.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use lockkit_core::{FencingToken, LockInfo, LockKey, OwnerToken, Result};
+use redis::{Script, Value};
+
+use crate::error::unexpected;
+
+const ACQUIRE_LUA: &str = include_str!("../scripts/acquire.lua");
+const RELEASE_LUA: &str = include_str!("../scripts/release.lua");
+const RENEW_LUA: &str = include_str!("../scripts/renew.lua");
+const INSPECT_LUA: &str = include_str!("../scripts/inspect.lua");
+const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
+
+/// Takes a free lock and returns its fencing token, or the holder's remaining TTL.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+/// Compare-and-delete plus a release notification.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+/// Compare-and-`PEXPIRE`.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+/// The holder's value and remaining TTL, read atomically.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+/// Redlock: raise a node's fence counter to the token a majority agreed on.
+pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_LUA));
+
+/// One pipeline of `SCRIPT LOAD`s of every script, so that the first calls need no
+/// `NOSCRIPT` round trip.
+pub(crate) fn load_all() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for source in [ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, INSPECT_LUA, RAISE_FENCE_LUA] {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source);
+    }
+    pipe
+}
+
+/// The Redis names of one lock.
+///
+/// The lock key is `{namespace/name}` and the fence key `{namespace/name}:fence`: both carry
+/// the same hash tag (the first `{...}`; a `}` in the name only ends the tag earlier, in both),
+/// so they live in one Redis Cluster slot and one script may touch both. `/` cannot occur in
+/// a namespace or name, so no two locks share keys.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+impl Keys {
+    pub(crate) fn of(key: &LockKey) -> Self {
+        let lock = format!("{{{}/{}}}", key.namespace(), key.name());
+        Keys {
+            fence: format!("{lock}:fence"),
+            channel: format!("lockkit:released:{lock}"),
+            lock,
+        }
+    }
+}
+
+/// Milliseconds for a script argument, at least 1.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The reply of [`ACQUIRE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    Granted(FencingToken),
+    /// The holder's remaining TTL; `None` if the key has no TTL (never written by lockkit).
+    Contended(Option<Duration>),
+}
+
+pub(crate) fn acquire_reply(backend: &'static str, value: &Value) -> Result<AcquireReply> {
+    match value {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(1), Value::Int(token)] => u64::try_from(*token)
+                .map(|t| AcquireReply::Granted(FencingToken(t)))
+                .map_err(|_| unexpected(backend, "the acquire script")),
+            [Value::Int(0), Value::Int(pttl)] => Ok(AcquireReply::Contended(
+                u64::try_from(*pttl).ok().map(Duration::from_millis),
+            )),
+            _ => Err(unexpected(backend, "the acquire script")),
+        },
+        _ => Err(unexpected(backend, "the acquire script")),
+    }
+}
+
+/// A lock's holder as stored: `owner-hex:token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub(crate) owner_hex: String,
+    pub(crate) info: LockInfo,
+}
+
+impl Holder {
+    pub(crate) fn is(&self, owner: &OwnerToken) -> bool {
+        self.owner_hex == owner.expose_hex()
+    }
+}
+
+/// The reply of [`INSPECT`]: the holder, if the key exists and was written by lockkit.
+pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Option<Holder>> {
+    let Value::Array(items) = value else {
+        return Err(unexpected(backend, "the inspect script"));
+    };
+    let (stored, pttl) = match items.as_slice() {
+        [Value::BulkString(stored), Value::Int(pttl)] => (stored, *pttl),
+        [Value::Nil, _] | [] => return Ok(None),
+        [_, _] => return Ok(None),
+        _ => return Err(unexpected(backend, "the inspect script")),
+    };
+    let parsed = std::str::from_utf8(stored)
+        .ok()
+        .and_then(|s| s.split_once(':'))
+        .and_then(|(owner, token)| Some((owner.to_owned(), token.parse::<u64>().ok()?)));
+    let Some((owner_hex, token)) = parsed else {
+        return Err(unexpected(backend, "the inspect script (a lock key lockkit did not write)"));
+    };
+    let mut info = LockInfo::new(FencingToken(token));
+    if let Ok(ms) = u64::try_from(pttl) {
+        info = info.with_remaining_ttl(Duration::from_millis(ms));
+    }
+    Ok(Some(Holder { owner_hex, info }))
+}
+
+/// Whether a reply says `NOSCRIPT` (the server lost its script cache).
+pub(crate) fn is_noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}

@@ -1,0 +1,177 @@
+//! Test support shared by the Redis test files: harnesses over the compose topologies and raw
+//! access to the servers behind lockkit's back.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::testing::{Harness, backend_missing, endpoint};
+use lockkit_core::url::ConnectionUrl;
+use lockkit_core::{LockClient, LockKey, LockOptions, Result, async_trait};
+use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use redis::aio::MultiplexedConnection;
+
+/// Which topology a harness runs on.
+#[derive(Debug, Clone)]
+pub enum Topology {
+    Single(RedisConfig),
+    Sentinel(RedisConfig),
+    Redlock(RedlockConfig),
+}
+
+pub struct RedisHarness {
+    pub topology: Topology,
+}
+
+/// The harness for `var` (`LOCKKIT_TEST_REDIS_URL`, `..._SENTINEL_URL`, `..._REDLOCK_URL`), or
+/// `None` after reporting the topology missing (a failure under LOCKKIT_REQUIRE_BACKENDS=1).
+pub async fn harness(var: &str) -> Option<RedisHarness> {
+    let Some(url) = endpoint(var) else {
+        backend_missing(&format!("{var} (start compose/up.sh)"));
+        return None;
+    };
+    let topology = match ConnectionUrl::parse(&url).expect("a valid test URL").scheme.as_str() {
+        "redlock" => Topology::Redlock(RedlockConfig::from_url(&url).expect("redlock URL")),
+        "redis+sentinel" => Topology::Sentinel(RedisConfig::from_url(&url).expect("sentinel URL")),
+        _ => Topology::Single(RedisConfig::from_url(&url).expect("redis URL")),
+    };
+    let harness = RedisHarness { topology };
+    if let Err(e) = harness.servers().await {
+        backend_missing(&format!("{var} = {url} ({e})"));
+        return None;
+    }
+    Some(harness)
+}
+
+pub async fn single() -> Option<RedisHarness> {
+    harness("LOCKKIT_TEST_REDIS_URL").await
+}
+
+pub async fn sentinel() -> Option<RedisHarness> {
+    harness("LOCKKIT_TEST_SENTINEL_URL").await
+}
+
+pub async fn redlock() -> Option<RedisHarness> {
+    harness("LOCKKIT_TEST_REDLOCK_URL").await
+}
+
+impl RedisHarness {
+    /// A backend of this topology (its own connections).
+    pub async fn backend(&self) -> Result<lockkit_core::SharedBackend> {
+        Ok(match &self.topology {
+            Topology::Single(c) | Topology::Sentinel(c) => Arc::new(RedisBackend::connect(c.clone()).await?),
+            Topology::Redlock(c) => Arc::new(RedlockBackend::connect(c.clone()).await?),
+        })
+    }
+
+    /// Raw connections to the servers that hold the locks (the primary, or every Redlock node).
+    pub async fn servers(&self) -> redis::RedisResult<Vec<MultiplexedConnection>> {
+        let addrs = match &self.topology {
+            Topology::Single(c) => c.hosts.clone(),
+            Topology::Sentinel(c) => vec![primary_addr(c).await?],
+            Topology::Redlock(c) => c.nodes.clone(),
+        };
+        let mut connections = Vec::new();
+        for addr in addrs {
+            connections.push(connect(&addr).await?);
+        }
+        Ok(connections)
+    }
+}
+
+/// A plain connection to `host:port`.
+pub async fn connect(addr: &str) -> redis::RedisResult<MultiplexedConnection> {
+    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(Some(Duration::from_secs(2)));
+    client.get_multiplexed_async_connection_with_config(&config).await
+}
+
+/// Where the Sentinels say the primary is.
+pub async fn primary_addr(config: &RedisConfig) -> redis::RedisResult<String> {
+    let master = config.sentinel_master.clone().unwrap_or_default();
+    let mut last = None;
+    for sentinel in &config.hosts {
+        match connect(sentinel).await {
+            Ok(mut con) => {
+                let reply: redis::RedisResult<Option<(String, String)>> = redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&master)
+                    .query_async(&mut con)
+                    .await;
+                match reply {
+                    Ok(Some((host, port))) => return Ok(format!("{host}:{port}")),
+                    Ok(None) => {}
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no Sentinel knows the primary").into()))
+}
+
+/// The Redis lock key of `key` (the layout the crate documents).
+pub fn lock_key(key: &LockKey) -> String {
+    format!("{{{}/{}}}", key.namespace(), key.name())
+}
+
+/// Every key of `namespace` on `con`.
+pub async fn keys_of(con: &mut MultiplexedConnection, namespace: &str) -> redis::RedisResult<Vec<String>> {
+    let mut keys = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{{{namespace}/*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(con)
+            .await?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+fn to_lockkit(e: redis::RedisError) -> lockkit_core::Error {
+    lockkit_core::Error::new(lockkit_core::ErrorKind::Backend, "test", e.to_string())
+}
+
+#[async_trait]
+impl Harness for RedisHarness {
+    async fn client(&self, namespace: &str, options: LockOptions) -> Result<LockClient> {
+        LockClient::with_options(self.backend().await?, namespace, options)
+    }
+
+    fn ttl(&self) -> Duration {
+        match self.topology {
+            Topology::Redlock(_) => Duration::from_millis(1000),
+            _ => Duration::from_millis(600),
+        }
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<()> {
+        for mut con in self.servers().await.map_err(to_lockkit)? {
+            let _: i64 = redis::cmd("DEL")
+                .arg(lock_key(key))
+                .query_async(&mut con)
+                .await
+                .map_err(to_lockkit)?;
+        }
+        Ok(())
+    }
+
+    async fn leftovers(&self, namespace: &str) -> Result<Vec<String>> {
+        let mut left = Vec::new();
+        for mut con in self.servers().await.map_err(to_lockkit)? {
+            let keys = keys_of(&mut con, namespace).await.map_err(to_lockkit)?;
+            left.extend(keys.into_iter().filter(|k| !k.ends_with(":fence")));
+        }
+        Ok(left)
+    }
+}

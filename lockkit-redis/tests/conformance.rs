@@ -1,0 +1,16 @@
+//! The core conformance suite against a single Redis node, the Sentinel group and the
+//! 5-node Redlock topology of `compose/up.sh`.
+
+mod common;
+
+mod single {
+    lockkit_core::conformance_tests!(crate::common::single);
+}
+
+mod sentinel {
+    lockkit_core::conformance_tests!(crate::common::sentinel);
+}
+
+mod redlock {
+    lockkit_core::conformance_tests!(crate::common::redlock);
+}
