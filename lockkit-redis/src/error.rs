@@ -16,13 +16,16 @@ pub(crate) fn from_redis(backend: &'static str, error: RedisError) -> Error {
 
 fn classify(error: &RedisError) -> (ErrorKind, bool) {
     use redis::ErrorKind as K;
-    if error.is_timeout() {
-        return (ErrorKind::Timeout, true);
-    }
-    if error.is_connection_refusal() || error.is_connection_dropped() || error.is_io_error() {
+    if error.is_timeout()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.is_io_error()
+    {
         return (ErrorKind::Unavailable, true);
     }
-    if matches!(error.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM")) {
+    if matches!(error.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || error.detail().is_some_and(|d| d.contains("can't run this command"))
+    {
         return (ErrorKind::Auth, false);
     }
     match error.kind() {

@@ -175,3 +175,33 @@ impl Harness for RedisHarness {
         Ok(left)
     }
 }
+
+/// Runs `compose/member.sh ACTION NAME` and fails the test if it fails.
+pub fn member(action: &str, name: &str) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
+    let output = std::process::Command::new(script)
+        .args([action, name])
+        .output()
+        .expect("run compose/member.sh");
+    assert!(
+        output.status.success(),
+        "compose/member.sh {action} {name} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Parses `INFO commandstats` into (command, calls).
+pub async fn command_calls(con: &mut MultiplexedConnection) -> std::collections::HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.split(',').find_map(|s| s.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}

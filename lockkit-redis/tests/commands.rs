@@ -1,0 +1,163 @@
+//! Round trips against a single Redis node, counted by the server: exactly two commands per
+//! uncontended acquire+release, and one pipelined renewal batch per tick however many locks
+//! are held.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use lockkit_core::{
+    AcquireRequest, Attempt, Capabilities, Contention, Lease, LockBackend, LockClient, LockInfo,
+    LockKey, LockOptions, Renewal, Result, SharedBackend, Tier, async_trait,
+};
+
+/// The tests of this file read server-wide counters: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> HashMap<String, u64> {
+    after
+        .iter()
+        .map(|(name, calls)| (name.clone(), calls - before.get(name).copied().unwrap_or(0)))
+        .filter(|(_, calls)| *calls > 0)
+        .collect()
+}
+
+/// The commands the scripts run inside one `EVALSHA` (counted by the server too).
+const INSIDE_SCRIPTS: &[&str] = &["get", "set", "incr", "pexpire", "pttl", "time", "del", "publish"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquire_and_release_take_exactly_two_commands() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut raw = harness.servers().await.expect("raw connection").remove(0);
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let backend = harness.backend().await.expect("connect");
+    let locks = LockClient::with_options(backend, &namespace, LockOptions::default()).expect("client");
+    // Warm up: scripts loaded, connections open.
+    drop(locks.mutex("warm").unwrap().lock().await.unwrap().release().await);
+
+    let cycles = 1000;
+    let before = common::command_calls(&mut raw).await;
+    for i in 0..cycles {
+        let guard = locks.mutex(&format!("k{}", i % 10)).unwrap().lock().await.unwrap();
+        assert!(guard.release().await.unwrap());
+    }
+    let after = common::command_calls(&mut raw).await;
+    let delta = delta(&before, &after);
+
+    assert_eq!(
+        delta.get("evalsha").copied(),
+        Some(2 * cycles),
+        "commands: {delta:?}"
+    );
+    let others: Vec<_> = delta
+        .iter()
+        .filter(|(name, _)| name.as_str() != "evalsha" && name.as_str() != "info")
+        .filter(|(name, _)| !INSIDE_SCRIPTS.contains(&name.as_str()))
+        .collect();
+    assert!(others.is_empty(), "commands other than the two scripts: {others:?}");
+    assert_eq!(delta.get("info").copied(), Some(1), "commands: {delta:?}");
+}
+
+/// Delegates to a backend and counts the renewal calls the core makes.
+#[derive(Debug)]
+struct Counting {
+    inner: SharedBackend,
+    batches: StdMutex<Vec<usize>>,
+    single_renewals: AtomicUsize,
+}
+
+#[async_trait]
+impl LockBackend for Counting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn tier(&self) -> Tier {
+        self.inner.tier()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        self.inner.try_acquire(request).await
+    }
+    async fn wait_for_change(&self, r: &AcquireRequest, c: &Contention, max: Duration) -> Result<()> {
+        self.inner.wait_for_change(r, c, max).await
+    }
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.inner.abandon(request).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        self.single_renewals.fetch_add(1, Ordering::SeqCst);
+        self.inner.renew(lease).await
+    }
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        self.batches.lock().unwrap().push(leases.len());
+        self.inner.renew_many(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.inner.inspect(key).await
+    }
+    async fn ping(&self) -> Result<()> {
+        self.inner.ping().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut raw = harness.servers().await.expect("raw connection").remove(0);
+    let counting = Arc::new(Counting {
+        inner: harness.backend().await.expect("connect"),
+        batches: StdMutex::new(Vec::new()),
+        single_renewals: AtomicUsize::new(0),
+    });
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let ttl = Duration::from_millis(900);
+    let locks = LockClient::with_options(
+        counting.clone(),
+        &namespace,
+        LockOptions::default().with_ttl(ttl),
+    )
+    .expect("client");
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        guards.push(locks.mutex(&format!("held-{i}")).unwrap().lock().await.unwrap());
+    }
+    let before = common::command_calls(&mut raw).await;
+    tokio::time::sleep(ttl * 3).await;
+    let after = common::command_calls(&mut raw).await;
+    let batches = counting.batches.lock().unwrap().clone();
+
+    assert!(guards.iter().all(|g| !g.is_lost()), "a renewed lock was lost");
+    assert!(
+        batches.len() >= 3,
+        "expected a renewal every third of the TTL, got batches {batches:?}"
+    );
+    assert!(
+        batches.iter().all(|&n| n == 100),
+        "every tick should renew all 100 locks in one batch: {batches:?}"
+    );
+    assert_eq!(counting.single_renewals.load(Ordering::SeqCst), 0);
+    let evalsha = delta(&before, &after).get("evalsha").copied().unwrap_or(0);
+    let batches_in_window = evalsha / 100;
+    assert_eq!(evalsha % 100, 0, "renewal scripts not in whole batches of 100: {evalsha}");
+    assert!(
+        (2..=batches.len() as u64).contains(&batches_in_window),
+        "{evalsha} renewal scripts in the window, batches seen {batches:?}"
+    );
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
+}

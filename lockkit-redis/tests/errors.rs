@@ -1,0 +1,187 @@
+//! Bad input and unreachable servers: typed errors, bounded in time.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use lockkit_core::{ErrorKind, LockClient};
+use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+
+/// A TCP server that accepts connections and never answers.
+async fn blackhole() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (addr, task)
+}
+
+/// A port on loopback where nothing listens.
+async fn closed_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    addr
+}
+
+#[tokio::test]
+async fn refused_connection_is_unavailable_at_once() {
+    let mut config = RedisConfig::from_url(&format!("redis://{}", closed_port().await)).unwrap();
+    config.connect_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = RedisBackend::connect(config).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn silent_server_is_unavailable_within_the_timeouts() {
+    let (addr, server) = blackhole().await;
+    let mut config = RedisConfig::from_url(&format!("redis://{addr}")).unwrap();
+    config.connect_timeout = Duration::from_millis(300);
+    config.response_timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let err = RedisBackend::connect(config).await.unwrap_err();
+    let took = started.elapsed();
+    server.abort();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(took < Duration::from_millis(300 + 300 + 500), "took {took:?}");
+}
+
+#[tokio::test]
+async fn redlock_with_a_silent_majority_fails_with_quorum_not_reached() {
+    let (a, server_a) = blackhole().await;
+    let (b, server_b) = blackhole().await;
+    let c = closed_port().await;
+    let mut config = RedlockConfig::from_url(&format!("redlock://{a},{b},{c}")).unwrap();
+    config.node_timeout = Duration::from_millis(100);
+    config.connect_timeout = Duration::from_millis(200);
+    let started = Instant::now();
+    let err = RedlockBackend::connect(config).await.unwrap_err();
+    let took = started.elapsed();
+    server_a.abort();
+    server_b.abort();
+    assert!(
+        matches!(err.kind(), ErrorKind::QuorumNotReached { got: 0, need: 2 }),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+}
+
+#[tokio::test]
+async fn invalid_configurations_are_refused_before_connecting() {
+    let cases: &[(&str, fn(&mut RedisConfig))] = &[
+        ("no hosts", |c| c.hosts.clear()),
+        ("two hosts without Sentinel", |c| c.hosts.push("127.0.0.1:1".into())),
+        ("min_replicas without Sentinel", |c| c.min_replicas = 1),
+        ("bad host", |c| c.hosts = vec!["no-port".into()]),
+        ("zero timeout", |c| c.response_timeout = Duration::ZERO),
+    ];
+    for (what, break_it) in cases {
+        let mut config = RedisConfig::default();
+        break_it(&mut config);
+        let err = RedisBackend::connect(config).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{what}: {err}");
+    }
+    for url in ["redis://h/notanumber", "redis+sentinel://h1,h2", "redis://h?x=1", "etcd://h"] {
+        let err = RedisConfig::from_url(url).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+    }
+    for url in ["redlock://h1,h2", "redlock://h1,h1,h2", "redlock://h1,h2,h3/0"] {
+        let err = RedlockConfig::from_url(url)
+            .and_then(|c| c.validate())
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+    }
+}
+
+#[test]
+fn passwords_stay_out_of_debug_output() {
+    let config = RedisConfig::from_url("redis://app:s3cr3t-pw@127.0.0.1:6379/2").unwrap();
+    assert_eq!(config.db, 2);
+    assert_eq!(config.password.as_deref(), Some("s3cr3t-pw"));
+    assert!(!format!("{config:?}").contains("s3cr3t-pw"));
+    let config = RedlockConfig::from_url("redlock://:s3cr3t-pw@a,b,c").unwrap();
+    assert!(!format!("{config:?}").contains("s3cr3t-pw"));
+    let sentinel = RedisConfig::from_url("redis+sentinel://s1,s2:1234/primary/3").unwrap();
+    assert_eq!(sentinel.hosts, ["s1:26379", "s2:1234"]);
+    assert_eq!(sentinel.sentinel_master.as_deref(), Some("primary"));
+    assert_eq!(sentinel.db, 3);
+}
+
+/// An ACL user limited to lockkit's keys and commands works; a wrong password is `Auth`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_works_and_wrong_password_is_auth() {
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut admin = harness.servers().await.unwrap().remove(0);
+    let user = format!("lk-test-{:08x}", rand::random::<u32>());
+    let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
+    let password = format!("pw-{:016x}", rand::random::<u64>());
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg("resetkeys")
+        .arg(format!("~{{{namespace}/*"))
+        .arg("resetchannels")
+        .arg("&lockkit:released:*")
+        .arg("-@all")
+        .arg("+evalsha")
+        .arg("+script|load")
+        .arg("+ping")
+        .arg("+subscribe")
+        .arg("+unsubscribe")
+        .arg("+hello")
+        .arg("+get")
+        .arg("+set")
+        .arg("+incr")
+        .arg("+pexpire")
+        .arg("+pttl")
+        .arg("+time")
+        .arg("+del")
+        .arg("+publish")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+
+    let Some(addr) = (match &harness.topology {
+        common::Topology::Single(c) => c.hosts.first().cloned(),
+        _ => None,
+    }) else {
+        panic!("the single topology has a host");
+    };
+    let mut config = RedisConfig::from_url(&format!("redis://{addr}")).unwrap();
+    config.username = Some(user.clone());
+    config.password = Some(password.clone());
+    let outcome = async {
+        let backend = RedisBackend::connect(config.clone()).await?;
+        let locks = LockClient::with_options(
+            std::sync::Arc::new(backend),
+            &namespace,
+            lockkit_core::LockOptions::default(),
+        )?;
+        let guard = locks.mutex("acl")?.lock().await?;
+        let second = locks.mutex("acl")?.try_lock().await?;
+        assert!(second.is_none());
+        guard.release().await
+    }
+    .await;
+
+    let mut wrong = config.clone();
+    wrong.password = Some("not-the-password".into());
+    let wrong_err = RedisBackend::connect(wrong).await.unwrap_err();
+
+    let _: i64 = redis::cmd("ACL").arg("DELUSER").arg(&user).query_async(&mut admin).await.unwrap();
+    assert!(outcome.expect("lockkit works as a restricted ACL user"));
+    assert_eq!(wrong_err.kind(), ErrorKind::Auth, "{wrong_err}");
+    assert!(!wrong_err.is_retryable());
+    assert!(!format!("{wrong_err} {wrong_err:?}").contains("not-the-password"));
+}
