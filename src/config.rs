@@ -67,7 +67,13 @@ impl BackendKind {
 
     /// Whether this build of lockkit contains the backend.
     pub fn is_compiled_in(self) -> bool {
-        matches!(self, BackendKind::Memory)
+        match self {
+            BackendKind::Memory => true,
+            BackendKind::Redis | BackendKind::RedisSentinel | BackendKind::Redlock => {
+                cfg!(feature = "redis")
+            }
+            BackendKind::Etcd | BackendKind::Zk => false,
+        }
     }
 
     /// The backends this build contains.
@@ -176,14 +182,31 @@ pub struct LockkitConfig {
     /// How locks are taken.
     #[serde(default)]
     pub lock: LockOptions,
+    /// The `redis` and `redis-sentinel` backends' settings (the `[redis]` table); the `url`,
+    /// when given, supplies the hosts, credentials, database and Sentinel master name.
+    #[cfg(feature = "redis")]
+    #[serde(default)]
+    pub redis: lockkit_redis::RedisConfig,
+    /// The `redlock` backend's settings (the `[redlock]` table); the `url`, when given,
+    /// supplies the nodes and credentials.
+    #[cfg(feature = "redis")]
+    #[serde(default)]
+    pub redlock: lockkit_redis::RedlockConfig,
 }
 
 fn default_namespace() -> String {
     DEFAULT_NAMESPACE.to_owned()
 }
 
-/// Tables of the configuration that `LOCKKIT_<SECTION>_<FIELD>` variables can reach.
-const SECTIONS: &[&str] = &["lock"];
+/// Tables of the configuration that `LOCKKIT_<SECTION>_<FIELD>` variables can reach, with
+/// their fields.
+const SECTIONS: &[(&str, &[&str])] = &[
+    ("lock", LOCK_FIELDS),
+    #[cfg(feature = "redis")]
+    ("redis", REDIS_FIELDS),
+    #[cfg(feature = "redis")]
+    ("redlock", REDLOCK_FIELDS),
+];
 /// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
 const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
 /// Fields of the `[lock]` table.
@@ -196,6 +219,36 @@ const LOCK_FIELDS: &[&str] = &[
     "clock_drift_factor",
     "error_retries",
 ];
+/// Fields of the `[redis]` table.
+#[cfg(feature = "redis")]
+const REDIS_FIELDS: &[&str] = &[
+    "hosts",
+    "sentinel_master",
+    "db",
+    "username",
+    "password",
+    "tls",
+    "tls_ca_file",
+    "connect_timeout",
+    "response_timeout",
+    "notifications",
+    "min_replicas",
+    "replica_timeout",
+    "fence_ttl",
+];
+/// Fields of the `[redlock]` table.
+#[cfg(feature = "redis")]
+const REDLOCK_FIELDS: &[&str] = &[
+    "nodes",
+    "username",
+    "password",
+    "tls",
+    "tls_ca_file",
+    "connect_timeout",
+    "node_timeout",
+    "max_hold",
+    "fence_ttl",
+];
 
 impl Default for LockkitConfig {
     /// The memory backend with default options.
@@ -206,6 +259,10 @@ impl Default for LockkitConfig {
             namespace: default_namespace(),
             require_tier: None,
             lock: LockOptions::default(),
+            #[cfg(feature = "redis")]
+            redis: lockkit_redis::RedisConfig::default(),
+            #[cfg(feature = "redis")]
+            redlock: lockkit_redis::RedlockConfig::default(),
         }
     }
 }
@@ -345,6 +402,17 @@ impl LockkitConfig {
     pub fn validate(&self) -> Result<()> {
         lockkit_core::validate_segment("namespace", &self.namespace)?;
         self.lock.validate()?;
+        match self.backend {
+            #[cfg(feature = "redis")]
+            BackendKind::Redis | BackendKind::RedisSentinel => {
+                self.redis_config()?;
+            }
+            #[cfg(feature = "redis")]
+            BackendKind::Redlock => {
+                self.redlock_config()?;
+            }
+            _ => {}
+        }
         if self.backend == BackendKind::Memory
             && let Some(url) = &self.url
         {
@@ -359,6 +427,46 @@ impl LockkitConfig {
     }
 }
 
+#[cfg(feature = "redis")]
+impl LockkitConfig {
+    /// The `[redis]` table with the `url` applied, checked against the backend kind.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a bad URL or table, or a Sentinel master name that
+    /// does not match `backend` (`redis-sentinel` needs one, `redis` must not have one).
+    pub fn redis_config(&self) -> Result<lockkit_redis::RedisConfig> {
+        let mut redis = self.redis.clone();
+        if let Some(url) = &self.url {
+            redis.apply_url(&ConnectionUrl::parse(url)?)?;
+        }
+        match (self.backend, redis.sentinel_master.is_some()) {
+            (BackendKind::RedisSentinel, false) => Err(Error::invalid_config(
+                "backend = \"redis-sentinel\" needs redis.sentinel_master (or a redis+sentinel://s1,s2,s3/master-name URL)",
+            )),
+            (BackendKind::Redis, true) => Err(Error::invalid_config(
+                "redis.sentinel_master is set but backend = \"redis\": use backend = \"redis-sentinel\"",
+            )),
+            _ => {
+                redis.validate()?;
+                Ok(redis)
+            }
+        }
+    }
+
+    /// The `[redlock]` table with the `url` applied.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a bad URL or table.
+    pub fn redlock_config(&self) -> Result<lockkit_redis::RedlockConfig> {
+        let mut redlock = self.redlock.clone();
+        if let Some(url) = &self.url {
+            redlock.apply_url(&ConnectionUrl::parse(url)?)?;
+        }
+        redlock.validate()?;
+        Ok(redlock)
+    }
+}
+
 fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<()> {
     for (name, raw) in vars {
         let Some(rest) = name.strip_prefix("LOCKKIT_") else {
@@ -370,16 +478,12 @@ fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<(
             table.insert(rest, value);
             continue;
         }
-        let Some((section, field)) = SECTIONS.iter().find_map(|s| {
+        let Some((section, field, known)) = SECTIONS.iter().find_map(|(s, fields)| {
             rest.strip_prefix(s)
                 .and_then(|f| f.strip_prefix('_'))
-                .map(|f| (*s, f))
+                .map(|f| (*s, f, *fields))
         }) else {
             continue;
-        };
-        let known = match section {
-            "lock" => LOCK_FIELDS,
-            _ => &[],
         };
         if !known.contains(&field) {
             return Err(Error::invalid_config(format!(
@@ -408,12 +512,15 @@ fn parse_env_value(raw: &str) -> Value {
 
 impl fmt::Debug for LockkitConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockkitConfig")
-            .field("backend", &self.backend)
+        let mut f = f.debug_struct("LockkitConfig");
+        f.field("backend", &self.backend)
             .field("url", &self.url.as_deref().map(redact))
             .field("namespace", &self.namespace)
             .field("require_tier", &self.require_tier)
-            .field("lock", &self.lock)
-            .finish()
+            .field("lock", &self.lock);
+        #[cfg(feature = "redis")]
+        f.field("redis", &self.redis)
+            .field("redlock", &self.redlock);
+        f.finish()
     }
 }

@@ -48,6 +48,15 @@ pub async fn connect(config: &LockkitConfig) -> Result<LockClient> {
 async fn build_backend(config: &LockkitConfig) -> Result<SharedBackend> {
     match config.backend {
         BackendKind::Memory => Ok(Arc::new(MemoryBackend::new())),
+        #[cfg(feature = "redis")]
+        BackendKind::Redis | BackendKind::RedisSentinel => Ok(Arc::new(
+            lockkit_redis::RedisBackend::connect(config.redis_config()?).await?,
+        )),
+        #[cfg(feature = "redis")]
+        BackendKind::Redlock => Ok(Arc::new(
+            lockkit_redis::RedlockBackend::connect(config.redlock_config()?).await?,
+        )),
+        #[allow(unreachable_patterns)]
         other => Err(other.not_compiled_in()),
     }
 }

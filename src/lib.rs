@@ -15,3 +15,7 @@ pub use lockkit_core::{
 
 /// The core crate, for backend authors and the conformance suite.
 pub use lockkit_core as core;
+
+/// The Redis backends (`redis`, `redis-sentinel`, `redlock`), for building them directly.
+#[cfg(feature = "redis")]
+pub use lockkit_redis as redis;

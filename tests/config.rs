@@ -5,7 +5,21 @@ use std::time::Duration;
 
 use lockkit::{BackendKind, ErrorKind, LockkitConfig, Tier};
 
-const REFERENCE: &str = include_str!("../reference.toml");
+const REFERENCE_TOML: &str = include_str!("../reference.toml");
+
+/// reference.toml without the tables of backends this build does not contain.
+fn reference() -> String {
+    let mut table: toml::Table = REFERENCE_TOML.parse().expect("toml");
+    for (section, kind) in [
+        ("redis", BackendKind::Redis),
+        ("redlock", BackendKind::Redlock),
+    ] {
+        if !kind.is_compiled_in() {
+            table.remove(section);
+        }
+    }
+    toml::to_string(&table).expect("toml")
+}
 
 fn keys(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
     for (k, v) in table {
@@ -25,7 +39,7 @@ fn keys(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
 
 #[test]
 fn reference_toml_parses_to_the_defaults() {
-    let parsed = LockkitConfig::from_toml(REFERENCE).expect("reference.toml parses");
+    let parsed = LockkitConfig::from_toml(&reference()).expect("reference.toml parses");
     assert_eq!(parsed, LockkitConfig::default());
 }
 
@@ -35,7 +49,7 @@ fn reference_toml_lists_every_option() {
         toml::Table::try_from(LockkitConfig::default()).expect("serialize defaults");
     let mut default_keys = BTreeSet::new();
     keys("", &defaults, &mut default_keys);
-    let reference: toml::Table = REFERENCE.parse().expect("toml");
+    let reference: toml::Table = reference().parse().expect("toml");
     let mut reference_keys = BTreeSet::new();
     keys("", &reference, &mut reference_keys);
     assert_eq!(
@@ -45,7 +59,7 @@ fn reference_toml_lists_every_option() {
     // Options without a default value are listed commented out.
     for optional in ["# url = ", "# require_tier = ", "# wait_timeout = "] {
         assert!(
-            REFERENCE.contains(optional),
+            REFERENCE_TOML.contains(optional),
             "reference.toml does not document {optional}"
         );
     }
@@ -180,6 +194,7 @@ fn a_backend_that_is_not_compiled_in_names_its_feature() {
             err.to_string().contains("compiled in: memory"),
             "{toml}: {err}"
         );
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
     }
 }
 
@@ -299,4 +314,90 @@ async fn connect_applies_namespace_and_options() {
     assert_eq!(guard.key().to_string(), "svc/job");
     assert_eq!(guard.lease().ttl(), Duration::from_secs(2));
     drop(guard);
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+
+    #[test]
+    fn redis_tables_urls_and_variables_combine() {
+        let config = LockkitConfig::from_toml(
+            r#"
+            url = "redis+sentinel://:pw@10.0.0.1,10.0.0.2:26380/orders/2"
+            [redis]
+            min_replicas = 1
+            response_timeout = "250ms"
+            "#,
+        )
+        .expect("sentinel config");
+        assert_eq!(config.backend, BackendKind::RedisSentinel);
+        let redis = config.redis_config().expect("merged");
+        assert_eq!(redis.hosts, ["10.0.0.1:26379", "10.0.0.2:26380"]);
+        assert_eq!(redis.sentinel_master.as_deref(), Some("orders"));
+        assert_eq!(redis.db, 2);
+        assert_eq!(redis.min_replicas, 1);
+        assert_eq!(redis.response_timeout, Duration::from_millis(250));
+        assert!(!format!("{config:?}").contains(":pw@"));
+
+        let config = LockkitConfig::load_from(vars(&[
+            ("LOCKKIT_BACKEND", "redlock"),
+            ("LOCKKIT_REDLOCK_NODES", r#"["a:1", "b:2", "c:3"]"#),
+            ("LOCKKIT_REDLOCK_NODE_TIMEOUT", "50ms"),
+        ]))
+        .expect("redlock from variables");
+        let redlock = config.redlock_config().expect("valid");
+        assert_eq!(redlock.nodes, ["a:1", "b:2", "c:3"]);
+        assert_eq!(redlock.node_timeout, Duration::from_millis(50));
+        assert_eq!(redlock.quorum(), 2);
+    }
+
+    #[test]
+    fn inconsistent_redis_settings_are_refused() {
+        for (toml, needle) in [
+            ("backend = \"redis-sentinel\"", "sentinel_master"),
+            (
+                "backend = \"redis\"\n[redis]\nsentinel_master = \"m\"\nhosts = [\"a:1\"]",
+                "redis-sentinel",
+            ),
+            ("backend = \"redlock\"", "at least 3"),
+            ("backend = \"redis\"\n[redis]\nbogus = 1", "bogus"),
+            (
+                "url = \"redlock://a,b,c\"\n[redlock]\nnode_timeout = \"0s\"",
+                "node_timeout",
+            ),
+        ] {
+            let err = config_error(toml);
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{toml}: {err}");
+            assert!(
+                err.to_string().contains(needle),
+                "{toml}: {err} lacks {needle:?}"
+            );
+        }
+        let err = LockkitConfig::load_from(vars(&[
+            ("LOCKKIT_BACKEND", "redis"),
+            ("LOCKKIT_REDIS_HOST", "a:1"),
+        ]))
+        .expect_err("unknown field");
+        assert!(err.to_string().contains("hosts"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_picks_the_redis_tier_from_the_url() {
+        let Some(url) = lockkit_core::testing::endpoint("LOCKKIT_TEST_REDIS_URL") else {
+            lockkit_core::testing::backend_missing("LOCKKIT_TEST_REDIS_URL");
+            return;
+        };
+        let mut config = LockkitConfig::from_url(&url).expect("url");
+        config.require_tier = Some(Tier::Single);
+        let locks = lockkit::connect(&config).await.expect("connect");
+        assert_eq!(locks.tier(), Tier::Single);
+        let guard = locks.mutex("facade").unwrap().lock().await.unwrap();
+        assert!(guard.release().await.unwrap());
+        config.require_tier = Some(Tier::Quorum);
+        let err = lockkit::connect(&config)
+            .await
+            .expect_err("single < quorum");
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    }
 }

@@ -53,6 +53,7 @@ impl RedisBackend {
             password: config.password.clone(),
             db: config.db,
             tls: config.tls,
+            tls_ca: Dialer::read_ca(config.tls_ca_file.as_deref())?,
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
         };
@@ -66,9 +67,10 @@ impl RedisBackend {
             match sentinel_master {
                 Some(master) => Primary::sentinel(dialer, hosts, master).await,
                 None => {
-                    let addr = hosts.into_iter().next().ok_or_else(|| {
-                        Error::invalid_config("redis.hosts is empty")
-                    })?;
+                    let addr = hosts
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| Error::invalid_config("redis.hosts is empty"))?;
                     Primary::fixed(dialer, addr).await
                 }
             }
@@ -90,7 +92,9 @@ impl RedisBackend {
     async fn load_scripts(&self) -> Result<()> {
         self.primary
             .request("loading the scripts", |mut con| async move {
-                scripts::load_all().query_async::<Vec<String>>(&mut con).await
+                scripts::load_all()
+                    .query_async::<Vec<String>>(&mut con)
+                    .await
             })
             .await
             .map(drop)
@@ -124,7 +128,11 @@ impl RedisBackend {
         let acked: i64 = self
             .primary
             .request("waiting for replicas", |mut con| async move {
-                redis::cmd("WAIT").arg(need).arg(timeout).query_async(&mut con).await
+                redis::cmd("WAIT")
+                    .arg(need)
+                    .arg(timeout)
+                    .query_async(&mut con)
+                    .await
             })
             .await?;
         Ok(usize::try_from(acked).unwrap_or(0))
@@ -203,12 +211,12 @@ impl RedisBackend {
             .map(|reply| match reply {
                 Value::Int(1) => Ok(Renewal::Extended(Duration::ZERO)),
                 Value::Int(0) => Ok(Renewal::Lost),
-                Value::ServerError(e) => Err(Error::new(
-                    ErrorKind::Backend,
-                    BACKEND,
-                    format!("renewal failed: {e}"),
-                )
-                .with_retryable(true)),
+                Value::ServerError(e) => {
+                    Err(
+                        Error::new(ErrorKind::Backend, BACKEND, format!("renewal failed: {e}"))
+                            .with_retryable(true),
+                    )
+                }
                 _ => Err(unexpected(BACKEND, "the renew script")),
             })
             .zip(leases)
@@ -221,9 +229,9 @@ impl RedisBackend {
 
     async fn query_pipeline(&self, pipe: redis::Pipeline) -> Result<Vec<Value>> {
         self.primary
-            .renewal_request(|mut con| async move {
-                pipe.query_async::<Vec<Value>>(&mut con).await
-            })
+            .renewal_request(
+                |mut con| async move { pipe.query_async::<Vec<Value>>(&mut con).await },
+            )
             .await
     }
 
@@ -342,7 +350,10 @@ impl LockBackend for RedisBackend {
             .and_then(|renewals| renewals);
         match outcome {
             Ok(renewals) => renewals.into_iter().map(Ok).collect(),
-            Err(e) => leases.iter().map(|_| Err(crate::error::repeat(&e))).collect(),
+            Err(e) => leases
+                .iter()
+                .map(|_| Err(crate::error::repeat(&e)))
+                .collect(),
         }
     }
 

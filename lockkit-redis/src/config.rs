@@ -2,6 +2,7 @@
 //! [`RedlockConfig`] (independent nodes).
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockkit_core::url::ConnectionUrl;
@@ -39,6 +40,9 @@ pub struct RedisConfig {
     pub password: Option<String>,
     /// Connect with TLS (needs the cargo feature `tls`). Default: false.
     pub tls: bool,
+    /// A PEM file with the CA certificate(s) to trust for TLS instead of the system's roots.
+    /// Default: unset.
+    pub tls_ca_file: Option<PathBuf>,
     /// How long connecting may take. Default: 1s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -71,6 +75,7 @@ impl Default for RedisConfig {
             username: None,
             password: None,
             tls: false,
+            tls_ca_file: None,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             notifications: true,
@@ -131,11 +136,22 @@ impl RedisConfig {
         self.db = match db {
             [] => 0,
             [db] => db.parse().map_err(|_| {
-                Error::invalid_config(format!("the database in a Redis URL is a number, not {db:?}"))
+                Error::invalid_config(format!(
+                    "the database in a Redis URL is a number, not {db:?}"
+                ))
             })?,
-            _ => return Err(Error::invalid_config(format!("unexpected path {:?} in a Redis URL", url.path))),
+            _ => {
+                return Err(Error::invalid_config(format!(
+                    "unexpected path {:?} in a Redis URL",
+                    url.path
+                )));
+            }
         };
-        let port = if sentinel { DEFAULT_SENTINEL_PORT } else { DEFAULT_PORT };
+        let port = if sentinel {
+            DEFAULT_SENTINEL_PORT
+        } else {
+            DEFAULT_PORT
+        };
         if !url.hosts.is_empty() {
             self.hosts = url
                 .hosts
@@ -199,6 +215,7 @@ impl fmt::Debug for RedisConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("notifications", &self.notifications)
@@ -227,6 +244,9 @@ pub struct RedlockConfig {
     pub password: Option<String>,
     /// Connect with TLS (needs the cargo feature `tls`). Default: false.
     pub tls: bool,
+    /// A PEM file with the CA certificate(s) to trust for TLS instead of the system's roots.
+    /// Default: unset.
+    pub tls_ca_file: Option<PathBuf>,
     /// How long connecting to one node may take. Default: 1s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -236,7 +256,11 @@ pub struct RedlockConfig {
     pub node_timeout: Duration,
     /// Stop renewing a lock after it was held this long; it is then reported lost when its
     /// validity runs out. Default: unset (renew as long as the guard lives).
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_hold: Option<Duration>,
     /// How long a key's fence counters outlive its last grant (see [`RedisConfig::fence_ttl`]).
     /// Default: 1h.
@@ -251,6 +275,7 @@ impl Default for RedlockConfig {
             username: None,
             password: None,
             tls: false,
+            tls_ca_file: None,
             connect_timeout: Duration::from_secs(1),
             node_timeout: Duration::from_millis(100),
             max_hold: None,
@@ -355,6 +380,7 @@ impl fmt::Debug for RedlockConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
             .field("connect_timeout", &self.connect_timeout)
             .field("node_timeout", &self.node_timeout)
             .field("max_hold", &self.max_hold)
@@ -377,7 +403,9 @@ pub(crate) fn parse_host(host: &str) -> Result<(String, u16)> {
 
 fn positive(name: &str, value: Duration) -> Result<()> {
     if value.is_zero() {
-        return Err(Error::invalid_config(format!("{name} must be greater than zero")));
+        return Err(Error::invalid_config(format!(
+            "{name} must be greater than zero"
+        )));
     }
     Ok(())
 }

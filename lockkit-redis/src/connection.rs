@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use lockkit_core::{Error, ErrorKind, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
-    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisError,
-    RedisConnectionInfo,
+    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion,
+    RedisConnectionInfo, RedisError,
 };
 
 use crate::error::{from_redis, timed_out};
@@ -22,13 +22,20 @@ pub(crate) struct Dialer {
     pub(crate) password: Option<String>,
     pub(crate) db: i64,
     pub(crate) tls: bool,
+    /// PEM CA certificates to trust instead of the system's roots.
+    pub(crate) tls_ca: Option<Arc<Vec<u8>>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
 }
 
 impl Dialer {
     /// The connection info of `host:port` with this dialer's credentials.
-    pub(crate) fn info(&self, host: &str, port: u16, protocol: ProtocolVersion) -> Result<ConnectionInfo> {
+    pub(crate) fn info(
+        &self,
+        host: &str,
+        port: u16,
+        protocol: ProtocolVersion,
+    ) -> Result<ConnectionInfo> {
         let mut redis = RedisConnectionInfo::default()
             .set_db(self.db)
             .set_protocol(protocol);
@@ -45,10 +52,36 @@ impl Dialer {
         Ok(info.set_redis_settings(redis))
     }
 
+    /// Reads the CA file named in the configuration, if any.
+    pub(crate) fn read_ca(path: Option<&std::path::Path>) -> Result<Option<Arc<Vec<u8>>>> {
+        path.map(|path| {
+            std::fs::read(path).map(Arc::new).map_err(|e| {
+                Error::invalid_config(format!("cannot read tls_ca_file {}: {e}", path.display()))
+            })
+        })
+        .transpose()
+    }
+
+    /// A client for `info`, trusting the configured CA for TLS.
+    fn client(&self, info: ConnectionInfo) -> Result<Client> {
+        #[cfg(feature = "tls")]
+        if let (true, Some(ca)) = (self.tls, &self.tls_ca) {
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.to_vec()),
+            };
+            return Client::build_with_tls(info, certificates)
+                .map_err(|e| from_redis(self.backend, e));
+        }
+        Client::open(info).map_err(|e| from_redis(self.backend, e))
+    }
+
     #[cfg(feature = "tls")]
     fn addr(&self, host: &str, port: u16) -> Result<ConnectionAddr> {
         if self.tls {
-            crate::tls::ensure_crypto_provider();
+            // rustls needs one process-wide crypto provider; another library may have
+            // installed one already, which is as good.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             return Ok(ConnectionAddr::TcpTls {
                 host: host.to_owned(),
                 port,
@@ -80,14 +113,14 @@ impl Dialer {
 
     /// A manager that connects on first use (for servers that may be down at start-up).
     pub(crate) fn lazy(&self, info: ConnectionInfo) -> Result<ConnectionManager> {
-        let client = Client::open(info).map_err(|e| from_redis(self.backend, e))?;
+        let client = self.client(info)?;
         ConnectionManager::new_lazy_with_config(client, self.manager_config())
             .map_err(|e| from_redis(self.backend, e))
     }
 
     /// A manager that is connected (and authenticated) before this returns.
     pub(crate) async fn connect(&self, info: ConnectionInfo) -> Result<ConnectionManager> {
-        let client = Client::open(info).map_err(|e| from_redis(self.backend, e))?;
+        let client = self.client(info)?;
         let config = self.manager_config();
         self.bounded("connect", async move {
             ConnectionManager::new_with_config(client, config).await
@@ -101,12 +134,13 @@ impl Dialer {
         info: ConnectionInfo,
         pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
     ) -> Result<ConnectionManager> {
-        let client = Client::open(info).map_err(|e| from_redis(self.backend, e))?;
+        let client = self.client(info)?;
         let config = self
             .manager_config()
             .set_push_sender(pushes)
             .set_automatic_resubscription();
-        ConnectionManager::new_lazy_with_config(client, config).map_err(|e| from_redis(self.backend, e))
+        ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| from_redis(self.backend, e))
     }
 
     /// The longest one request may take, reconnecting included.
@@ -325,8 +359,7 @@ impl Sentinels {
             db: 0,
             ..dialer.clone()
         };
-        let client = Client::open(sentinel.info(host, port, ProtocolVersion::RESP2)?)
-            .map_err(|e| from_redis(dialer.backend, e))?;
+        let client = sentinel.client(sentinel.info(host, port, ProtocolVersion::RESP2)?)?;
         let master = self.master.clone();
         let reply: Option<(String, String)> = sentinel
             .bounded("asking a Sentinel", async move {
@@ -342,7 +375,10 @@ impl Sentinels {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 dialer.backend,
-                format!("the Sentinel does not know a primary named {:?}", self.master),
+                format!(
+                    "the Sentinel does not know a primary named {:?}",
+                    self.master
+                ),
             ));
         };
         let port = port.parse().map_err(|_| {
@@ -364,6 +400,8 @@ fn primary_may_have_moved(error: &RedisError) -> bool {
         || error.is_timeout()
         || matches!(
             error.kind(),
-            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown)
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+            )
         )
 }

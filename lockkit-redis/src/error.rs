@@ -24,7 +24,9 @@ fn classify(error: &RedisError) -> (ErrorKind, bool) {
         return (ErrorKind::Unavailable, true);
     }
     if matches!(error.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
-        || error.detail().is_some_and(|d| d.contains("can't run this command"))
+        || error
+            .detail()
+            .is_some_and(|d| d.contains("can't run this command"))
     {
         return (ErrorKind::Auth, false);
     }

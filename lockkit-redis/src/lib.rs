@@ -8,5 +8,5 @@ mod redlock;
 mod scripts;
 
 pub use backend::RedisBackend;
-pub use redlock::RedlockBackend;
 pub use config::{RedisConfig, RedlockConfig};
+pub use redlock::RedlockBackend;

@@ -195,7 +195,9 @@ impl Inner {
             let channel = channel.to_owned();
             if let Err(e) = self
                 .dialer
-                .bounded("unsubscribing", async move { connection.unsubscribe(&channel).await })
+                .bounded("unsubscribing", async move {
+                    connection.unsubscribe(&channel).await
+                })
                 .await
             {
                 tracing::debug!(error = %e, "could not unsubscribe from a release channel");

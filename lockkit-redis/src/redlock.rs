@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
-    FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result,
-    Tier, WaitStrategy,
+    FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
+    WaitStrategy,
 };
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, Value};
@@ -91,6 +91,7 @@ impl RedlockBackend {
             password: config.password.clone(),
             db: 0,
             tls: config.tls,
+            tls_ca: Dialer::read_ca(config.tls_ca_file.as_deref())?,
             connect_timeout: config.connect_timeout,
             response_timeout: config.node_timeout,
         };
@@ -118,7 +119,9 @@ impl RedlockBackend {
         let loaded = lockkit_core::runtime::run(async move {
             let bound = connecting.config.connect_timeout + connecting.config.node_timeout;
             let load = |mut con: ConnectionManager| async move {
-                scripts::load_all().query_async::<Vec<String>>(&mut con).await
+                scripts::load_all()
+                    .query_async::<Vec<String>>(&mut con)
+                    .await
             };
             let (loaded, _) = tokio::join!(
                 connecting.on_all(bound, false, load),
@@ -151,13 +154,22 @@ impl RedlockBackend {
 
     /// Runs `request` on every node at once (on the renewal connections if `renewal`), each
     /// bounded by `bound`.
-    async fn on_all<T, F, Fut>(&self, bound: Duration, renewal: bool, request: F) -> Vec<NodeResult<T>>
+    async fn on_all<T, F, Fut>(
+        &self,
+        bound: Duration,
+        renewal: bool,
+        request: F,
+    ) -> Vec<NodeResult<T>>
     where
         F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         join_all(self.nodes.iter().map(|node| {
-            let connection = if renewal { &node.renewals } else { &node.connection };
+            let connection = if renewal {
+                &node.renewals
+            } else {
+                &node.connection
+            };
             let reply = request(connection.clone());
             async move {
                 match tokio::time::timeout(bound, reply).await {
@@ -211,7 +223,11 @@ impl RedlockBackend {
             format!(
                 "{what}: {got} of {} nodes agreed, {need} needed; failed: {}",
                 self.nodes.len(),
-                if failed.is_empty() { "none".to_owned() } else { failed.join("; ") }
+                if failed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    failed.join("; ")
+                }
             ),
         )
         .with_retryable(true)
@@ -252,7 +268,10 @@ impl RedlockBackend {
                 ],
             )
             .await;
-        let ours = replies.iter().filter(|r| matches!(r, Ok(Value::Int(1)))).count();
+        let ours = replies
+            .iter()
+            .filter(|r| matches!(r, Ok(Value::Int(1))))
+            .count();
         if ours >= self.quorum() {
             Ok(())
         } else {
@@ -281,7 +300,9 @@ impl RedlockBackend {
             .on_all(self.config.node_timeout, true, |mut con| async move {
                 let replies: Vec<Value> = pipe.query_async(&mut con).await?;
                 if replies.iter().any(scripts::is_noscript) {
-                    scripts::load_all().query_async::<Vec<String>>(&mut con).await?;
+                    scripts::load_all()
+                        .query_async::<Vec<String>>(&mut con)
+                        .await?;
                     return pipe.query_async(&mut con).await;
                 }
                 Ok(replies)
@@ -301,8 +322,14 @@ impl RedlockBackend {
                         Err(e) => Err(crate::error::repeat(e)),
                     })
                     .collect();
-                let extended = answers.iter().filter(|a| matches!(a, Ok(Value::Int(1)))).count();
-                let refused = answers.iter().filter(|a| matches!(a, Ok(Value::Int(0)))).count();
+                let extended = answers
+                    .iter()
+                    .filter(|a| matches!(a, Ok(Value::Int(1))))
+                    .count();
+                let refused = answers
+                    .iter()
+                    .filter(|a| matches!(a, Ok(Value::Int(0))))
+                    .count();
                 if extended >= self.quorum() {
                     Ok(Renewal::Extended(self.validity(lease.ttl())))
                 } else if refused > self.nodes.len() - self.quorum() {
@@ -368,9 +395,19 @@ impl LockBackend for RedlockBackend {
             answers.push(answer);
         }
         let quorum = self.quorum();
-        if let Some(token) = tokens.iter().copied().max().filter(|_| tokens.len() >= quorum) {
+        if let Some(token) = tokens
+            .iter()
+            .copied()
+            .max()
+            .filter(|_| tokens.len() >= quorum)
+        {
             match self.raise_fences(request, token).await {
-                Ok(()) => return Ok(Attempt::Granted(Grant::new(token, self.validity(request.ttl)))),
+                Ok(()) => {
+                    return Ok(Attempt::Granted(Grant::new(
+                        token,
+                        self.validity(request.ttl),
+                    )));
+                }
                 Err(e) => {
                     self.release_on_all(&request.key, &request.owner).await;
                     return Err(e);
@@ -389,7 +426,9 @@ impl LockBackend for RedlockBackend {
             .get(quorum.saturating_sub(tokens.len()).saturating_sub(1))
             .copied()
             .unwrap_or(request.ttl);
-        Ok(Attempt::Contended(Contention::new().with_retry_after(frees_up)))
+        Ok(Attempt::Contended(
+            Contention::new().with_retry_after(frees_up),
+        ))
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
@@ -435,7 +474,10 @@ impl LockBackend for RedlockBackend {
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
         let replies = self.release_on_all(lease.key(), lease.owner()).await;
-        let released = replies.iter().filter(|r| matches!(r, Ok(Value::Int(1)))).count();
+        let released = replies
+            .iter()
+            .filter(|r| matches!(r, Ok(Value::Int(1))))
+            .count();
         let unknown = replies.iter().filter(|r| r.is_err()).count();
         if released >= self.quorum() {
             Ok(true)
@@ -470,12 +512,22 @@ impl LockBackend for RedlockBackend {
         }
         let mut by_owner: HashMap<&str, Vec<&LockInfo>> = HashMap::new();
         for holder in holders.iter().flatten().flatten() {
-            by_owner.entry(&holder.owner_hex).or_default().push(&holder.info);
+            by_owner
+                .entry(&holder.owner_hex)
+                .or_default()
+                .push(&holder.info);
         }
-        let Some(infos) = by_owner.into_values().find(|infos| infos.len() >= self.quorum()) else {
+        let Some(infos) = by_owner
+            .into_values()
+            .find(|infos| infos.len() >= self.quorum())
+        else {
             return Ok(None);
         };
-        let token = infos.iter().map(|i| i.fencing_token).max().unwrap_or(FencingToken(0));
+        let token = infos
+            .iter()
+            .map(|i| i.fencing_token)
+            .max()
+            .unwrap_or(FencingToken(0));
         // Held until fewer than a majority of its keys remain.
         let mut ttls: Vec<Duration> = infos.iter().filter_map(|i| i.remaining_ttl).collect();
         ttls.sort_by(|a, b| b.cmp(a));

@@ -29,7 +29,13 @@ pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(R
 /// `NOSCRIPT` round trip.
 pub(crate) fn load_all() -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    for source in [ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA, INSPECT_LUA, RAISE_FENCE_LUA] {
+    for source in [
+        ACQUIRE_LUA,
+        RELEASE_LUA,
+        RENEW_LUA,
+        INSPECT_LUA,
+        RAISE_FENCE_LUA,
+    ] {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
     pipe
@@ -61,7 +67,9 @@ impl Keys {
 
 /// Milliseconds for a script argument, at least 1.
 pub(crate) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// The reply of [`ACQUIRE`].
@@ -116,7 +124,10 @@ pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Opti
         .and_then(|s| s.split_once(':'))
         .and_then(|(owner, token)| Some((owner.to_owned(), token.parse::<u64>().ok()?)));
     let Some((owner_hex, token)) = parsed else {
-        return Err(unexpected(backend, "the inspect script (a lock key lockkit did not write)"));
+        return Err(unexpected(
+            backend,
+            "the inspect script (a lock key lockkit did not write)",
+        ));
     };
     let mut info = LockInfo::new(FencingToken(token));
     if let Ok(ms) = u64::try_from(pttl) {

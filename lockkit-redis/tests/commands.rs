@@ -1,6 +1,7 @@
 //! Round trips against a single Redis node, counted by the server: exactly two commands per
 //! uncontended acquire+release, and one pipelined renewal batch per tick however many locks
 //! are held.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
 
@@ -26,7 +27,9 @@ fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> HashMap
 }
 
 /// The commands the scripts run inside one `EVALSHA` (counted by the server too).
-const INSIDE_SCRIPTS: &[&str] = &["get", "set", "incr", "pexpire", "pttl", "time", "del", "publish"];
+const INSIDE_SCRIPTS: &[&str] = &[
+    "get", "set", "incr", "pexpire", "pttl", "time", "del", "publish",
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_acquire_and_release_take_exactly_two_commands() {
@@ -37,14 +40,29 @@ async fn uncontended_acquire_and_release_take_exactly_two_commands() {
     let mut raw = harness.servers().await.expect("raw connection").remove(0);
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let backend = harness.backend().await.expect("connect");
-    let locks = LockClient::with_options(backend, &namespace, LockOptions::default()).expect("client");
+    let locks =
+        LockClient::with_options(backend, &namespace, LockOptions::default()).expect("client");
     // Warm up: scripts loaded, connections open.
-    drop(locks.mutex("warm").unwrap().lock().await.unwrap().release().await);
+    drop(
+        locks
+            .mutex("warm")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await,
+    );
 
     let cycles = 1000;
     let before = common::command_calls(&mut raw).await;
     for i in 0..cycles {
-        let guard = locks.mutex(&format!("k{}", i % 10)).unwrap().lock().await.unwrap();
+        let guard = locks
+            .mutex(&format!("k{}", i % 10))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
         assert!(guard.release().await.unwrap());
     }
     let after = common::command_calls(&mut raw).await;
@@ -60,7 +78,10 @@ async fn uncontended_acquire_and_release_take_exactly_two_commands() {
         .filter(|(name, _)| name.as_str() != "evalsha" && name.as_str() != "info")
         .filter(|(name, _)| !INSIDE_SCRIPTS.contains(&name.as_str()))
         .collect();
-    assert!(others.is_empty(), "commands other than the two scripts: {others:?}");
+    assert!(
+        others.is_empty(),
+        "commands other than the two scripts: {others:?}"
+    );
     assert_eq!(delta.get("info").copied(), Some(1), "commands: {delta:?}");
 }
 
@@ -86,7 +107,12 @@ impl LockBackend for Counting {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         self.inner.try_acquire(request).await
     }
-    async fn wait_for_change(&self, r: &AcquireRequest, c: &Contention, max: Duration) -> Result<()> {
+    async fn wait_for_change(
+        &self,
+        r: &AcquireRequest,
+        c: &Contention,
+        max: Duration,
+    ) -> Result<()> {
         self.inner.wait_for_change(r, c, max).await
     }
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
@@ -133,14 +159,24 @@ async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
     .expect("client");
     let mut guards = Vec::new();
     for i in 0..100 {
-        guards.push(locks.mutex(&format!("held-{i}")).unwrap().lock().await.unwrap());
+        guards.push(
+            locks
+                .mutex(&format!("held-{i}"))
+                .unwrap()
+                .lock()
+                .await
+                .unwrap(),
+        );
     }
     let before = common::command_calls(&mut raw).await;
     tokio::time::sleep(ttl * 3).await;
     let after = common::command_calls(&mut raw).await;
     let batches = counting.batches.lock().unwrap().clone();
 
-    assert!(guards.iter().all(|g| !g.is_lost()), "a renewed lock was lost");
+    assert!(
+        guards.iter().all(|g| !g.is_lost()),
+        "a renewed lock was lost"
+    );
     assert!(
         batches.len() >= 3,
         "expected a renewal every third of the TTL, got batches {batches:?}"
@@ -152,7 +188,11 @@ async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
     assert_eq!(counting.single_renewals.load(Ordering::SeqCst), 0);
     let evalsha = delta(&before, &after).get("evalsha").copied().unwrap_or(0);
     let batches_in_window = evalsha / 100;
-    assert_eq!(evalsha % 100, 0, "renewal scripts not in whole batches of 100: {evalsha}");
+    assert_eq!(
+        evalsha % 100,
+        0,
+        "renewal scripts not in whole batches of 100: {evalsha}"
+    );
     assert!(
         (2..=batches.len() as u64).contains(&batches_in_window),
         "{evalsha} renewal scripts in the window, batches seen {batches:?}"
@@ -160,4 +200,52 @@ async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
     for guard in guards {
         assert!(guard.release().await.unwrap());
     }
+}
+
+/// After `SCRIPT FLUSH` (as after a restart), every operation reloads the scripts by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_scripts_are_reloaded_transparently() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut raw = harness.servers().await.expect("raw connection").remove(0);
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let ttl = Duration::from_millis(600);
+    let locks = LockClient::with_options(
+        harness.backend().await.expect("connect"),
+        &namespace,
+        LockOptions::default().with_ttl(ttl),
+    )
+    .expect("client");
+    let held = locks.mutex("renewed").unwrap().lock().await.unwrap();
+    let flush = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+    };
+    flush(&mut raw).await;
+    tokio::time::sleep(ttl).await;
+    assert!(!held.is_lost(), "renewal failed after SCRIPT FLUSH");
+    flush(&mut raw).await;
+    assert!(
+        locks
+            .mutex("renewed")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    flush(&mut raw).await;
+    let other = locks.mutex("other").unwrap().lock().await.unwrap();
+    flush(&mut raw).await;
+    assert!(other.release().await.unwrap());
+    flush(&mut raw).await;
+    assert!(held.release().await.unwrap());
 }

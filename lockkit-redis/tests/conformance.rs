@@ -1,5 +1,6 @@
 //! The core conformance suite against a single Redis node, the Sentinel group and the
 //! 5-node Redlock topology of `compose/up.sh`.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
 

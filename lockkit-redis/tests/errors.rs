@@ -1,4 +1,5 @@
 //! Bad input and unreachable servers: typed errors, bounded in time.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
 
@@ -36,7 +37,11 @@ async fn refused_connection_is_unavailable_at_once() {
     let err = RedisBackend::connect(config).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.is_retryable());
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -50,7 +55,10 @@ async fn silent_server_is_unavailable_within_the_timeouts() {
     let took = started.elapsed();
     server.abort();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(took < Duration::from_millis(300 + 300 + 500), "took {took:?}");
+    assert!(
+        took < Duration::from_millis(300 + 300 + 500),
+        "took {took:?}"
+    );
 }
 
 #[tokio::test]
@@ -75,9 +83,12 @@ async fn redlock_with_a_silent_majority_fails_with_quorum_not_reached() {
 
 #[tokio::test]
 async fn invalid_configurations_are_refused_before_connecting() {
-    let cases: &[(&str, fn(&mut RedisConfig))] = &[
+    type Breakage = fn(&mut RedisConfig);
+    let cases: &[(&str, Breakage)] = &[
         ("no hosts", |c| c.hosts.clear()),
-        ("two hosts without Sentinel", |c| c.hosts.push("127.0.0.1:1".into())),
+        ("two hosts without Sentinel", |c| {
+            c.hosts.push("127.0.0.1:1".into())
+        }),
         ("min_replicas without Sentinel", |c| c.min_replicas = 1),
         ("bad host", |c| c.hosts = vec!["no-port".into()]),
         ("zero timeout", |c| c.response_timeout = Duration::ZERO),
@@ -88,11 +99,20 @@ async fn invalid_configurations_are_refused_before_connecting() {
         let err = RedisBackend::connect(config).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{what}: {err}");
     }
-    for url in ["redis://h/notanumber", "redis+sentinel://h1,h2", "redis://h?x=1", "etcd://h"] {
+    for url in [
+        "redis://h/notanumber",
+        "redis+sentinel://h1,h2",
+        "redis://h?x=1",
+        "etcd://h",
+    ] {
         let err = RedisConfig::from_url(url).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
     }
-    for url in ["redlock://h1,h2", "redlock://h1,h1,h2", "redlock://h1,h2,h3/0"] {
+    for url in [
+        "redlock://h1,h2",
+        "redlock://h1,h1,h2",
+        "redlock://h1,h2,h3/0",
+    ] {
         let err = RedlockConfig::from_url(url)
             .and_then(|c| c.validate())
             .unwrap_err();
@@ -179,7 +199,12 @@ async fn acl_user_works_and_wrong_password_is_auth() {
     wrong.password = Some("not-the-password".into());
     let wrong_err = RedisBackend::connect(wrong).await.unwrap_err();
 
-    let _: i64 = redis::cmd("ACL").arg("DELUSER").arg(&user).query_async(&mut admin).await.unwrap();
+    let _: i64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     assert!(outcome.expect("lockkit works as a restricted ACL user"));
     assert_eq!(wrong_err.kind(), ErrorKind::Auth, "{wrong_err}");
     assert!(!wrong_err.is_retryable());

@@ -4,6 +4,7 @@
 //!
 //! One test: it stops, kills and restarts members of the Sentinel topology, and leaves it
 //! whole again (both members up, one primary and one replica) whatever happens.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
 
@@ -18,14 +19,19 @@ struct Restore;
 impl Drop for Restore {
     fn drop(&mut self) {
         for name in ["sentinel-primary", "sentinel-replica"] {
-            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
-            let _ = std::process::Command::new(&script).args(["resume", name]).output();
+            let script =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
+            let _ = std::process::Command::new(&script)
+                .args(["resume", name])
+                .output();
             let up = std::process::Command::new(&script)
                 .args(["status", name])
                 .output()
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(" up "));
             if !up {
-                let _ = std::process::Command::new(&script).args(["restart", name]).output();
+                let _ = std::process::Command::new(&script)
+                    .args(["restart", name])
+                    .output();
             }
         }
     }
@@ -49,7 +55,9 @@ fn replica_of(primary: &str) -> &'static str {
 }
 
 async fn client(config: &RedisConfig, namespace: &str) -> LockClient {
-    let backend = RedisBackend::connect(config.clone()).await.expect("connect via Sentinel");
+    let backend = RedisBackend::connect(config.clone())
+        .await
+        .expect("connect via Sentinel");
     LockClient::with_options(
         std::sync::Arc::new(backend),
         namespace,
@@ -75,7 +83,9 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
     // side: with SIGSTOP alone, a write already in the replica's socket buffer would still be
     // applied on resume. Nothing granted from now on reaches the replica.
     common::member("pause", replica);
-    let mut raw_primary = common::connect(&format!("127.0.0.1:{}", port_of(&primary))).await.unwrap();
+    let mut raw_primary = common::connect(&format!("127.0.0.1:{}", port_of(&primary)))
+        .await
+        .unwrap();
     let _: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -88,7 +98,12 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
     synced.min_replicas = 1;
     synced.replica_timeout = Duration::from_millis(200);
     let careful = client(&synced, &namespace).await;
-    let err = careful.mutex("order").unwrap().try_lock().await.unwrap_err();
+    let err = careful
+        .mutex("order")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap_err();
     assert!(
         matches!(err.kind(), ErrorKind::QuorumNotReached { got: 0, need: 1 }),
         "min_replicas = 1 must refuse a grant no replica has: {err}"
@@ -105,7 +120,10 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
     common::member("resume", replica);
     let promoted_by = Instant::now() + Duration::from_secs(30);
     while leader() != replica {
-        assert!(Instant::now() < promoted_by, "Sentinel did not promote {replica}");
+        assert!(
+            Instant::now() < promoted_by,
+            "Sentinel did not promote {replica}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
@@ -145,11 +163,18 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
         if info.contains("role:slave") && info.contains("master_link_status:up") {
             break;
         }
-        assert!(Instant::now() < rejoined_by, "the old primary did not rejoin as a replica: {info}");
+        assert!(
+            Instant::now() < rejoined_by,
+            "the old primary did not rejoin as a replica: {info}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
 fn port_of(member: &str) -> u16 {
-    if member == "sentinel-primary" { 20010 } else { 20011 }
+    if member == "sentinel-primary" {
+        20010
+    } else {
+        20011
+    }
 }

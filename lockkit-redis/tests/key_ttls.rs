@@ -1,6 +1,7 @@
 //! No key that lockkit writes is ever left without a TTL: after a workload on every topology
 //! (grants, contention, cancelled waits, renewals, releases, expiries), every key on every
 //! server that looks like a lockkit key (`{...}`) has one.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
 
@@ -11,31 +12,42 @@ use lockkit_core::{LockClient, LockOptions};
 async fn workload(harness: &common::RedisHarness) {
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let options = LockOptions::default().with_ttl(Duration::from_millis(800));
-    let a = LockClient::with_options(harness.backend().await.unwrap(), &namespace, options.clone()).unwrap();
-    let b = LockClient::with_options(harness.backend().await.unwrap(), &namespace, options).unwrap();
+    let a = LockClient::with_options(
+        harness.backend().await.unwrap(),
+        &namespace,
+        options.clone(),
+    )
+    .unwrap();
+    let b =
+        LockClient::with_options(harness.backend().await.unwrap(), &namespace, options).unwrap();
     let held = a.mutex("w").unwrap().lock().await.unwrap();
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move { b.mutex("w").unwrap().lock().await.unwrap().release().await })
     };
-    let cancelled = tokio::time::timeout(
-        Duration::from_millis(50),
-        a.mutex("w").unwrap().lock(),
-    )
-    .await;
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(50), a.mutex("w").unwrap().lock()).await;
     assert!(cancelled.is_err(), "a contended lock was granted");
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(held.release().await.unwrap());
     assert!(waiter.await.unwrap().unwrap());
     // A grant left to expire, never released.
-    let abandoned = a.mutex("expire").unwrap().with_options(LockOptions::default().with_ttl(Duration::from_millis(300)).with_auto_renew(false));
+    let abandoned = a.mutex("expire").unwrap().with_options(
+        LockOptions::default()
+            .with_ttl(Duration::from_millis(300))
+            .with_auto_renew(false),
+    );
     std::mem::forget(abandoned.lock().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_lockkit_key_has_a_ttl() {
     let mut harnesses = Vec::new();
-    for var in ["LOCKKIT_TEST_REDIS_URL", "LOCKKIT_TEST_SENTINEL_URL", "LOCKKIT_TEST_REDLOCK_URL"] {
+    for var in [
+        "LOCKKIT_TEST_REDIS_URL",
+        "LOCKKIT_TEST_SENTINEL_URL",
+        "LOCKKIT_TEST_REDLOCK_URL",
+    ] {
         if let Some(harness) = common::harness(var).await {
             harnesses.push(harness);
         }
@@ -58,7 +70,11 @@ async fn every_lockkit_key_has_a_ttl() {
                     .await
                     .unwrap();
                 for key in keys {
-                    let pttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut con).await.unwrap();
+                    let pttl: i64 = redis::cmd("PTTL")
+                        .arg(&key)
+                        .query_async(&mut con)
+                        .await
+                        .unwrap();
                     assert!(pttl != -1, "key {key} has no TTL");
                     checked += 1;
                 }
@@ -69,5 +85,8 @@ async fn every_lockkit_key_has_a_ttl() {
             }
         }
     }
-    assert!(harnesses.is_empty() || checked > 0, "no lockkit keys found to check");
+    assert!(
+        harnesses.is_empty() || checked > 0,
+        "no lockkit keys found to check"
+    );
 }

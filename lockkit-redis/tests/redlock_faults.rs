@@ -3,6 +3,7 @@
 //!
 //! One test: it kills and restarts members of the Redlock topology and leaves all five up
 //! whatever happens.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
 
@@ -11,7 +12,13 @@ use std::time::{Duration, Instant};
 use lockkit_core::{ErrorKind, LockClient, LockOptions};
 use lockkit_redis::{RedlockBackend, RedlockConfig};
 
-const NODES: [&str; 5] = ["redlock-1", "redlock-2", "redlock-3", "redlock-4", "redlock-5"];
+const NODES: [&str; 5] = [
+    "redlock-1",
+    "redlock-2",
+    "redlock-3",
+    "redlock-4",
+    "redlock-5",
+];
 
 /// Restarts every node that is down when the test ends, even by a panic.
 struct Restore;
@@ -25,14 +32,18 @@ impl Drop for Restore {
                 .output()
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(" up "));
             if !up {
-                let _ = std::process::Command::new(&script).args(["restart", name]).output();
+                let _ = std::process::Command::new(&script)
+                    .args(["restart", name])
+                    .output();
             }
         }
     }
 }
 
 async fn client(config: &RedlockConfig, namespace: &str, ttl: Duration) -> LockClient {
-    let backend = RedlockBackend::connect(config.clone()).await.expect("connect");
+    let backend = RedlockBackend::connect(config.clone())
+        .await
+        .expect("connect");
     LockClient::with_options(
         std::sync::Arc::new(backend),
         namespace,
@@ -59,12 +70,28 @@ async fn minority_down_keeps_working_majority_down_fails_and_the_holder_learns_i
     common::member("kill", "redlock-4");
     common::member("kill", "redlock-5");
     tokio::time::sleep(ttl * 2).await;
-    assert!(!held.is_lost(), "renewal with 3 of 5 nodes must keep the lock");
+    assert!(
+        !held.is_lost(),
+        "renewal with 3 of 5 nodes must keep the lock"
+    );
     assert!(held.is_held().await.unwrap());
     let contender = client(config, &namespace, ttl).await;
-    assert!(contender.mutex("survivor").unwrap().try_lock().await.unwrap().is_none());
+    assert!(
+        contender
+            .mutex("survivor")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(held.release().await.unwrap(), "release with 3 of 5 nodes");
-    let regranted = contender.mutex("survivor").unwrap().lock_timeout(Duration::from_secs(5)).await.unwrap();
+    let regranted = contender
+        .mutex("survivor")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(5))
+        .await
+        .unwrap();
     assert!(regranted.release().await.unwrap());
 
     // A holder that loses its majority: lost() fires no later than its validity deadline.
@@ -73,7 +100,10 @@ async fn minority_down_keeps_working_majority_down_fails_and_the_holder_learns_i
     common::member("kill", "redlock-3");
     let lost_by = tokio::time::timeout(ttl * 2, doomed.lost()).await;
     let lost_at = Instant::now();
-    assert!(lost_by.is_ok(), "the holder was never told it lost its majority");
+    assert!(
+        lost_by.is_ok(),
+        "the holder was never told it lost its majority"
+    );
     // Renewals may have moved the deadline on before the kill; never past one TTL from it.
     assert!(
         lost_at <= deadline_before_kill + ttl + Duration::from_millis(50),
@@ -100,7 +130,10 @@ async fn minority_down_keeps_working_majority_down_fails_and_the_holder_learns_i
         "expected QuorumNotReached {{ got: 2, need: 3 }}: {err}"
     );
     for node in ["20033", "20034", "20035"] {
-        assert!(err.message().contains(node), "the error names the failed node {node}: {err}");
+        assert!(
+            err.message().contains(node),
+            "the error names the failed node {node}: {err}"
+        );
     }
     assert!(took < Duration::from_secs(3), "took {took:?}");
 }

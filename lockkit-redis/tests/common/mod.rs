@@ -30,7 +30,11 @@ pub async fn harness(var: &str) -> Option<RedisHarness> {
         backend_missing(&format!("{var} (start compose/up.sh)"));
         return None;
     };
-    let topology = match ConnectionUrl::parse(&url).expect("a valid test URL").scheme.as_str() {
+    let topology = match ConnectionUrl::parse(&url)
+        .expect("a valid test URL")
+        .scheme
+        .as_str()
+    {
         "redlock" => Topology::Redlock(RedlockConfig::from_url(&url).expect("redlock URL")),
         "redis+sentinel" => Topology::Sentinel(RedisConfig::from_url(&url).expect("sentinel URL")),
         _ => Topology::Single(RedisConfig::from_url(&url).expect("redis URL")),
@@ -59,7 +63,9 @@ impl RedisHarness {
     /// A backend of this topology (its own connections).
     pub async fn backend(&self) -> Result<lockkit_core::SharedBackend> {
         Ok(match &self.topology {
-            Topology::Single(c) | Topology::Sentinel(c) => Arc::new(RedisBackend::connect(c.clone()).await?),
+            Topology::Single(c) | Topology::Sentinel(c) => {
+                Arc::new(RedisBackend::connect(c.clone()).await?)
+            }
             Topology::Redlock(c) => Arc::new(RedlockBackend::connect(c.clone()).await?),
         })
     }
@@ -85,7 +91,9 @@ pub async fn connect(addr: &str) -> redis::RedisResult<MultiplexedConnection> {
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(1)))
         .set_response_timeout(Some(Duration::from_secs(2)));
-    client.get_multiplexed_async_connection_with_config(&config).await
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
 }
 
 /// Where the Sentinels say the primary is.
@@ -118,7 +126,10 @@ pub fn lock_key(key: &LockKey) -> String {
 }
 
 /// Every key of `namespace` on `con`.
-pub async fn keys_of(con: &mut MultiplexedConnection, namespace: &str) -> redis::RedisResult<Vec<String>> {
+pub async fn keys_of(
+    con: &mut MultiplexedConnection,
+    namespace: &str,
+) -> redis::RedisResult<Vec<String>> {
     let mut keys = Vec::new();
     let mut cursor: u64 = 0;
     loop {
@@ -191,7 +202,9 @@ pub fn member(action: &str, name: &str) {
 }
 
 /// Parses `INFO commandstats` into (command, calls).
-pub async fn command_calls(con: &mut MultiplexedConnection) -> std::collections::HashMap<String, u64> {
+pub async fn command_calls(
+    con: &mut MultiplexedConnection,
+) -> std::collections::HashMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)
