@@ -244,9 +244,17 @@ pub(crate) async fn extend_now(held: &HeldLease) -> Result<()> {
 /// The process-wide renewal scheduler.
 #[derive(Debug)]
 pub(crate) struct Scheduler {
-    leases: StdMutex<HashMap<u64, Arc<HeldLease>>>,
+    table: StdMutex<Table>,
     wake: Notify,
     next_id: AtomicU64,
+}
+
+/// The leases the scheduler watches, and when it will look at them next. Both live under one
+/// lock, so a registration either is seen by the pass that sets `next_wake` or sees its result.
+#[derive(Debug)]
+struct Table {
+    leases: HashMap<u64, Arc<HeldLease>>,
+    next_wake: Instant,
 }
 
 impl Scheduler {
@@ -255,7 +263,10 @@ impl Scheduler {
         static SCHEDULER: OnceLock<&'static Scheduler> = OnceLock::new();
         SCHEDULER.get_or_init(|| {
             let scheduler: &'static Scheduler = Box::leak(Box::new(Scheduler {
-                leases: StdMutex::new(HashMap::new()),
+                table: StdMutex::new(Table {
+                    leases: HashMap::new(),
+                    next_wake: Instant::now(),
+                }),
                 wake: Notify::new(),
                 next_id: AtomicU64::new(0),
             }));
@@ -266,13 +277,24 @@ impl Scheduler {
 
     /// Starts watching `held`: renewing it (when it auto-renews) and firing its lost signal at
     /// its validity deadline.
+    ///
+    /// The scheduler's thread is woken only when the new lease needs it before its next pass,
+    /// which keeps a cross-thread wake-up off the acquire path of short-lived locks.
     pub(crate) fn register(&self, held: Arc<HeldLease>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, held);
-        self.wake.notify_one();
+        let due = {
+            let state = held.state();
+            state
+                .next_renewal
+                .map_or(state.valid_until, |next| next.min(state.valid_until))
+        };
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        table.leases.insert(id, held);
+        let wake = due < table.next_wake;
+        drop(table);
+        if wake {
+            self.wake.notify_one();
+        }
     }
 
     async fn run(&'static self) {
@@ -293,8 +315,8 @@ impl Scheduler {
         let mut next_wake = now + IDLE_TICK;
         let mut due_backends = HashSet::new();
         let mut candidates = Vec::new();
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        leases.retain(|_, held| {
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        table.leases.retain(|_, held| {
             let state = held.state();
             if state.released || held.lost.is_cancelled() {
                 return false;
@@ -314,7 +336,8 @@ impl Scheduler {
             }
             true
         });
-        drop(leases);
+        table.next_wake = next_wake;
+        drop(table);
         let mut batches: HashMap<*const (), (SharedBackend, Vec<Arc<HeldLease>>)> = HashMap::new();
         for (held, next) in candidates {
             let id = backend_id(&held.backend);

@@ -1,6 +1,7 @@
 -- Takes the lock if it is free, in one round trip.
 -- KEYS[1] lock key, KEYS[2] fence key (same hash tag)
--- ARGV[1] owner token (hex), ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms
+-- ARGV[1] owner token (hex), ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms,
+-- ARGV[4] (optional) the token to propose; without it, the server clock in microseconds
 -- Returns {1, fencing token} when granted (also to a retry of the same owner whose reply was
 -- lost), {0, remaining TTL of the holder in ms} when contended.
 local held = redis.call('GET', KEYS[1])
@@ -11,10 +12,14 @@ if held then
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
--- The token is the larger of the counter plus one and the server clock in microseconds, so it
--- keeps increasing after the fence key expires or the data is lost, unless the clock steps back.
-local now = redis.call('TIME')
-local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+-- The token is the larger of the counter plus one and a clock in microseconds (the proposed
+-- one, or the server's), so it keeps increasing after the fence key expires or the data is
+-- lost, unless that clock steps back.
+local clock = tonumber(ARGV[4])
+if not clock then
+  local now = redis.call('TIME')
+  clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+end
 local token = redis.call('INCR', KEYS[2])
 if token < clock then
   token = clock

@@ -23,6 +23,7 @@ pub(crate) struct Dialer {
     pub(crate) db: i64,
     pub(crate) tls: bool,
     /// PEM CA certificates to trust instead of the system's roots.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     pub(crate) tls_ca: Option<Arc<Vec<u8>>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,

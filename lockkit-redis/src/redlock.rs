@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
     FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
@@ -30,32 +31,37 @@ const BACKEND: &str = "redlock";
 ///   nodes in parallel, each bounded by [`RedlockConfig::node_timeout`]. The lock is granted
 ///   when a majority (N/2+1) said yes; on any other outcome it is released on every node that
 ///   may hold it (those that said yes and those that did not answer), and the core retries
-///   with random jitter.
-/// - **fencing token**: each node returns its own counter (see the crate docs); the grant's
-///   token is the maximum over the nodes that said yes. Before the grant is returned, that
-///   maximum is written back to every node (`counter = max(counter, token)`), and the grant
-///   is refused unless a majority took it and still holds the lock.
+///   with random jitter. The answer is taken as soon as a majority said yes; the slower
+///   nodes' keys are ours too and go with the release, which is sent to every node.
+/// - **fencing token**: each node sets its key's counter to `max(counter + 1, proposal)`,
+///   where the proposal is this client's clock in microseconds, and answers with it. The
+///   grant's token T is the maximum over the nodes that said yes. Unless a majority already
+///   answered exactly T (the usual case: all counters were below the proposal), T is written
+///   back to every node (`counter = max(counter, T)`) before the grant is returned, and the
+///   grant is refused unless a majority took it and still holds the lock.
 /// - **validity**: the grant is valid for `ttl - node_timeout` from when the acquire was sent,
 ///   less the core's drift allowance; the core refuses a grant that arrives with no validity
 ///   left. Renewals need a majority too; the holder's `lost()` fires when the validity passes
-///   without one, or as soon as more than N - majority nodes say the lock is not ours.
+///   without one, or as soon as more than N - majority nodes say the lock is not ours. Other
+///   clients can be granted only once the keys expire, at least `node_timeout` later.
 ///
 /// # Why tokens strictly increase, and what that needs
-/// Let grant G1 get token T1 and a later grant G2 token T2. G1's write-back reached a
-/// majority W1 before G1's guard was returned, at least `node_timeout` before G1's validity
-/// ended (the `- node_timeout` above). G2's majority M2 meets W1 in some node n. G2 can only
-/// be granted after G1's keys expired or were deleted on enough nodes, which is after G1's
-/// validity ended; G2's requests reached all its nodes within one `node_timeout` of each
-/// other, so its request reached n after G1's write-back did. There n's counter was at least
-/// T1, so n answered at least T1 + 1, and T2 >= T1 + 1. This needs:
+/// Let grant G1 get token T1 and a later grant G2 token T2. When G1's guard is returned, a
+/// majority W1 of nodes has a counter of at least T1 (they answered T1, or took the
+/// write-back), at least `node_timeout` before G1's validity ends (the `- node_timeout`
+/// above). G2's majority M2 meets W1 in some node n. G2 can only be granted after G1's keys
+/// expired or were deleted on enough nodes, which is after G1's validity ended; G2's requests
+/// reached all its nodes within one `node_timeout` of each other, so its request reached n
+/// after n's counter was at least T1. So n answered at least T1 + 1, and T2 >= T1 + 1,
+/// whatever the clocks said. This needs:
 /// - no node loses data: a node restarted without persistence forgets both the lock and its
 ///   counter (run with `appendonly yes`, `appendfsync always`, or keep a restarted node out
 ///   for longer than the TTL, as the Redlock paper says);
 /// - bounded clock drift between the nodes and this client (the core's drift allowance) and
 ///   pauses of this process shorter than the validity it checks;
-/// - the counter not expiring: it lives [`RedlockConfig::fence_ttl`] past the last grant,
-///   after which a node falls back to its clock (microseconds), which is safe unless the node
-///   clocks disagree by more than the time since that grant.
+/// - the counters not expiring: they live [`RedlockConfig::fence_ttl`] past the key's last
+///   grant. After that, tokens restart from the acquiring client's clock, which keeps them
+///   increasing unless the clients' clocks disagree by more than the time since that grant.
 ///
 /// Tokens can still be out of order with exclusion broken (a holder paused past its
 /// validity): that is what they are for, a fenced resource rejects the stale holder.
@@ -182,13 +188,54 @@ impl RedlockBackend {
         .await
     }
 
-    /// Runs one script on every node at once, each bounded by the node timeout.
-    async fn script_on_all(
+    /// As [`RedlockBackend::on_all`], but returns as soon as `enough` says the answers so
+    /// far decide the outcome; the nodes that have not answered yet are `None`. Their
+    /// requests were sent and may still be applied, so callers treat them as "may hold".
+    async fn on_all_until<T, F, Fut>(
+        &self,
+        request: F,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool,
+    ) -> Vec<Option<NodeResult<T>>>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let bound = self.config.node_timeout;
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let reply = request(node.connection.clone());
+                async move {
+                    let answer = match tokio::time::timeout(bound, reply).await {
+                        Ok(Ok(value)) => Ok(value),
+                        Ok(Err(e)) => Err(from_redis(BACKEND, e)),
+                        Err(_) => Err(timed_out(BACKEND, &node.addr, bound)),
+                    };
+                    (i, answer)
+                }
+            })
+            .collect();
+        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
+        while let Some((i, answer)) = pending.next().await {
+            answers[i] = Some(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        answers
+    }
+
+    /// Runs one script on every node at once, each bounded by the node timeout, until
+    /// `enough` (see [`RedlockBackend::on_all_until`]).
+    async fn script_until(
         &self,
         script: &'static redis::Script,
         keys: &[&str],
         args: &[String],
-    ) -> Vec<NodeResult<Value>> {
+        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool,
+    ) -> Vec<Option<NodeResult<Value>>> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
@@ -197,25 +244,40 @@ impl RedlockBackend {
             invocation.arg(arg);
         }
         let invocation = &invocation;
-        self.on_all(self.config.node_timeout, false, |mut con| async move {
-            invocation.invoke_async::<Value>(&mut con).await
-        })
+        self.on_all_until(
+            |mut con| async move { invocation.invoke_async::<Value>(&mut con).await },
+            enough,
+        )
         .await
+    }
+
+    /// Runs one script on every node at once and waits for every answer (or its timeout).
+    async fn script_on_all(
+        &self,
+        script: &'static redis::Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Vec<NodeResult<Value>> {
+        self.script_until(script, keys, args, |_| false)
+            .await
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))
+            .collect()
     }
 
     /// The error for too few answers, naming the nodes that failed and why.
     fn quorum_error<T>(&self, what: &str, got: usize, replies: &[NodeResult<T>]) -> Error {
+        let errors: Vec<Option<&Error>> = replies.iter().map(|r| r.as_ref().err()).collect();
+        self.quorum_error_of(what, got, &errors)
+    }
+
+    fn quorum_error_of(&self, what: &str, got: usize, errors: &[Option<&Error>]) -> Error {
         let need = self.quorum();
         let failed: Vec<String> = self
             .nodes
             .iter()
-            .zip(replies)
-            .filter_map(|(node, reply)| {
-                reply
-                    .as_ref()
-                    .err()
-                    .map(|e| format!("{}: {}", node.addr, e.message()))
-            })
+            .zip(errors)
+            .filter_map(|(node, error)| error.map(|e| format!("{}: {}", node.addr, e.message())))
             .collect();
         Error::new(
             ErrorKind::QuorumNotReached { got, need },
@@ -253,12 +315,19 @@ impl RedlockBackend {
             .collect()
     }
 
-    /// Writes `token` back to every node; returns whether a majority took it and still has
-    /// the lock as ours.
+    /// Writes `token` back to every node; succeeds once a majority took it and still has the
+    /// lock as ours.
     async fn raise_fences(&self, request: &AcquireRequest, token: FencingToken) -> Result<()> {
         let keys = Keys::of(&request.key);
-        let replies = self
-            .script_on_all(
+        let quorum = self.quorum();
+        let ours = |answers: &[Option<NodeResult<Value>>]| {
+            answers
+                .iter()
+                .filter(|a| matches!(a, Some(Ok(Value::Int(1)))))
+                .count()
+        };
+        let answers = self
+            .script_until(
                 &scripts::RAISE_FENCE,
                 &[&keys.lock, &keys.fence],
                 &[
@@ -266,17 +335,18 @@ impl RedlockBackend {
                     token.get().to_string(),
                     millis(self.config.fence_ttl).to_string(),
                 ],
+                |answers| ours(answers) >= quorum,
             )
             .await;
-        let ours = replies
-            .iter()
-            .filter(|r| matches!(r, Ok(Value::Int(1))))
-            .count();
-        if ours >= self.quorum() {
-            Ok(())
-        } else {
-            Err(self.quorum_error("writing the fencing token back", ours, &replies))
+        let got = ours(&answers);
+        if got >= quorum {
+            return Ok(());
         }
+        let errors: Vec<Option<&Error>> = answers
+            .iter()
+            .map(|a| a.as_ref().and_then(|r| r.as_ref().err()))
+            .collect();
+        Err(self.quorum_error_of("writing the fencing token back", got, &errors))
     }
 
     /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
@@ -371,22 +441,42 @@ impl LockBackend for RedlockBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         let keys = Keys::of(&request.key);
+        let quorum = self.quorum();
+        let granted = |answers: &[Option<NodeResult<Value>>]| {
+            answers
+                .iter()
+                .flatten()
+                .flatten()
+                .filter(|value| {
+                    matches!(
+                        scripts::acquire_reply(BACKEND, value),
+                        Ok(AcquireReply::Granted(_))
+                    )
+                })
+                .count()
+        };
+        // Returns as soon as a majority granted: the stragglers' keys are ours and go with
+        // the release, which is sent to every node.
         let replies = self
-            .script_on_all(
+            .script_until(
                 &scripts::ACQUIRE,
                 &[&keys.lock, &keys.fence],
                 &[
                     request.owner.expose_hex(),
                     millis(request.ttl).to_string(),
                     millis(self.config.fence_ttl).to_string(),
+                    proposed_token().to_string(),
                 ],
+                |answers| granted(answers) >= quorum,
             )
             .await;
         let mut tokens = Vec::new();
         let mut holder_ttls = Vec::new();
         let mut answers = Vec::with_capacity(replies.len());
         for reply in replies {
-            let answer = reply.and_then(|value| scripts::acquire_reply(BACKEND, &value));
+            let answer = reply
+                .unwrap_or_else(|| Err(unexpected(BACKEND, "a node")))
+                .and_then(|value| scripts::acquire_reply(BACKEND, &value));
             match &answer {
                 Ok(AcquireReply::Granted(token)) => tokens.push(*token),
                 Ok(AcquireReply::Contended(ttl)) => holder_ttls.push(ttl.unwrap_or(request.ttl)),
@@ -394,25 +484,22 @@ impl LockBackend for RedlockBackend {
             }
             answers.push(answer);
         }
-        let quorum = self.quorum();
         if let Some(token) = tokens
             .iter()
             .copied()
             .max()
             .filter(|_| tokens.len() >= quorum)
         {
-            match self.raise_fences(request, token).await {
-                Ok(()) => {
-                    return Ok(Attempt::Granted(Grant::new(
-                        token,
-                        self.validity(request.ttl),
-                    )));
-                }
+            return match self.raise_fences(request, token).await {
+                Ok(()) => Ok(Attempt::Granted(Grant::new(
+                    token,
+                    self.validity(request.ttl),
+                ))),
                 Err(e) => {
                     self.release_on_all(&request.key, &request.owner).await;
-                    return Err(e);
+                    Err(e)
                 }
-            }
+            };
         }
         if !tokens.is_empty() || answers.iter().any(Result::is_err) {
             self.release_on_all(&request.key, &request.owner).await;
@@ -560,4 +647,16 @@ impl fmt::Debug for RedlockBackend {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
+}
+
+/// The token this client proposes to every node: its clock in microseconds. Nodes whose
+/// counters are below it all answer with it, so a majority agrees and the write-back round
+/// trip is skipped; a node whose counter is ahead answers with counter + 1 instead, which is
+/// what keeps tokens increasing whatever this clock says.
+fn proposed_token() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
 }

@@ -1,0 +1,324 @@
+//! Benchmarks of the Redis backends against the compose topologies, printed side by side:
+//!
+//! 1. uncontended acquire+release through lockkit vs a raw loop of the same two Lua scripts
+//!    with the same client crate (target: lockkit <= 1.1x the raw loop);
+//! 2. Redlock over 5 nodes vs the single node, both through lockkit (target <= 1.5x);
+//! 3. contended: 8 tasks x 250 increments of a shared value under one lock, waiters woken by
+//!    release notifications vs polling.
+//!
+//! Run it in a release build with the servers up:
+//! `compose/up.sh redis redlock && cargo run --release -p lockkit-redis --example bench`
+//! (`-- --quick` for small counts). Rounds of the uncontended runs alternate, so that noise
+//! from the shared machine hits every contestant alike; the figures are medians over rounds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lockkit_core::testing::endpoint;
+use lockkit_core::{LockClient, LockOptions, OwnerToken};
+use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use redis::Script;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct Sample {
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+}
+
+impl Sample {
+    fn percentile(&mut self, p: f64) -> Duration {
+        self.latencies.sort();
+        let index = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[index]
+    }
+
+    fn per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Acquire+release cycles through lockkit.
+async fn lockkit_cycles(locks: &LockClient, cycles: usize) -> Result<Sample, BoxError> {
+    let mutex = locks.mutex("bench-uncontended")?;
+    let mut latencies = Vec::with_capacity(cycles);
+    let started = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let guard = mutex.lock().await?;
+        guard.release().await?;
+        latencies.push(t.elapsed());
+    }
+    Ok(Sample {
+        latencies,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// The same two script calls, by hand, on one connection of the same crate.
+async fn raw_cycles(
+    con: &mut redis::aio::ConnectionManager,
+    cycles: usize,
+) -> Result<Sample, BoxError> {
+    let acquire = Script::new(include_str!("../scripts/acquire.lua"));
+    let release = Script::new(include_str!("../scripts/release.lua"));
+    let mut latencies = Vec::with_capacity(cycles);
+    let started = Instant::now();
+    for _ in 0..cycles {
+        let owner = OwnerToken::generate()?.expose_hex();
+        let t = Instant::now();
+        let granted: (i64, i64) = acquire
+            .key("{bench/raw}")
+            .key("{bench/raw}:fence")
+            .arg(&owner)
+            .arg(10_000)
+            .arg(3_600_000)
+            .invoke_async(con)
+            .await?;
+        assert_eq!(granted.0, 1, "the raw loop's key was taken");
+        let released: i64 = release
+            .key("{bench/raw}")
+            .arg(&owner)
+            .arg("lockkit:released:{bench/raw}")
+            .invoke_async(con)
+            .await?;
+        assert_eq!(released, 1);
+        latencies.push(t.elapsed());
+    }
+    Ok(Sample {
+        latencies,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// The floor of a quorum cycle: the same two scripts sent to every node in parallel by hand,
+/// waiting for all answers.
+async fn raw_fanout_cycles(
+    nodes: &mut [redis::aio::ConnectionManager],
+    cycles: usize,
+) -> Result<Sample, BoxError> {
+    let acquire = Script::new(include_str!("../scripts/acquire.lua"));
+    let release = Script::new(include_str!("../scripts/release.lua"));
+    let mut latencies = Vec::with_capacity(cycles);
+    let started = Instant::now();
+    for _ in 0..cycles {
+        let owner = OwnerToken::generate()?.expose_hex();
+        let t = Instant::now();
+        let acquired = futures_util::future::join_all(nodes.iter().map(|con| {
+            let mut con = con.clone();
+            let mut invocation = acquire.key("{bench/fanout}");
+            invocation.key("{bench/fanout}:fence").arg(&owner).arg(10_000).arg(3_600_000);
+            async move { invocation.invoke_async::<(i64, i64)>(&mut con).await }
+        }))
+        .await;
+        assert!(acquired.iter().all(|r| matches!(r, Ok((1, _)))), "the raw fan-out key was taken");
+        let released = futures_util::future::join_all(nodes.iter().map(|con| {
+            let mut con = con.clone();
+            let mut invocation = release.key("{bench/fanout}");
+            invocation.arg(&owner).arg("lockkit:released:{bench/fanout}");
+            async move { invocation.invoke_async::<i64>(&mut con).await }
+        }))
+        .await;
+        assert!(released.iter().all(|r| matches!(r, Ok(1))));
+        latencies.push(t.elapsed());
+    }
+    Ok(Sample {
+        latencies,
+        elapsed: started.elapsed(),
+    })
+}
+
+struct Contended {
+    throughput: f64,
+    wait_p50: Duration,
+    wait_p99: Duration,
+    final_value: u64,
+}
+
+/// 8 tasks x `rounds` increments of a shared value (read, pause, write) under one lock, each
+/// task with its own backend (its own connections), as 8 processes would.
+async fn contended(
+    make: impl Fn() -> Result<LockClient, BoxError>,
+    rounds: usize,
+) -> Result<Contended, BoxError> {
+    let value = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let locks = make()?;
+        let value = value.clone();
+        tasks.push(tokio::spawn(async move {
+            let mutex = locks.mutex("bench-contended")?;
+            let mut waits = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let guard = mutex.lock().await?;
+                waits.push(t.elapsed());
+                let read = value.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                value.store(read + 1, Ordering::SeqCst);
+                guard.release().await?;
+            }
+            Ok::<_, BoxError>(waits)
+        }));
+    }
+    let mut waits = Vec::new();
+    for task in tasks {
+        waits.extend(task.await??);
+    }
+    let elapsed = started.elapsed();
+    let mut sample = Sample {
+        latencies: waits,
+        elapsed,
+    };
+    Ok(Contended {
+        throughput: sample.per_second(),
+        wait_p50: sample.percentile(0.5),
+        wait_p99: sample.percentile(0.99),
+        final_value: value.load(Ordering::SeqCst),
+    })
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (rounds, cycles, increments) = if quick { (3, 200, 50) } else { (7, 1000, 250) };
+    let (Some(redis_url), Some(redlock_url)) = (
+        endpoint("LOCKKIT_TEST_REDIS_URL"),
+        endpoint("LOCKKIT_TEST_REDLOCK_URL"),
+    ) else {
+        return Err("start the servers first: compose/up.sh redis redlock".into());
+    };
+    let namespace = format!("bench-{:08x}", rand::random::<u32>());
+    let options = LockOptions::default();
+    let single_config = RedisConfig::from_url(&redis_url)?;
+    let single = LockClient::with_options(
+        Arc::new(RedisBackend::connect(single_config.clone()).await?),
+        &namespace,
+        options.clone(),
+    )?;
+    let redlock = LockClient::with_options(
+        Arc::new(RedlockBackend::connect(RedlockConfig::from_url(&redlock_url)?).await?),
+        &namespace,
+        options.clone(),
+    )?;
+    let raw_client = redis::Client::open(redis_url.as_str())?;
+    let mut raw = redis::aio::ConnectionManager::new(raw_client).await?;
+    let mut raw_nodes = Vec::new();
+    for node in RedlockConfig::from_url(&redlock_url)?.nodes {
+        raw_nodes.push(
+            redis::aio::ConnectionManager::new(redis::Client::open(format!("redis://{node}"))?)
+                .await?,
+        );
+    }
+
+    // Warm-up: connections, scripts, allocator.
+    lockkit_cycles(&single, 100).await?;
+    lockkit_cycles(&redlock, 100).await?;
+    raw_cycles(&mut raw, 100).await?;
+    raw_fanout_cycles(&mut raw_nodes, 100).await?;
+
+    let mut runs: [(&str, Vec<f64>, Vec<f64>, Vec<f64>); 4] = [
+        ("raw Lua loop (single node)", vec![], vec![], vec![]),
+        ("lockkit single node", vec![], vec![], vec![]),
+        ("raw parallel fan-out of the same scripts, 5 nodes", vec![], vec![], vec![]),
+        ("lockkit Redlock, 5 nodes", vec![], vec![], vec![]),
+    ];
+    for _ in 0..rounds {
+        let mut samples = [
+            raw_cycles(&mut raw, cycles).await?,
+            lockkit_cycles(&single, cycles).await?,
+            raw_fanout_cycles(&mut raw_nodes, cycles).await?,
+            lockkit_cycles(&redlock, cycles).await?,
+        ];
+        for (run, sample) in runs.iter_mut().zip(samples.iter_mut()) {
+            run.1.push(micros(sample.percentile(0.5)));
+            run.2.push(micros(sample.percentile(0.99)));
+            run.3.push(sample.per_second());
+        }
+    }
+    println!(
+        "## Uncontended acquire+release ({rounds} alternating rounds of {cycles} cycles, medians over rounds)\n"
+    );
+    println!("| contestant | p50 µs | p99 µs | cycles/s |");
+    println!("|---|---:|---:|---:|");
+    let mut p50 = Vec::new();
+    for (name, p50s, p99s, rates) in &runs {
+        let m = median(p50s.clone());
+        p50.push(m);
+        println!(
+            "| {name} | {m:.1} | {:.1} | {:.0} |",
+            median(p99s.clone()),
+            median(rates.clone())
+        );
+    }
+    println!();
+    println!(
+        "lockkit single / raw loop, p50: {:.2}x (target <= 1.1x)",
+        p50[1] / p50[0]
+    );
+    println!(
+        "Redlock 5 nodes / lockkit single, p50: {:.2}x (target <= 1.5x)",
+        p50[3] / p50[1]
+    );
+    println!(
+        "Redlock 5 nodes / raw 5-node fan-out, p50: {:.2}x (what lockkit adds to the fan-out)",
+        p50[3] / p50[2]
+    );
+    println!(
+        "raw 5-node fan-out / raw single node, p50: {:.2}x (this machine's cost of 5 servers)",
+        p50[2] / p50[0]
+    );
+
+    println!("\n## Contended: 8 tasks x {increments} increments under one lock\n");
+    println!("| waiting | increments/s | wait p50 ms | wait p99 ms | final value |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, notifications) in [("release notifications", true), ("polling", false)] {
+        let mut config = single_config.clone();
+        config.notifications = notifications;
+        let backends = {
+            let mut v = Vec::new();
+            for _ in 0..8 {
+                v.push(Arc::new(RedisBackend::connect(config.clone()).await?));
+            }
+            std::sync::Mutex::new(v)
+        };
+        let namespace = namespace.clone();
+        let options = options.clone();
+        let result = contended(
+            || {
+                let backend = backends
+                    .lock()
+                    .map_err(|_| "poisoned")?
+                    .pop()
+                    .ok_or("out of backends")?;
+                Ok(LockClient::with_options(
+                    backend,
+                    &namespace,
+                    options.clone(),
+                )?)
+            },
+            increments,
+        )
+        .await?;
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.2} | {} of {} |",
+            result.throughput,
+            result.wait_p50.as_secs_f64() * 1e3,
+            result.wait_p99.as_secs_f64() * 1e3,
+            result.final_value,
+            8 * increments
+        );
+    }
+    Ok(())
+}
