@@ -1,4 +1,5 @@
-//! Redis backends for lockkit. See the README's Redis section.
+#![doc = include_str!("../README.md")]
+
 mod backend;
 mod config;
 mod connection;
