@@ -117,15 +117,24 @@ async fn raw_fanout_cycles(
         let acquired = futures_util::future::join_all(nodes.iter().map(|con| {
             let mut con = con.clone();
             let mut invocation = acquire.key("{bench/fanout}");
-            invocation.key("{bench/fanout}:fence").arg(&owner).arg(10_000).arg(3_600_000);
+            invocation
+                .key("{bench/fanout}:fence")
+                .arg(&owner)
+                .arg(10_000)
+                .arg(3_600_000);
             async move { invocation.invoke_async::<(i64, i64)>(&mut con).await }
         }))
         .await;
-        assert!(acquired.iter().all(|r| matches!(r, Ok((1, _)))), "the raw fan-out key was taken");
+        assert!(
+            acquired.iter().all(|r| matches!(r, Ok((1, _)))),
+            "the raw fan-out key was taken"
+        );
         let released = futures_util::future::join_all(nodes.iter().map(|con| {
             let mut con = con.clone();
             let mut invocation = release.key("{bench/fanout}");
-            invocation.arg(&owner).arg("lockkit:released:{bench/fanout}");
+            invocation
+                .arg(&owner)
+                .arg("lockkit:released:{bench/fanout}");
             async move { invocation.invoke_async::<i64>(&mut con).await }
         }))
         .await;
@@ -231,7 +240,12 @@ async fn main() -> Result<(), BoxError> {
     let mut runs: [(&str, Vec<f64>, Vec<f64>, Vec<f64>); 4] = [
         ("raw Lua loop (single node)", vec![], vec![], vec![]),
         ("lockkit single node", vec![], vec![], vec![]),
-        ("raw parallel fan-out of the same scripts, 5 nodes", vec![], vec![], vec![]),
+        (
+            "raw parallel fan-out of the same scripts, 5 nodes",
+            vec![],
+            vec![],
+            vec![],
+        ),
         ("lockkit Redlock, 5 nodes", vec![], vec![], vec![]),
     ];
     for _ in 0..rounds {
