@@ -39,6 +39,31 @@ impl Sample {
     }
 }
 
+/// One contestant's figures, one entry per round.
+struct Contestant {
+    name: &'static str,
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+    rate: Vec<f64>,
+}
+
+impl Contestant {
+    fn new(name: &'static str) -> Self {
+        Contestant {
+            name,
+            p50: Vec::new(),
+            p99: Vec::new(),
+            rate: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, mut sample: Sample) {
+        self.p50.push(micros(sample.percentile(0.5)));
+        self.p99.push(micros(sample.percentile(0.99)));
+        self.rate.push(sample.per_second());
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -237,28 +262,21 @@ async fn main() -> Result<(), BoxError> {
     raw_cycles(&mut raw, 100).await?;
     raw_fanout_cycles(&mut raw_nodes, 100).await?;
 
-    let mut runs: [(&str, Vec<f64>, Vec<f64>, Vec<f64>); 4] = [
-        ("raw Lua loop (single node)", vec![], vec![], vec![]),
-        ("lockkit single node", vec![], vec![], vec![]),
-        (
-            "raw parallel fan-out of the same scripts, 5 nodes",
-            vec![],
-            vec![],
-            vec![],
-        ),
-        ("lockkit Redlock, 5 nodes", vec![], vec![], vec![]),
+    let mut runs = [
+        Contestant::new("raw Lua loop (single node)"),
+        Contestant::new("lockkit single node"),
+        Contestant::new("raw parallel fan-out of the same scripts, 5 nodes"),
+        Contestant::new("lockkit Redlock, 5 nodes"),
     ];
     for _ in 0..rounds {
-        let mut samples = [
+        let samples = [
             raw_cycles(&mut raw, cycles).await?,
             lockkit_cycles(&single, cycles).await?,
             raw_fanout_cycles(&mut raw_nodes, cycles).await?,
             lockkit_cycles(&redlock, cycles).await?,
         ];
-        for (run, sample) in runs.iter_mut().zip(samples.iter_mut()) {
-            run.1.push(micros(sample.percentile(0.5)));
-            run.2.push(micros(sample.percentile(0.99)));
-            run.3.push(sample.per_second());
+        for (run, sample) in runs.iter_mut().zip(samples) {
+            run.add(sample);
         }
     }
     println!(
@@ -266,14 +284,13 @@ async fn main() -> Result<(), BoxError> {
     );
     println!("| contestant | p50 µs | p99 µs | cycles/s |");
     println!("|---|---:|---:|---:|");
-    let mut p50 = Vec::new();
-    for (name, p50s, p99s, rates) in &runs {
-        let m = median(p50s.clone());
-        p50.push(m);
+    let p50: Vec<f64> = runs.iter().map(|run| median(run.p50.clone())).collect();
+    for (run, p50) in runs.iter().zip(&p50) {
         println!(
-            "| {name} | {m:.1} | {:.1} | {:.0} |",
-            median(p99s.clone()),
-            median(rates.clone())
+            "| {} | {p50:.1} | {:.1} | {:.0} |",
+            run.name,
+            median(run.p99.clone()),
+            median(run.rate.clone())
         );
     }
     println!();
