@@ -179,8 +179,9 @@ struct Contended {
     final_value: u64,
 }
 
-/// 8 tasks x `rounds` increments of a shared value (read, pause, write) under one lock, each
-/// task with its own backend (its own connections), as 8 processes would.
+/// 8 tasks x `rounds` increments of a shared value (read, yield, write) under one lock, each
+/// task with its own backend (its own connections), as 8 processes would, and 1 ms of work
+/// outside the lock between increments.
 async fn contended(
     make: impl Fn() -> Result<LockClient, BoxError>,
     rounds: usize,
@@ -202,6 +203,8 @@ async fn contended(
                 tokio::task::yield_now().await;
                 value.store(read + 1, Ordering::SeqCst);
                 guard.release().await?;
+                // Work outside the lock, so that the others are waiting when it is released.
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
             Ok::<_, BoxError>(waits)
         }));
@@ -311,7 +314,9 @@ async fn main() -> Result<(), BoxError> {
         p50[2] / p50[0]
     );
 
-    println!("\n## Contended: 8 tasks x {increments} increments under one lock\n");
+    println!(
+        "\n## Contended: 8 tasks x {increments} increments under one lock, 1 ms of work outside it\n"
+    );
     println!("| waiting | increments/s | wait p50 ms | wait p99 ms | final value |");
     println!("|---|---:|---:|---:|---:|");
     for (name, notifications) in [("release notifications", true), ("polling", false)] {

@@ -302,6 +302,8 @@ impl Primary {
                     .current
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(epoch);
+                // Releases are published on the new primary now: the old one's waiters retry.
+                failed.notifier.wake_all();
             }
             Err(e) => tracing::warn!(error = %e, "cannot connect to the new primary"),
         }

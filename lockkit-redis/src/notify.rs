@@ -60,6 +60,11 @@ impl Notifier {
         }
     }
 
+    /// Wakes every waiter (this connection stops being the one releases are published on).
+    pub(crate) fn wake_all(&self) {
+        self.inner.wake(None);
+    }
+
     /// Subscribes to `channel` (or joins its subscription) and returns once the server has
     /// confirmed it: every release published after this returns is seen.
     ///
