@@ -168,29 +168,19 @@ impl RedisBackend {
 
     /// One pipelined round trip of compare-and-`PEXPIRE`s (plus `WAIT` with `min_replicas`).
     async fn renew_batch(&self, leases: &[Lease]) -> Result<Vec<Renewal>> {
-        let build = || {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for lease in leases {
-                pipe.cmd("EVALSHA")
-                    .arg(scripts::RENEW.get_hash())
-                    .arg(1)
-                    .arg(Keys::of(lease.key()).lock)
-                    .arg(lease.owner().expose_hex())
-                    .arg(millis(lease.ttl()));
-            }
-            if self.config.min_replicas > 0 {
-                pipe.cmd("WAIT")
-                    .arg(self.config.min_replicas)
-                    .arg(millis(self.config.replica_timeout));
-            }
-            pipe
-        };
-        let mut replies = self.query_pipeline(build()).await?;
-        if replies.iter().any(scripts::is_noscript) {
-            self.load_scripts().await?;
-            replies = self.query_pipeline(build()).await?;
+        let mut pipe = scripts::renew_pipeline(leases);
+        if self.config.min_replicas > 0 {
+            pipe.cmd("WAIT")
+                .arg(self.config.min_replicas)
+                .arg(millis(self.config.replica_timeout));
         }
+        let pipe = &pipe;
+        let mut replies = self
+            .primary
+            .renewal_request(
+                |mut con| async move { scripts::query_reloading(pipe, &mut con).await },
+            )
+            .await?;
         if self.config.min_replicas > 0 {
             let acked = match replies.pop() {
                 Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
@@ -206,33 +196,23 @@ impl RedisBackend {
                 .with_retryable(true));
             }
         }
+        if replies.len() != leases.len() {
+            return Err(unexpected(BACKEND, "a renewal pipeline"));
+        }
         replies
             .iter()
-            .map(|reply| match reply {
-                Value::Int(1) => Ok(Renewal::Extended(Duration::ZERO)),
-                Value::Int(0) => Ok(Renewal::Lost),
-                Value::ServerError(e) => {
-                    Err(
-                        Error::new(ErrorKind::Backend, BACKEND, format!("renewal failed: {e}"))
-                            .with_retryable(true),
-                    )
-                }
-                _ => Err(unexpected(BACKEND, "the renew script")),
-            })
             .zip(leases)
-            .map(|(renewal, lease)| match renewal {
-                Ok(Renewal::Extended(_)) => Ok(Renewal::Extended(lease.ttl())),
-                other => other,
+            .map(|(reply, lease)| match scripts::renewed(reply) {
+                Some(true) => Ok(Renewal::Extended(lease.ttl())),
+                Some(false) => Ok(Renewal::Lost),
+                None => Err(Error::new(
+                    ErrorKind::Backend,
+                    BACKEND,
+                    format!("renewal failed: {reply:?}"),
+                )
+                .with_retryable(true)),
             })
             .collect()
-    }
-
-    async fn query_pipeline(&self, pipe: redis::Pipeline) -> Result<Vec<Value>> {
-        self.primary
-            .renewal_request(
-                |mut con| async move { pipe.query_async::<Vec<Value>>(&mut con).await },
-            )
-            .await
     }
 
     /// Sleeps like a poller: a short jittered pause, never past `max_wait`.

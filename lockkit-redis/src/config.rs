@@ -152,19 +152,13 @@ impl RedisConfig {
         } else {
             DEFAULT_PORT
         };
-        if !url.hosts.is_empty() {
-            self.hosts = url
-                .hosts
-                .iter()
-                .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(port)))
-                .collect();
-        }
-        if url.username.is_some() {
-            self.username.clone_from(&url.username);
-        }
-        if url.password.is_some() {
-            self.password.clone_from(&url.password);
-        }
+        take_hosts_and_credentials(
+            url,
+            port,
+            &mut self.hosts,
+            &mut self.username,
+            &mut self.password,
+        );
         Ok(())
     }
 
@@ -315,19 +309,13 @@ impl RedlockConfig {
                 url.path
             )));
         }
-        if !url.hosts.is_empty() {
-            self.nodes = url
-                .hosts
-                .iter()
-                .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(DEFAULT_PORT)))
-                .collect();
-        }
-        if url.username.is_some() {
-            self.username.clone_from(&url.username);
-        }
-        if url.password.is_some() {
-            self.password.clone_from(&url.password);
-        }
+        take_hosts_and_credentials(
+            url,
+            DEFAULT_PORT,
+            &mut self.nodes,
+            &mut self.username,
+            &mut self.password,
+        );
         Ok(())
     }
 
@@ -386,6 +374,29 @@ impl fmt::Debug for RedlockConfig {
             .field("max_hold", &self.max_hold)
             .field("fence_ttl", &self.fence_ttl)
             .finish()
+    }
+}
+
+/// Copies what `url` names of the hosts (with `default_port`), user and password.
+fn take_hosts_and_credentials(
+    url: &ConnectionUrl,
+    default_port: u16,
+    hosts: &mut Vec<String>,
+    username: &mut Option<String>,
+    password: &mut Option<String>,
+) {
+    if !url.hosts.is_empty() {
+        *hosts = url
+            .hosts
+            .iter()
+            .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(default_port)))
+            .collect();
+    }
+    if url.username.is_some() {
+        username.clone_from(&url.username);
+    }
+    if url.password.is_some() {
+        password.clone_from(&url.password);
     }
 }
 

@@ -352,30 +352,10 @@ impl RedlockBackend {
     /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
     /// nodes extended it, how many said it is not ours, and the failures.
     async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let build = || {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for lease in leases {
-                pipe.cmd("EVALSHA")
-                    .arg(scripts::RENEW.get_hash())
-                    .arg(1)
-                    .arg(Keys::of(lease.key()).lock)
-                    .arg(lease.owner().expose_hex())
-                    .arg(millis(lease.ttl()));
-            }
-            pipe
-        };
-        let pipe = &build();
+        let pipe = &scripts::renew_pipeline(leases);
         let replies = self
             .on_all(self.config.node_timeout, true, |mut con| async move {
-                let replies: Vec<Value> = pipe.query_async(&mut con).await?;
-                if replies.iter().any(scripts::is_noscript) {
-                    scripts::load_all()
-                        .query_async::<Vec<String>>(&mut con)
-                        .await?;
-                    return pipe.query_async(&mut con).await;
-                }
-                Ok(replies)
+                scripts::query_reloading(pipe, &mut con).await
             })
             .await;
         leases

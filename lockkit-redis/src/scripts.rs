@@ -3,7 +3,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use lockkit_core::{FencingToken, LockInfo, LockKey, OwnerToken, Result};
+use lockkit_core::{FencingToken, Lease, LockInfo, LockKey, OwnerToken, Result};
+use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
 use crate::error::unexpected;
@@ -39,6 +40,46 @@ pub(crate) fn load_all() -> redis::Pipeline {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
     pipe
+}
+
+/// One pipeline of compare-and-`PEXPIRE` calls, one per lease; a failed call gives an error
+/// reply in its place instead of failing the pipeline.
+pub(crate) fn renew_pipeline(leases: &[Lease]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for lease in leases {
+        pipe.cmd("EVALSHA")
+            .arg(RENEW.get_hash())
+            .arg(1)
+            .arg(Keys::of(lease.key()).lock)
+            .arg(lease.owner().expose_hex())
+            .arg(millis(lease.ttl()));
+    }
+    pipe
+}
+
+/// Sends `pipe`; if the server lost its scripts (a restart, `SCRIPT FLUSH`), loads them and
+/// sends it once more.
+pub(crate) async fn query_reloading(
+    pipe: &redis::Pipeline,
+    con: &mut ConnectionManager,
+) -> redis::RedisResult<Vec<Value>> {
+    let replies: Vec<Value> = pipe.query_async(con).await?;
+    if !replies.iter().any(is_noscript) {
+        return Ok(replies);
+    }
+    load_all().query_async::<Vec<String>>(con).await?;
+    pipe.query_async(con).await
+}
+
+/// The answer of one compare-and-`PEXPIRE`: `Some(true)` extended, `Some(false)` not ours,
+/// `None` for an error or an unexpected reply.
+pub(crate) fn renewed(reply: &Value) -> Option<bool> {
+    match reply {
+        Value::Int(1) => Some(true),
+        Value::Int(0) => Some(false),
+        _ => None,
+    }
 }
 
 /// The Redis names of one lock.

@@ -13,30 +13,6 @@ use std::time::{Duration, Instant};
 use lockkit_core::{ErrorKind, LockClient, LockOptions};
 use lockkit_redis::{RedisBackend, RedisConfig};
 
-/// Puts the topology back together when the test ends, even by a panic.
-struct Restore;
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        for name in ["sentinel-primary", "sentinel-replica"] {
-            let script =
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
-            let _ = std::process::Command::new(&script)
-                .args(["resume", name])
-                .output();
-            let up = std::process::Command::new(&script)
-                .args(["status", name])
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(" up "));
-            if !up {
-                let _ = std::process::Command::new(&script)
-                    .args(["restart", name])
-                    .output();
-            }
-        }
-    }
-}
-
 fn leader() -> String {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
     let out = std::process::Command::new(script)
@@ -74,7 +50,7 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
     let common::Topology::Sentinel(config) = &harness.topology else {
         panic!("the sentinel harness runs on Sentinel");
     };
-    let _restore = Restore;
+    let _restore = common::RestoreMembers(&["sentinel-primary", "sentinel-replica"]);
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let primary = leader();
     let replica = replica_of(&primary);

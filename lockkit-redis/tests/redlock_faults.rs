@@ -20,26 +20,6 @@ const NODES: [&str; 5] = [
     "redlock-5",
 ];
 
-/// Restarts every node that is down when the test ends, even by a panic.
-struct Restore;
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
-        for name in NODES {
-            let up = std::process::Command::new(&script)
-                .args(["status", name])
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(" up "));
-            if !up {
-                let _ = std::process::Command::new(&script)
-                    .args(["restart", name])
-                    .output();
-            }
-        }
-    }
-}
-
 async fn client(config: &RedlockConfig, namespace: &str, ttl: Duration) -> LockClient {
     let backend = RedlockBackend::connect(config.clone())
         .await
@@ -60,7 +40,7 @@ async fn minority_down_keeps_working_majority_down_fails_and_the_holder_learns_i
     let common::Topology::Redlock(config) = &harness.topology else {
         panic!("the redlock harness runs on Redlock");
     };
-    let _restore = Restore;
+    let _restore = common::RestoreMembers(&NODES);
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let ttl = Duration::from_millis(1500);
     let locks = client(config, &namespace, ttl).await;

@@ -187,6 +187,30 @@ impl Harness for RedisHarness {
     }
 }
 
+/// Puts the named members back when dropped (at the end of a fault test, even by a panic):
+/// resumes the paused ones and restarts the ones that are down.
+pub struct RestoreMembers(pub &'static [&'static str]);
+
+impl Drop for RestoreMembers {
+    fn drop(&mut self) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
+        for name in self.0 {
+            let _ = std::process::Command::new(&script)
+                .args(["resume", name])
+                .output();
+            let up = std::process::Command::new(&script)
+                .args(["status", name])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(" up "));
+            if !up {
+                let _ = std::process::Command::new(&script)
+                    .args(["restart", name])
+                    .output();
+            }
+        }
+    }
+}
+
 /// Runs `compose/member.sh ACTION NAME` and fails the test if it fails.
 pub fn member(action: &str, name: &str) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose/member.sh");
