@@ -1,0 +1,332 @@
+//! The `lockkit` command-line tool end to end against the single Redis of `compose/up.sh`:
+//! exit codes, the child's environment, the child terminated when the lock is taken away,
+//! signals forwarded, bad configuration and unreachable servers.
+#![cfg(all(feature = "cli", feature = "redis"))]
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lockkit_core::testing::{backend_missing, endpoint};
+
+struct Env {
+    url: String,
+    namespace: String,
+    dir: PathBuf,
+}
+
+fn env() -> Option<Env> {
+    let Some(url) = endpoint("LOCKKIT_TEST_REDIS_URL") else {
+        backend_missing("LOCKKIT_TEST_REDIS_URL");
+        return None;
+    };
+    let namespace = format!("lk-cli-{:08x}", rand::random::<u32>());
+    let dir = std::env::temp_dir().join(&namespace);
+    std::fs::create_dir_all(&dir).unwrap();
+    Some(Env {
+        url,
+        namespace,
+        dir,
+    })
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Env {
+    fn lockkit(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lockkit"));
+        command
+            .env_remove("LOCKKIT_CONFIG")
+            .env("LOCKKIT_URL", &self.url)
+            .env("LOCKKIT_NAMESPACE", &self.namespace);
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.lockkit().args(args).output().unwrap()
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.file(name)).unwrap_or_default()
+    }
+
+    fn status(&self, key: &str) -> serde_json::Value {
+        let out = self.run(&["--json", "status", key]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn redis_del(&self, key: &str) {
+        let port = self.url.rsplit(':').next().unwrap();
+        let out = Command::new("redis-cli")
+            .args(["-p", port, "DEL", &format!("{{{}/{key}}}", self.namespace)])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "1",
+            "the lock key was not there"
+        );
+    }
+
+    /// Starts `lockkit run` in the background and waits until it holds `key`.
+    fn spawn_holder(&self, key: &str, extra: &[&str], script: &str) -> std::process::Child {
+        let mut args = vec!["run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[key, "--", "sh", "-c", script]);
+        let child = self
+            .lockkit()
+            .args(&args)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let by = Instant::now() + Duration::from_secs(10);
+        while self.status(key)["held"] != true {
+            assert!(Instant::now() < by, "lockkit run never took {key}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    }
+}
+
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> i32 {
+    let by = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(
+            Instant::now() < by,
+            "lockkit did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn run_passes_the_environment_and_the_exit_code_and_releases() {
+    let Some(env) = env() else { return };
+    let out_file = env.file("env");
+    let script = format!(
+        "printf '%s %s %s' \"$LOCKKIT_KEY\" \"$LOCKKIT_FENCING_TOKEN\" \"$LOCKKIT_BACKEND\" > {}; exit 3",
+        out_file.display()
+    );
+    let out = env.run(&["run", "job", "--", "sh", "-c", &script]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = env.read("env");
+    let parts: Vec<&str> = seen.split(' ').collect();
+    assert_eq!(parts.len(), 3, "{seen:?}");
+    assert_eq!(parts[0], "job");
+    assert!(parts[1].parse::<u64>().unwrap() > 0, "{seen:?}");
+    assert_eq!(parts[2], "redis");
+    assert_eq!(
+        env.status("job")["held"],
+        false,
+        "the lock was not released"
+    );
+
+    let out = env.run(&["--json", "run", "job", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["released"], true);
+    assert_eq!(report["lost"], false);
+}
+
+#[test]
+fn a_held_lock_is_not_acquired_with_no_wait_or_within_wait() {
+    let Some(env) = env() else { return };
+    let mut holder = env.spawn_holder("busy", &[], "sleep 30");
+    let status = env.status("busy");
+    assert_eq!(status["tier"], "single");
+    assert!(status["fencing_token"].as_u64().unwrap() > 0);
+    assert!(status["remaining_ttl_ms"].as_u64().unwrap() > 0);
+
+    let out = env.run(&["run", "--no-wait", "busy", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = Instant::now();
+    let out = env.run(&["run", "--wait", "300ms", "busy", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not free within"));
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let code = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(code, 128 + 15, "sh died of the forwarded SIGTERM");
+    assert_eq!(
+        env.status("busy")["held"],
+        false,
+        "released after the signal"
+    );
+}
+
+#[test]
+fn signals_are_forwarded_to_the_command_and_the_lock_released() {
+    let Some(env) = env() else { return };
+    let marker = env.file("got-int");
+    let script = format!(
+        "trap 'echo int > {}; exit 7' INT; sleep 30 & wait",
+        marker.display()
+    );
+    let mut holder = env.spawn_holder("signalled", &[], &script);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), 7);
+    assert_eq!(env.read("got-int").trim(), "int");
+    assert_eq!(env.status("signalled")["held"], false);
+}
+
+#[test]
+fn the_command_is_terminated_when_the_lock_is_taken_away() {
+    let Some(env) = env() else { return };
+    let marker = env.file("got-term");
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; sleep 30 & wait",
+        marker.display()
+    );
+    let mut holder = env.spawn_holder("stolen", &["--ttl", "900ms"], &script);
+    env.redis_del("stolen");
+    let started = Instant::now();
+    assert_eq!(
+        wait_exit(&mut holder, Duration::from_secs(10)),
+        76,
+        "exit code for a lost lock"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "noticed after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(env.read("got-term").trim(), "term");
+
+    // A command that ignores SIGTERM is killed after the grace period.
+    let script = "trap '' TERM; sleep 30 & wait";
+    let mut holder = env.spawn_holder("stubborn", &["--ttl", "900ms", "--grace", "300ms"], script);
+    env.redis_del("stubborn");
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), 76);
+}
+
+#[test]
+fn bad_input_and_unreachable_servers_have_their_exit_codes() {
+    let Some(env) = env() else { return };
+    let out = env
+        .lockkit()
+        .args(["--url", "redis://h:notaport", "check"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(78),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = env
+        .lockkit()
+        .env("LOCKKIT_LOCK_TTL", "banana")
+        .args(["check"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(78),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = env.run(&["run", "bad/key", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(78),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = env.run(&["run", "k", "--", "/nonexistent/program"]);
+    assert_eq!(
+        out.status.code(),
+        Some(127),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        env.status("k")["held"],
+        false,
+        "released after a failed start"
+    );
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let started = Instant::now();
+    let out = env
+        .lockkit()
+        .args([
+            "--json",
+            "--url",
+            &format!("redis://127.0.0.1:{port}"),
+            "check",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["exit_code"], 69);
+
+    let out = env
+        .lockkit()
+        .args(["--url", "redis://:hunter2-secret@127.0.0.1:1/0", "check"])
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !all.contains("hunter2-secret"),
+        "the password leaked: {all}"
+    );
+
+    let out = env.run(&["--json", "check"]);
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["tier"], "single");
+}
