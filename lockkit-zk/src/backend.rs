@@ -220,8 +220,13 @@ impl ZkBackend {
         .await?
     }
 
-    fn session(&self) -> Arc<Session> {
-        self.inner.sessions.current()
+    /// The session to send requests on; while an expired one is being replaced, waits for
+    /// the new one up to `connect_timeout`.
+    async fn session(&self) -> Arc<Session> {
+        self.inner
+            .sessions
+            .usable(self.inner.config.connect_timeout)
+            .await
     }
 
     fn timeout(&self) -> Duration {
@@ -369,8 +374,12 @@ impl ZkBackend {
             return Ok(None);
         };
         for duplicate in duplicates {
-            self.delete_node(session, &paths.child(duplicate), "delete a duplicate lock node")
-                .await?;
+            self.delete_node(
+                session,
+                &paths.child(duplicate),
+                "delete a duplicate lock node",
+            )
+            .await?;
         }
         Ok(Some((*first).clone()))
     }
@@ -401,8 +410,7 @@ impl ZkBackend {
             return Ok(Step::Recreate);
         };
         if index > 0 {
-            let contention =
-                Contention::new().with_predecessor(queue[index - 1].clone(), None);
+            let contention = Contention::new().with_predecessor(queue[index - 1].clone(), None);
             if !request.wait {
                 self.delete_node(session, &paths.child(name), "withdraw from the queue")
                     .await?;
@@ -499,7 +507,9 @@ impl ZkBackend {
         }
         match deleted {
             Ok(()) => Ok(true),
-            Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(false),
+            // An expired session takes its ephemeral nodes with it, and sessions are only
+            // replaced when they expire: the node is gone whichever session made it.
+            Err(zk::Error::NoNode | zk::Error::BadVersion | zk::Error::SessionExpired) => Ok(false),
             Err(e) => {
                 let error = map("delete the lock node", e);
                 if error.is_retryable() {
@@ -518,7 +528,7 @@ impl ZkBackend {
             let mut delay = Duration::from_millis(100);
             loop {
                 tokio::time::sleep(delay).await;
-                let session = backend.session();
+                let session = backend.session().await;
                 if session.id() != session_id {
                     return;
                 }
@@ -544,7 +554,7 @@ impl ZkBackend {
         if lease.session().is_some_and(|s| s.is_cancelled()) {
             return Ok(false);
         }
-        let session = self.session();
+        let session = self.session().await;
         let Some(path) = self.lease_node(&session, lease).await? else {
             return Ok(false);
         };
@@ -556,7 +566,7 @@ impl ZkBackend {
         .await?
         {
             Ok(Some(stat)) => Ok(stat.ephemeral_owner == session.id()),
-            Ok(None) => Ok(false),
+            Ok(None) | Err(zk::Error::SessionExpired) => Ok(false),
             Err(e) => Err(map("read the lock node", e)),
         }
     }
@@ -581,7 +591,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        let session = self.session();
+        let session = self.session().await;
         let paths = LockPaths::new(&request.key, &request.owner);
         let token = request.owner.expose_hex();
         for _ in 0..MAX_ROUNDS {
@@ -644,7 +654,7 @@ impl LockBackend for ZkBackend {
             tokio::time::sleep(max_wait).await;
             return Ok(());
         };
-        let session = self.session();
+        let session = self.session().await;
         let path = LockPaths::new(&request.key, &request.owner).child(predecessor);
         let (stat, watcher) = match within(
             self.timeout(),
@@ -674,7 +684,7 @@ impl LockBackend for ZkBackend {
         let Some(pending) = self.pending().get(&token).cloned() else {
             return Ok(());
         };
-        let session = self.session();
+        let session = self.session().await;
         if pending.session_id != session.id() {
             self.pending().remove(&token);
             return Ok(());
@@ -704,7 +714,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        let session = self.session();
+        let session = self.session().await;
         let paths = LockPaths::new(lease.key(), lease.owner());
         let released = match self.lease_node(&session, lease).await? {
             // Lock nodes are never written, so their version stays 0.
@@ -723,7 +733,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let session = self.session();
+        let session = self.session().await;
         let parent = format!("/{}/{}", key.namespace(), key.name());
         for _ in 0..MAX_ROUNDS {
             let queue = queue(self.children(&session, &parent).await?);
@@ -756,7 +766,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn ping(&self) -> Result<()> {
-        let session = self.session();
+        let session = self.session().await;
         match within(self.timeout(), "ping", session.client.list_children("/")).await? {
             Ok(_) => Ok(()),
             Err(e) => Err(map("ping", e)),

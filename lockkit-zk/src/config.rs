@@ -264,7 +264,10 @@ mod tests {
         assert_eq!(config.chroot, "/x/y");
         assert!(config.creator_only());
         let debug = format!("{config:?}");
-        assert!(!debug.contains("p@ss") && debug.contains("redacted"), "{debug}");
+        assert!(
+            !debug.contains("p@ss") && debug.contains("redacted"),
+            "{debug}"
+        );
     }
 
     #[test]

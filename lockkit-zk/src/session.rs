@@ -1,10 +1,11 @@
 //! The one ZooKeeper session of a backend: opening it, and watching it so that every grant
 //! made on it is reported lost as soon as the session expires or stays suspended too long.
 
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use lockkit_core::{CancellationToken, Error, ErrorKind, Result, runtime};
+use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -28,22 +29,36 @@ impl Session {
 /// The current session, replaced when the old one expires.
 #[derive(Debug)]
 pub(crate) struct SessionSlot {
-    current: RwLock<Arc<Session>>,
+    current: watch::Sender<Arc<Session>>,
 }
 
 impl SessionSlot {
     pub(crate) fn current(&self) -> Arc<Session> {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.current.borrow().clone()
+    }
+
+    /// The current session; if it has ended, waits up to `wait` for its replacement (and
+    /// returns the ended one if none comes, so that the caller's request fails as
+    /// `Unavailable`).
+    pub(crate) async fn usable(&self, wait: Duration) -> Arc<Session> {
+        let mut replaced = self.current.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let session = replaced.borrow_and_update().clone();
+            if !session.client.state().is_terminated() {
+                return session;
+            }
+            if tokio::time::timeout_at(deadline, replaced.changed())
+                .await
+                .is_err()
+            {
+                return session;
+            }
+        }
     }
 
     fn replace(&self, session: Session) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(session);
+        self.current.send_replace(Arc::new(session));
     }
 }
 
@@ -91,7 +106,10 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
         .await
         .map_err(|e| map("read the chroot", e))?;
     client.chroot(config.chroot.as_str()).map_err(|_| {
-        Error::invalid_config(format!("[zk] chroot {:?} is not a valid path", config.chroot))
+        Error::invalid_config(format!(
+            "[zk] chroot {:?} is not a valid path",
+            config.chroot
+        ))
     })
 }
 
@@ -109,17 +127,12 @@ pub(crate) fn start(config: &ZkConfig, client: zk::Client) -> Arc<SessionSlot> {
     let states = client.state_watcher();
     let lost = CancellationToken::new();
     let slot = Arc::new(SessionSlot {
-        current: RwLock::new(Arc::new(Session {
+        current: watch::Sender::new(Arc::new(Session {
             client,
             lost: lost.clone(),
         })),
     });
-    runtime::spawn(watch(
-        Arc::downgrade(&slot),
-        config.clone(),
-        states,
-        lost,
-    ));
+    runtime::spawn(watch(Arc::downgrade(&slot), config.clone(), states, lost));
     slot
 }
 
@@ -171,7 +184,10 @@ async fn watch(
             continue;
         }
         lost.cancel();
-        tracing::warn!(?state, "zk session ended: its locks are lost; opening a new session");
+        tracing::warn!(
+            ?state,
+            "zk session ended: its locks are lost; opening a new session"
+        );
         let Some(client) = reopen(&slot, &config).await else {
             return;
         };

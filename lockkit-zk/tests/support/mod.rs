@@ -54,7 +54,10 @@ pub(crate) async fn admin(config: &ZkConfig, chroot: &str) -> zk::Client {
 }
 
 /// Every znode under `/{namespace}`: key parents and lock nodes.
-pub(crate) async fn znodes_under(admin: &zk::Client, namespace: &str) -> std::result::Result<Vec<String>, zk::Error> {
+pub(crate) async fn znodes_under(
+    admin: &zk::Client,
+    namespace: &str,
+) -> std::result::Result<Vec<String>, zk::Error> {
     let root = format!("/{namespace}");
     let parents = match admin.list_children(&root).await {
         Ok(parents) => parents,

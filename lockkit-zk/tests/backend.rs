@@ -1,0 +1,286 @@
+//! The ZooKeeper backend's own behaviour against the ensemble: session expiry, a
+//! blackholed connection, one wake-up per release, digest auth and ACLs, bounded connects.
+//! None of these disturb the ensemble, so they run in parallel.
+
+mod support;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use lockkit_core::{ErrorKind, LockClient, LockOptions};
+use lockkit_zk::{ZkBackend, ZkConfig};
+use support::{Proxy, TEST_CHROOT, admin, test_config, znodes_under};
+use zookeeper_client as zk;
+
+fn namespace() -> String {
+    format!("lk-zk-{:08x}", rand::random::<u32>())
+}
+
+async fn client(config: &ZkConfig, ns: &str) -> (ZkBackend, LockClient) {
+    client_with_ttl(config, ns, Duration::from_secs(2)).await
+}
+
+async fn client_with_ttl(config: &ZkConfig, ns: &str, ttl: Duration) -> (ZkBackend, LockClient) {
+    let backend = ZkBackend::connect(config.clone()).await.expect("connect");
+    let client = LockClient::with_options(
+        Arc::new(backend.clone()),
+        ns,
+        LockOptions::default().with_ttl(ttl),
+    )
+    .expect("client");
+    (backend, client)
+}
+
+async fn assert_no_znodes(admin: &zk::Client, ns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = znodes_under(admin, ns).await.expect("list");
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "znodes left under /{ns}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// (1) The holder's session is expired by the server: its lost signal fires, the next waiter
+/// is granted, and the stale holder's release leaves the new holder's node alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_session_fires_lost_and_grants_the_next_waiter() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (holder_backend, holder) = client(&config, &ns).await;
+    let (_, waiter) = client(&config, &ns).await;
+    let old = holder.mutex("expiring").unwrap().lock().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .mutex("expiring")
+            .unwrap()
+            .lock_timeout(Duration::from_secs(20))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the waiter got a held lock");
+
+    holder_backend.expire_session().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), old.lost())
+        .await
+        .expect("the expired holder's lost signal did not fire");
+    let new = waiting
+        .await
+        .unwrap()
+        .expect("the next waiter was not granted");
+    assert!(new.fencing_token() > old.fencing_token());
+
+    assert!(
+        !old.is_held().await.unwrap(),
+        "the stale holder still holds"
+    );
+    assert!(
+        !old.release().await.unwrap(),
+        "the stale release claimed the lock"
+    );
+    let node = new.lease().handle().unwrap().to_owned();
+    assert!(
+        admin.check_stat(&node).await.unwrap().is_some(),
+        "the stale release deleted the new holder's node"
+    );
+    assert!(new.is_held().await.unwrap());
+    // The expired backend opened a new session and works again.
+    let info = holder.inspect("expiring").await.unwrap().expect("held");
+    assert_eq!(info.fencing_token, new.fencing_token());
+    assert!(new.release().await.unwrap());
+    let again = holder
+        .mutex("expiring")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(again.release().await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// (3) A holder whose connection is blackholed longer than the session timeout reports the
+/// lock lost before the servers expire its session and grant the lock to another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    let mut proxied = config.clone();
+    proxied.hosts = proxy.hosts();
+    let (_, holder) = client_with_ttl(&proxied, &ns, Duration::from_secs(60)).await;
+    let (_, other) = client(&config, &ns).await;
+    let held = holder.mutex("cut-off").unwrap().lock().await.unwrap();
+    let granted_at = Arc::new(StdMutex::new(None));
+    let waiting = {
+        let granted_at = granted_at.clone();
+        tokio::spawn(async move {
+            let guard = other
+                .mutex("cut-off")
+                .unwrap()
+                .lock_timeout(Duration::from_secs(30))
+                .await;
+            *granted_at.lock().unwrap() = Some(Instant::now());
+            guard
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cut_at = Instant::now();
+    proxy.set_blackholed(true);
+    tokio::time::timeout(Duration::from_secs(20), held.lost())
+        .await
+        .expect("the cut-off holder's lost signal did not fire");
+    let lost_at = Instant::now();
+    assert!(
+        granted_at.lock().unwrap().is_none(),
+        "another client was granted before the holder knew it had lost the lock"
+    );
+    let new = waiting
+        .await
+        .unwrap()
+        .expect("the other client was never granted");
+    let granted_at = granted_at.lock().unwrap().expect("granted");
+    assert!(lost_at < granted_at);
+    eprintln!(
+        "blackholed at 0: holder lost after {:?}, other client granted after {:?}",
+        lost_at - cut_at,
+        granted_at - cut_at
+    );
+    proxy.set_blackholed(false);
+    assert!(!held.release().await.unwrap_or(false));
+    assert!(new.release().await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// (4) Fifty waiters queue on one key; every release wakes exactly one of them, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_release_wakes_exactly_one_of_fifty_waiters() {
+    const WAITERS: u64 = 50;
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, holder) = client(&config, &ns).await;
+    let waiters_backend = ZkBackend::connect(config.clone()).await.unwrap();
+    // Only a watch can wake a waiter: the polling cap is far beyond the test.
+    let waiters = LockClient::with_options(
+        Arc::new(waiters_backend.clone()),
+        &ns,
+        LockOptions::default().with_backoff(Duration::from_millis(1), Duration::from_secs(600)),
+    )
+    .unwrap();
+    let first = holder.mutex("herd").unwrap().lock().await.unwrap();
+    let wakes_at_grant = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WAITERS {
+        let (waiters, backend, wakes) = (
+            waiters.clone(),
+            waiters_backend.clone(),
+            wakes_at_grant.clone(),
+        );
+        tasks.spawn(async move {
+            let guard = waiters.mutex("herd").unwrap().lock().await.unwrap();
+            wakes.lock().unwrap().push(backend.watch_events());
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            assert!(guard.release().await.unwrap());
+        });
+    }
+    let parent = format!("/{ns}/herd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.list_children(&parent).await.map_or(0, |c| c.len()) < WAITERS as usize + 1 {
+        assert!(Instant::now() < deadline, "the waiters did not all queue");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let every waiter set its watch on its predecessor.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        waiters_backend.watch_events(),
+        0,
+        "a waiter woke while nothing changed"
+    );
+    assert!(first.release().await.unwrap());
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let wakes = wakes_at_grant.lock().unwrap().clone();
+    let expected: Vec<u64> = (1..=WAITERS).collect();
+    assert_eq!(
+        wakes, expected,
+        "watch events seen by each grant, in grant order"
+    );
+    assert_eq!(waiters_backend.watch_events(), WAITERS);
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// (6) Wrong digest credentials are refused with `Auth`, and a client without credentials
+/// can neither list nor delete a held lock node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_and_acls_protect_the_locks() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    config.chroot = format!("/lockkit-auth-{:08x}", rand::random::<u32>());
+    config.username = Some("lockkit".into());
+    config.password = Some("right-password".into());
+    let ns = namespace();
+    let (_, owner) = client(&config, &ns).await;
+    let guard = owner.mutex("guarded").unwrap().lock().await.unwrap();
+
+    let mut wrong = config.clone();
+    wrong.password = Some("wrong-password".into());
+    let err = ZkBackend::connect(wrong)
+        .await
+        .expect_err("wrong password admitted");
+    assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
+    assert!(!format!("{err} {err:?}").contains("password"), "{err:?}");
+
+    let stranger = zk::Client::connect(&config.hosts.join(",")).await.unwrap();
+    let node = format!("{}{}", config.chroot, guard.lease().handle().unwrap());
+    let parent = node.rsplit_once('/').unwrap().0.to_owned();
+    assert_eq!(stranger.delete(&node, None).await, Err(zk::Error::NoAuth));
+    assert_eq!(
+        stranger.list_children(&parent).await,
+        Err(zk::Error::NoAuth)
+    );
+    assert!(guard.is_held().await.unwrap(), "a stranger broke the lock");
+    assert!(guard.release().await.unwrap());
+
+    let admin = admin(&config, &config.chroot).await;
+    assert_no_znodes(&admin, &ns).await;
+    let _ = admin.delete(&format!("/{ns}"), None).await;
+    drop(admin);
+    let root = admin_with_credentials(&config).await;
+    root.delete(&config.chroot, None).await.unwrap();
+}
+
+async fn admin_with_credentials(config: &ZkConfig) -> zk::Client {
+    zk::Client::connector()
+        .with_auth("digest", b"lockkit:right-password")
+        .connect(&config.hosts.join(","))
+        .await
+        .expect("admin with credentials")
+}
+
+/// No server listening: connect fails with `Unavailable` within its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_ensemble_is_unavailable_within_the_timeout() {
+    let mut config = ZkConfig::default();
+    config.hosts = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()];
+    config.connect_timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let err = ZkBackend::connect(config)
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
