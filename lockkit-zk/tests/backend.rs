@@ -2,6 +2,8 @@
 //! blackholed connection, one wake-up per release, digest auth and ACLs, bounded connects.
 //! None of these disturb the ensemble, so they run in parallel.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use std::sync::{Arc, Mutex as StdMutex};
@@ -9,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use lockkit_core::{ErrorKind, LockClient, LockOptions};
 use lockkit_zk::{ZkBackend, ZkConfig};
-use support::{Proxy, TEST_CHROOT, admin, test_config, znodes_under};
+use proxy::Proxy;
+use support::{TEST_CHROOT, admin, test_config, znodes_under};
 use zookeeper_client as zk;
 
 fn namespace() -> String {

@@ -1,5 +1,7 @@
 //! The core conformance suite against the ZooKeeper ensemble of `compose/up.sh zk`.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use std::sync::{Arc, Mutex as StdMutex};
@@ -8,7 +10,8 @@ use std::time::Duration;
 use lockkit_core::testing::Harness;
 use lockkit_core::{LockClient, LockKey, LockOptions, Result, async_trait};
 use lockkit_zk::{ZkBackend, ZkConfig};
-use support::{Proxy, TEST_CHROOT, admin, test_config, znodes_under};
+use proxy::Proxy;
+use support::{TEST_CHROOT, admin, test_config, znodes_under};
 use zookeeper_client as zk;
 
 /// Each client reaches the ensemble through its own proxy, so that `crash` can cut it off

@@ -1,0 +1,88 @@
+//! A TCP proxy that can blackhole a client's connections (`#[path]`-included by the tests
+//! that need it).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// A TCP proxy in front of each server of the ensemble, whose traffic can be dropped in
+/// both directions while the sockets stay open: to the client and to the servers it looks
+/// like a dead network, not a closed connection.
+pub(crate) struct Proxy {
+    hosts: Vec<String>,
+    blackholed: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts listening on a loopback port for each of `upstreams`.
+    pub(crate) async fn start(upstreams: &[String]) -> Proxy {
+        let blackholed = Arc::new(AtomicBool::new(false));
+        let mut hosts = Vec::new();
+        let mut tasks = Vec::new();
+        for upstream in upstreams {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            hosts.push(listener.local_addr().expect("addr").to_string());
+            let (upstream, blackholed) = (upstream.clone(), blackholed.clone());
+            tasks.push(tokio::spawn(async move {
+                while let Ok((inbound, _)) = listener.accept().await {
+                    let Ok(outbound) = TcpStream::connect(&upstream).await else {
+                        continue;
+                    };
+                    let (in_read, in_write) = inbound.into_split();
+                    let (out_read, out_write) = outbound.into_split();
+                    tokio::spawn(pump(in_read, out_write, blackholed.clone()));
+                    tokio::spawn(pump(out_read, in_write, blackholed.clone()));
+                }
+            }));
+        }
+        Proxy {
+            hosts,
+            blackholed,
+            tasks,
+        }
+    }
+
+    /// The proxy's addresses, in the order of the upstreams.
+    pub(crate) fn hosts(&self) -> Vec<String> {
+        self.hosts.clone()
+    }
+
+    /// Drops (or passes again) all traffic through the proxy.
+    pub(crate) fn set_blackholed(&self, on: bool) {
+        self.blackholed.store(on, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    blackholed: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if !blackholed.load(Ordering::SeqCst) && to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    // While blackholed a closing side stays silent, as a dead network would.
+    if !blackholed.load(Ordering::SeqCst) {
+        let _ = to.shutdown().await;
+    }
+}
