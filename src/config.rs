@@ -67,7 +67,11 @@ impl BackendKind {
 
     /// Whether this build of lockkit contains the backend.
     pub fn is_compiled_in(self) -> bool {
-        matches!(self, BackendKind::Memory)
+        match self {
+            BackendKind::Memory => true,
+            BackendKind::Zk => cfg!(feature = "zk"),
+            _ => false,
+        }
     }
 
     /// The backends this build contains.
@@ -176,6 +180,11 @@ pub struct LockkitConfig {
     /// How locks are taken.
     #[serde(default)]
     pub lock: LockOptions,
+    /// The ZooKeeper backend's options (`[zk]`); `url` overrides its hosts, credentials and
+    /// chroot.
+    #[cfg(feature = "zk")]
+    #[serde(default)]
+    pub zk: lockkit_zk::ZkConfig,
 }
 
 fn default_namespace() -> String {
@@ -183,9 +192,27 @@ fn default_namespace() -> String {
 }
 
 /// Tables of the configuration that `LOCKKIT_<SECTION>_<FIELD>` variables can reach.
-const SECTIONS: &[&str] = &["lock"];
+const SECTIONS: &[&str] = &[
+    "lock",
+    #[cfg(feature = "zk")]
+    "zk",
+];
 /// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
 const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
+/// Fields of the `[zk]` table.
+#[cfg(feature = "zk")]
+const ZK_FIELDS: &[&str] = &[
+    "hosts",
+    "chroot",
+    "session_timeout",
+    "suspended_grace_fraction",
+    "connect_timeout",
+    "request_timeout",
+    "empty_parent_linger",
+    "username",
+    "password",
+    "acl",
+];
 /// Fields of the `[lock]` table.
 const LOCK_FIELDS: &[&str] = &[
     "ttl",
@@ -206,6 +233,8 @@ impl Default for LockkitConfig {
             namespace: default_namespace(),
             require_tier: None,
             lock: LockOptions::default(),
+            #[cfg(feature = "zk")]
+            zk: lockkit_zk::ZkConfig::default(),
         }
     }
 }
@@ -345,6 +374,10 @@ impl LockkitConfig {
     pub fn validate(&self) -> Result<()> {
         lockkit_core::validate_segment("namespace", &self.namespace)?;
         self.lock.validate()?;
+        #[cfg(feature = "zk")]
+        if self.backend == BackendKind::Zk {
+            self.zk_config()?;
+        }
         if self.backend == BackendKind::Memory
             && let Some(url) = &self.url
         {
@@ -356,6 +389,19 @@ impl LockkitConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(feature = "zk")]
+impl LockkitConfig {
+    /// The `[zk]` options with `url` applied (its hosts, credentials and chroot win).
+    pub(crate) fn zk_config(&self) -> Result<lockkit_zk::ZkConfig> {
+        let mut zk = self.zk.clone();
+        match &self.url {
+            Some(url) => zk.apply_url(&ConnectionUrl::parse(url)?)?,
+            None => zk.validate()?,
+        }
+        Ok(zk)
     }
 }
 
@@ -379,6 +425,8 @@ fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<(
         };
         let known = match section {
             "lock" => LOCK_FIELDS,
+            #[cfg(feature = "zk")]
+            "zk" => ZK_FIELDS,
             _ => &[],
         };
         if !known.contains(&field) {
@@ -408,12 +456,14 @@ fn parse_env_value(raw: &str) -> Value {
 
 impl fmt::Debug for LockkitConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockkitConfig")
-            .field("backend", &self.backend)
+        let mut d = f.debug_struct("LockkitConfig");
+        d.field("backend", &self.backend)
             .field("url", &self.url.as_deref().map(redact))
             .field("namespace", &self.namespace)
             .field("require_tier", &self.require_tier)
-            .field("lock", &self.lock)
-            .finish()
+            .field("lock", &self.lock);
+        #[cfg(feature = "zk")]
+        d.field("zk", &self.zk);
+        d.finish()
     }
 }

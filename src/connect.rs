@@ -48,6 +48,11 @@ pub async fn connect(config: &LockkitConfig) -> Result<LockClient> {
 async fn build_backend(config: &LockkitConfig) -> Result<SharedBackend> {
     match config.backend {
         BackendKind::Memory => Ok(Arc::new(MemoryBackend::new())),
+        #[cfg(feature = "zk")]
+        BackendKind::Zk => {
+            let zk = config.zk_config()?;
+            Ok(Arc::new(lockkit_zk::ZkBackend::connect(zk).await?))
+        }
         other => Err(other.not_compiled_in()),
     }
 }

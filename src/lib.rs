@@ -15,3 +15,7 @@ pub use lockkit_core::{
 
 /// The core crate, for backend authors and the conformance suite.
 pub use lockkit_core as core;
+
+/// The ZooKeeper backend (feature `zk`).
+#[cfg(feature = "zk")]
+pub use lockkit_zk as zk;

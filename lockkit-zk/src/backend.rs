@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lockkit_core::{
@@ -12,6 +12,7 @@ use lockkit_core::{
     FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
     WaitStrategy, runtime,
 };
+use tokio_util::sync::{CancellationToken, DropGuard};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -62,7 +63,88 @@ struct Inner {
     sessions: Arc<SessionSlot>,
     /// What each acquisition in progress (or granted) has on the server, by owner token.
     pending: StdMutex<HashMap<String, Pending>>,
+    janitor: Arc<Janitor>,
     watch_events: AtomicU64,
+    /// Stops the janitor's sweep (after a last one) when the backend is dropped.
+    _sweep: DropGuard,
+}
+
+/// The lock parents this backend stopped using, and when each may be removed.
+///
+/// Removing a parent on every release would make the next acquisition create it again:
+/// two more writes per cycle. Deleting it once the key has been idle here for a while keeps
+/// the tree clean at no cost to a busy key. The server refuses to delete a parent that has
+/// children, so the delete never races a contender: one whose create comes right after it
+/// gets `NoNode` and creates the parent again.
+#[derive(Debug, Default)]
+struct Janitor {
+    due: StdMutex<HashMap<String, Instant>>,
+}
+
+impl Janitor {
+    fn due(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.due.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn schedule(&self, parent: &str, linger: Duration) {
+        self.due()
+            .insert(parent.to_owned(), Instant::now() + linger);
+    }
+
+    fn keep(&self, parent: &str) {
+        self.due().remove(parent);
+    }
+
+    fn take_all(&self) -> Vec<String> {
+        self.due().drain().map(|(parent, _)| parent).collect()
+    }
+
+    fn take_due(&self, now: Instant) -> Vec<String> {
+        let mut due = self.due();
+        let ready: Vec<String> = due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(parent, _)| parent.clone())
+            .collect();
+        for parent in &ready {
+            due.remove(parent);
+        }
+        ready
+    }
+}
+
+/// Deletes idle lock parents; when the backend is dropped, deletes every scheduled one at
+/// once (before the session closes) and ends.
+async fn sweep(
+    janitor: Arc<Janitor>,
+    sessions: Arc<SessionSlot>,
+    stop: CancellationToken,
+    tick: Duration,
+    timeout: Duration,
+) {
+    loop {
+        let stopping = tokio::select! {
+            () = tokio::time::sleep(tick) => false,
+            () = stop.cancelled() => true,
+        };
+        let idle = if stopping {
+            janitor.take_all()
+        } else {
+            janitor.take_due(Instant::now())
+        };
+        if !idle.is_empty() {
+            let session = sessions.current();
+            let deletes: Vec<_> = idle
+                .iter()
+                .map(|parent| session.client.delete(parent, None))
+                .collect();
+            // NotEmpty (someone queued meanwhile) and NoNode are the expected refusals.
+            let _ = tokio::time::timeout(timeout, futures_util::future::join_all(deletes)).await;
+        }
+        if stopping {
+            return;
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -170,14 +252,27 @@ impl ZkBackend {
         config.validate()?;
         let client = session::open(&config).await?;
         let sessions = session::start(&config, client);
-        Ok(ZkBackend {
+        let janitor = Arc::new(Janitor::default());
+        let stop = CancellationToken::new();
+        let tick = (config.empty_parent_linger / 2).max(Duration::from_millis(10));
+        runtime::spawn(sweep(
+            janitor.clone(),
+            sessions.clone(),
+            stop.clone(),
+            tick,
+            config.request_timeout,
+        ));
+        let backend = ZkBackend {
             inner: Arc::new(Inner {
                 config,
                 sessions,
                 pending: StdMutex::new(HashMap::new()),
+                janitor,
                 watch_events: AtomicU64::new(0),
+                _sweep: stop.drop_guard(),
             }),
-        })
+        };
+        Ok(backend)
     }
 
     /// The configuration this backend was connected with.
@@ -263,15 +358,17 @@ impl ZkBackend {
         }
     }
 
-    /// Creates our node: the parent (a container, usually already there), the node and the
-    /// listing are sent back to back, so the whole step costs about one round trip; the
-    /// session's requests are applied in order, so the listing sees the node.
+    /// Creates our node and lists the queue: both requests are sent back to back, so the
+    /// step costs about one round trip (the session's requests are applied in order, so the
+    /// listing sees the node). A missing parent is created (a container node) and the step
+    /// tried again.
     async fn create_node(
         &self,
         session: &Session,
         paths: &LockPaths,
         token: &str,
     ) -> Result<(String, Option<i64>, Vec<String>)> {
+        self.inner.janitor.keep(&paths.parent);
         for _ in 0..MAX_ROUNDS {
             self.pending().insert(
                 token.to_owned(),
@@ -280,23 +377,20 @@ impl ZkBackend {
                     node: PendingNode::InFlight,
                 },
             );
-            let container = self.container_options();
             let node = self.node_options();
             let prefix = paths.create_prefix();
-            let client = &session.client;
-            let parent_created = client.create(&paths.parent, &[], &container);
-            let created = client.create(&prefix, &[], &node);
-            let listed = client.list_children(&paths.parent);
-            let (parent_created, created, listed) = tokio::time::timeout(self.timeout(), async {
-                tokio::join!(parent_created, created, listed)
-            })
-            .await
-            .map_err(|_| timed_out("create the lock node"))?;
+            let created = session.client.create(&prefix, &[], &node);
+            let listed = session.client.list_children(&paths.parent);
+            let (created, listed) =
+                tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) })
+                    .await
+                    .map_err(|_| timed_out("create the lock node"))?;
             match created {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", paths.own_prefix);
-                    // ZOOKEEPER-4026 (servers before 3.8.2) can answer a create with an
-                    // invalid Stat: then the czxid is read separately before a grant.
+                    // ZOOKEEPER-4026 (servers before 3.8.2) answers a create inside a multi
+                    // with an invalid Stat; a plain create is fine, but should the Stat be
+                    // invalid the czxid is read separately before a grant.
                     let czxid = (!stat.is_invalid() && stat.czxid > 0).then_some(stat.czxid);
                     self.pending().insert(
                         token.to_owned(),
@@ -315,25 +409,9 @@ impl ZkBackend {
                     return Ok((name, czxid, children));
                 }
                 Err(zk::Error::NoNode) => {
-                    // The namespace node is missing (first use, or removed by the server as
-                    // an empty container): nothing was created, so create it and go again.
+                    // Nothing was created: make the parent and go again.
                     self.pending().remove(token);
-                    // NodeExists: the parent was there, then a release removed it.
-                    if let Err(e) = parent_created
-                        && !matches!(e, zk::Error::NoNode | zk::Error::NodeExists)
-                    {
-                        return Err(map("create the lock's parent", e));
-                    }
-                    match within(
-                        self.timeout(),
-                        "create the namespace node",
-                        client.create(&paths.namespace, &[], &container),
-                    )
-                    .await?
-                    {
-                        Ok(_) | Err(zk::Error::NodeExists) => {}
-                        Err(e) => return Err(map("create the namespace node", e)),
-                    }
+                    self.create_parents(session, paths).await?;
                 }
                 Err(
                     e @ (zk::Error::NoAuth
@@ -355,6 +433,26 @@ impl ZkBackend {
             "the lock's parent kept disappearing while creating the lock node",
         )
         .with_retryable(true))
+    }
+
+    /// Creates the lock's parent, and the namespace node above it when that is missing
+    /// too (first use, or removed by the server as an empty container).
+    async fn create_parents(&self, session: &Session, paths: &LockPaths) -> Result<()> {
+        let container = self.container_options();
+        for path in [&paths.parent, &paths.namespace, &paths.parent] {
+            match within(
+                self.timeout(),
+                "create the lock's parent",
+                session.client.create(path, &[], &container),
+            )
+            .await?
+            {
+                Ok(_) | Err(zk::Error::NodeExists) if path == &paths.parent => return Ok(()),
+                Ok(_) | Err(zk::Error::NodeExists | zk::Error::NoNode) => {}
+                Err(e) => return Err(map("create the lock's parent", e)),
+            }
+        }
+        Ok(())
     }
 
     /// Finds the nodes an earlier attempt of `paths`'s owner left: the lowest is kept,
@@ -482,29 +580,24 @@ impl ZkBackend {
             .map(|c| paths.child(c)))
     }
 
-    /// Deletes `path` (version-checked) and, in the same round trip, the lock's parent if
-    /// that left it empty. The server refuses to delete a parent that has children, so a
-    /// contender that just created its node is never affected; one whose create races the
-    /// parent's deletion gets `NoNode` and creates the parent again.
-    async fn delete_with_parent(
+    /// Deletes our node `path`, and hands the lock's parent to the janitor, which removes
+    /// it once nobody here has used it for `empty_parent_linger`.
+    async fn delete_own(
         &self,
         session: &Session,
         path: &str,
         parent: &str,
         version: Option<i32>,
     ) -> Result<bool> {
-        let deleted = session.client.delete(path, version);
-        let parent_deleted = session.client.delete(parent, None);
-        let (deleted, parent_deleted) = tokio::time::timeout(self.timeout(), async {
-            tokio::join!(deleted, parent_deleted)
-        })
-        .await
-        .map_err(|_| timed_out("delete the lock node"))?;
-        if let Err(e) = parent_deleted
-            && !matches!(e, zk::Error::NotEmpty | zk::Error::NoNode)
-        {
-            tracing::debug!(error = %e, "could not remove an empty lock parent; the server removes it as an empty container");
-        }
+        let deleted = within(
+            self.timeout(),
+            "delete the lock node",
+            session.client.delete(path, version),
+        )
+        .await?;
+        self.inner
+            .janitor
+            .schedule(parent, self.inner.config.empty_parent_linger);
         match deleted {
             Ok(()) => Ok(true),
             // An expired session takes its ephemeral nodes with it, and sessions are only
@@ -698,7 +791,7 @@ impl LockBackend for ZkBackend {
             }
         };
         if let Some(name) = name {
-            self.delete_with_parent(&session, &paths.child(&name), &paths.parent, None)
+            self.delete_own(&session, &paths.child(&name), &paths.parent, None)
                 .await?;
         }
         self.pending().remove(&token);
@@ -719,7 +812,7 @@ impl LockBackend for ZkBackend {
         let released = match self.lease_node(&session, lease).await? {
             // Lock nodes are never written, so their version stays 0.
             Some(path) => {
-                self.delete_with_parent(&session, &path, &paths.parent, Some(0))
+                self.delete_own(&session, &path, &paths.parent, Some(0))
                     .await?
             }
             None => false,

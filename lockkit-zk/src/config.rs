@@ -68,6 +68,11 @@ pub struct ZkConfig {
     /// The longest one request may take before it fails with `Unavailable`. Default: 5 s.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// How long a lock's parent znode stays after this backend last released the lock,
+    /// before the backend deletes it (the server refuses while anyone queues, and removes
+    /// parents left by a crashed backend itself, as empty container nodes). Default: 1 s.
+    #[serde(with = "humantime_serde")]
+    pub empty_parent_linger: Duration,
     /// The user of ZooKeeper `digest` authentication. Default: none.
     pub username: Option<String>,
     /// The password of `digest` authentication; never logged. Default: none.
@@ -86,6 +91,7 @@ impl Default for ZkConfig {
             suspended_grace_fraction: 0.3,
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
+            empty_parent_linger: Duration::from_secs(1),
             username: None,
             password: None,
             acl: ZkAcl::Auto,
@@ -102,6 +108,7 @@ impl fmt::Debug for ZkConfig {
             .field("suspended_grace_fraction", &self.suspended_grace_fraction)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("empty_parent_linger", &self.empty_parent_linger)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("acl", &self.acl)
