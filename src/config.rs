@@ -67,11 +67,7 @@ impl BackendKind {
 
     /// Whether this build of lockkit contains the backend.
     pub fn is_compiled_in(self) -> bool {
-        match self {
-            BackendKind::Memory => true,
-            BackendKind::Zk => cfg!(feature = "zk"),
-            _ => false,
-        }
+        self == BackendKind::Memory || (self == BackendKind::Zk && cfg!(feature = "zk"))
     }
 
     /// The backends this build contains.

@@ -3,7 +3,9 @@
 //!
 //! 1. uncontended acquire + release through lockkit, side by side with the floor: a raw
 //!    `create(EPHEMERAL_SEQUENTIAL)` + `get_children` + `delete` loop with the same client crate
-//!    on the same ensemble, in alternating blocks so both see the same load;
+//!    on the same ensemble, in alternating blocks so all see the same load. lockkit sends its
+//!    create and listing back to back, so a second raw loop that does the same shows what the
+//!    lock machinery costs on top of the best a hand-written loop can do;
 //! 2. contended: 8 tasks × 250 increments of a shared value under one lock, once with the
 //!    tasks sharing one backend (one session) and once with a backend (a session) per task.
 //!
@@ -52,9 +54,10 @@ async fn main() -> BenchResult<()> {
     // Warm up both paths (connections, JIT on the servers).
     for _ in 0..100 {
         raw_cycle(&raw, &raw_parent).await?;
+        raw_pipelined_cycle(&raw, &raw_parent).await?;
         mutex.lock().await?.release().await?;
     }
-    let (mut floor, mut lockkit) = (Vec::new(), Vec::new());
+    let (mut floor, mut pipelined, mut lockkit) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..BLOCKS {
         for _ in 0..CYCLES_PER_BLOCK {
             let started = Instant::now();
@@ -63,12 +66,19 @@ async fn main() -> BenchResult<()> {
         }
         for _ in 0..CYCLES_PER_BLOCK {
             let started = Instant::now();
+            raw_pipelined_cycle(&raw, &raw_parent).await?;
+            pipelined.push(started.elapsed());
+        }
+        for _ in 0..CYCLES_PER_BLOCK {
+            let started = Instant::now();
             let guard = mutex.lock().await?;
             guard.release().await?;
             lockkit.push(started.elapsed());
         }
     }
-    let (floor_p50, lockkit_p50) = (percentile(&mut floor, 0.5), percentile(&mut lockkit, 0.5));
+    let floor_p50 = percentile(&mut floor, 0.5);
+    let pipelined_p50 = percentile(&mut pipelined, 0.5);
+    let lockkit_p50 = percentile(&mut lockkit, 0.5);
     println!(
         "## uncontended acquire+release, {} cycles each, interleaved in {BLOCKS} blocks",
         BLOCKS * CYCLES_PER_BLOCK
@@ -77,6 +87,7 @@ async fn main() -> BenchResult<()> {
     println!("|---|---|---|---|");
     for (name, samples) in [
         ("raw create+get_children+delete (floor)", &mut floor),
+        ("raw, create and get_children pipelined", &mut pipelined),
         ("lockkit-zk lock()+release()", &mut lockkit),
     ] {
         let total: Duration = samples.iter().sum();
@@ -88,8 +99,9 @@ async fn main() -> BenchResult<()> {
         );
     }
     println!(
-        "ratio lockkit / floor (p50): {:.2}x (target <= 1.2x)\n",
-        lockkit_p50.as_secs_f64() / floor_p50.as_secs_f64()
+        "ratio lockkit / floor (p50): {:.2}x (target <= 1.2x); lockkit / pipelined raw: {:.2}x\n",
+        lockkit_p50.as_secs_f64() / floor_p50.as_secs_f64(),
+        lockkit_p50.as_secs_f64() / pipelined_p50.as_secs_f64()
     );
     raw.delete(&raw_parent, None).await?;
 
@@ -117,6 +129,18 @@ async fn raw_cycle(client: &zk::Client, parent: &str) -> BenchResult<()> {
         )
         .await?;
     client.list_children(parent).await?;
+    client.delete(&format!("{prefix}{sequence}"), None).await?;
+    Ok(())
+}
+
+async fn raw_pipelined_cycle(client: &zk::Client, parent: &str) -> BenchResult<()> {
+    let prefix = format!("{parent}/lock-");
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let created = client.create(&prefix, &[], &options);
+    let listed = client.list_children(parent);
+    let (created, listed) = tokio::join!(created, listed);
+    let (_, sequence) = created?;
+    listed?;
     client.delete(&format!("{prefix}{sequence}"), None).await?;
     Ok(())
 }
