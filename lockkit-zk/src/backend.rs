@@ -1,6 +1,7 @@
 //! `ZkBackend`: locks as ephemeral sequential znodes, waiters watching their predecessor.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
@@ -52,12 +53,11 @@ const MAX_ROUNDS: usize = 4;
 /// Node names follow Curator's protected `InterProcessMutex` naming (`_c_{uuid}-lock-{seq}`)
 /// and the parents are container nodes, as Curator creates them: a Java service taking an
 /// `InterProcessMutex` on `{chroot}/{namespace}/{key}` and lockkit exclude each other.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ZkBackend {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     config: ZkConfig,
     sessions: Arc<SessionSlot>,
@@ -67,6 +67,21 @@ struct Inner {
     watch_events: AtomicU64,
     /// Stops the janitor's sweep (after a last one) when the backend is dropped.
     _sweep: DropGuard,
+}
+
+/// Shows the configuration (without the password) and the session, never the owner tokens
+/// of the acquisitions in progress.
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let session = self.inner.sessions.current();
+        f.debug_struct("ZkBackend")
+            .field("config", &self.inner.config)
+            .field("session_id", &format_args!("{:#x}", session.id()))
+            .field("session_state", &session.client.state())
+            .field("acquisitions", &self.pending().len())
+            .field("watch_events", &self.watch_events())
+            .finish()
+    }
 }
 
 /// The lock parents this backend stopped using, and when each may be removed.
@@ -147,13 +162,16 @@ async fn sweep(
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Pending {
     session_id: i64,
     node: PendingNode,
+    /// The node just ahead of ours, to watch (kept here rather than in [`Contention`],
+    /// whose `Debug` must not show the owner token that node names carry).
+    predecessor: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum PendingNode {
     /// A create was sent and its answer not seen: the node may or may not exist.
     InFlight,
@@ -213,6 +231,13 @@ fn sequence_of(name: &str) -> Option<i64> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// What may be shown of a node name (in a lease's handle, a contention, `Debug` output):
+/// its sequence number, without the owner token the name carries.
+fn public_name(name: &str) -> String {
+    let start = name.rfind(LOCK_NAME).map_or(0, |i| i + LOCK_NAME.len());
+    name[start..].trim_start_matches("lock-").to_owned()
 }
 
 /// The lock nodes among `children`, lowest sequence first.
@@ -375,6 +400,7 @@ impl ZkBackend {
                 Pending {
                     session_id: session.id(),
                     node: PendingNode::InFlight,
+                    predecessor: None,
                 },
             );
             let node = self.node_options();
@@ -400,6 +426,7 @@ impl ZkBackend {
                                 name: name.clone(),
                                 czxid,
                             },
+                            predecessor: None,
                         },
                     );
                     let children = match listed {
@@ -508,7 +535,11 @@ impl ZkBackend {
             return Ok(Step::Recreate);
         };
         if index > 0 {
-            let contention = Contention::new().with_predecessor(queue[index - 1].clone(), None);
+            let predecessor = &queue[index - 1];
+            if let Some(entry) = self.pending().get_mut(&token) {
+                entry.predecessor = Some(predecessor.clone());
+            }
+            let contention = Contention::new().with_predecessor(public_name(predecessor), None);
             if !request.wait {
                 self.delete_node(session, &paths.child(name), "withdraw from the queue")
                     .await?;
@@ -558,20 +589,22 @@ impl ZkBackend {
             )
         })?;
         let grant = Grant::new(FencingToken(fencing), request.ttl)
-            .with_handle(path)
+            .with_handle(public_name(name))
             .with_session(session.lost.clone());
         Ok(Step::Done(Attempt::Granted(grant)))
     }
 
-    /// The path of `lease`'s node: its handle, if that names a node of its owner, or else
-    /// the node found by the owner's name under the lock's parent.
+    /// The path of `lease`'s node: from its owner token and the sequence number in its
+    /// handle, or else found by the owner's name among the lock's children.
     async fn lease_node(&self, session: &Session, lease: &Lease) -> Result<Option<String>> {
         let paths = LockPaths::new(lease.key(), lease.owner());
-        if let Some(handle) = lease.handle()
-            && let Some(name) = handle.strip_prefix(&format!("{}/", paths.parent))
-            && name.starts_with(&paths.own_prefix)
+        if let Some(sequence) = lease.handle()
+            && !sequence.is_empty()
+            && sequence.bytes().all(|b| b.is_ascii_digit())
         {
-            return Ok(Some(handle.to_owned()));
+            return Ok(Some(
+                paths.child(&format!("{}{sequence}", paths.own_prefix)),
+            ));
         }
         let children = self.children(session, &paths.parent).await?;
         Ok(children
@@ -714,7 +747,7 @@ impl LockBackend for ZkBackend {
                         let children = self.children(&session, &paths.parent).await?;
                         if let Some(holder) = queue(children).into_iter().next() {
                             return Ok(Attempt::Contended(
-                                Contention::new().with_predecessor(holder, None),
+                                Contention::new().with_predecessor(public_name(&holder), None),
                             ));
                         }
                     }
@@ -743,12 +776,17 @@ impl LockBackend for ZkBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        let Some(predecessor) = &contention.predecessor else {
+        let token = request.owner.expose_hex();
+        let predecessor = self
+            .pending()
+            .get(&token)
+            .and_then(|p| p.predecessor.clone());
+        let (Some(predecessor), Some(_)) = (predecessor, &contention.predecessor) else {
             tokio::time::sleep(max_wait).await;
             return Ok(());
         };
         let session = self.session().await;
-        let path = LockPaths::new(&request.key, &request.owner).child(predecessor);
+        let path = LockPaths::new(&request.key, &request.owner).child(&predecessor);
         let (stat, watcher) = match within(
             self.timeout(),
             "watch the predecessor",
@@ -896,5 +934,14 @@ mod tests {
                 "_c_b-lock-0000000010"
             ]
         );
+    }
+
+    #[test]
+    fn public_names_keep_only_the_sequence() {
+        assert_eq!(
+            public_name("_c_00112233-4455-6677-8899-aabbccddeeff-lock-0000000007"),
+            "0000000007"
+        );
+        assert_eq!(public_name("lock-0000000002"), "0000000002");
     }
 }

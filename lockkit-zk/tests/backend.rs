@@ -34,6 +34,23 @@ async fn client_with_ttl(config: &ZkConfig, ns: &str, ttl: Duration) -> (ZkBacke
     (backend, client)
 }
 
+/// The znode of a held lease, relative to the chroot: `/{ns}/{key}/_c_{owner}-lock-{sequence}`
+/// (the handle holds the sequence number; the owner token, in UUID form, completes the name).
+fn lock_node(lease: &lockkit_core::Lease) -> String {
+    let hex = lease.owner().expose_hex();
+    format!(
+        "/{}/{}/_c_{}-{}-{}-{}-{}-lock-{}",
+        lease.key().namespace(),
+        lease.key().name(),
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..],
+        lease.handle().expect("a zk lease has a handle")
+    )
+}
+
 async fn assert_no_znodes(admin: &zk::Client, ns: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -87,7 +104,7 @@ async fn expired_session_fires_lost_and_grants_the_next_waiter() {
         !old.release().await.unwrap(),
         "the stale release claimed the lock"
     );
-    let node = new.lease().handle().unwrap().to_owned();
+    let node = lock_node(new.lease());
     assert!(
         admin.check_stat(&node).await.unwrap().is_some(),
         "the stale release deleted the new holder's node"
@@ -241,9 +258,13 @@ async fn digest_auth_and_acls_protect_the_locks() {
         .expect_err("wrong password admitted");
     assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
     assert!(!format!("{err} {err:?}").contains("password"), "{err:?}");
+    let debug = format!("{:?} {:?}", guard, owner.backend());
+    let owner_token = guard.lease().owner().expose_hex();
+    assert!(!debug.contains(&owner_token[..8]), "{debug}");
+    assert!(!debug.contains("right-password"), "{debug}");
 
     let stranger = zk::Client::connect(&config.hosts.join(",")).await.unwrap();
-    let node = format!("{}{}", config.chroot, guard.lease().handle().unwrap());
+    let node = format!("{}{}", config.chroot, lock_node(guard.lease()));
     let parent = node.rsplit_once('/').unwrap().0.to_owned();
     assert_eq!(stranger.delete(&node, None).await, Err(zk::Error::NoAuth));
     assert_eq!(
