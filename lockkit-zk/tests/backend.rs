@@ -9,7 +9,9 @@ mod support;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use lockkit_core::{ErrorKind, LockClient, LockOptions};
+use lockkit_core::{
+    AcquireRequest, Attempt, ErrorKind, LockBackend, LockClient, LockKey, LockOptions, OwnerToken,
+};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use proxy::Proxy;
 use support::{TEST_CHROOT, admin, test_config, znodes_under};
@@ -175,6 +177,94 @@ async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
     proxy.set_blackholed(false);
     assert!(!held.release().await.unwrap_or(false));
     assert!(new.release().await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A create whose reply is lost (the request reached the ensemble, the answer did not
+/// come back) leaves a node; the next attempt of the same acquisition finds it by the owner
+/// token in its name instead of queueing a second one behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    config.hosts = proxy.hosts();
+    config.request_timeout = Duration::from_millis(500);
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "lost-reply").unwrap(),
+        OwnerToken::generate().unwrap(),
+        Duration::from_secs(10),
+        true,
+    );
+    // First use of the key: create the parent with an ordinary attempt, then give it back.
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    backend.abandon(&request).await.unwrap();
+
+    let parent = format!("/{ns}/lost-reply");
+    admin
+        .create(
+            &format!("{parent}/keep-parent"),
+            &[],
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    proxy.set_replies_dropped(true);
+    let err = backend
+        .try_acquire(&request)
+        .await
+        .expect_err("the reply was dropped");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .iter()
+        .any(|c| c.contains("-lock-"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached the ensemble"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set_replies_dropped(false);
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let grant = loop {
+        match backend.try_acquire(&request).await {
+            Ok(Attempt::Granted(grant)) => break grant,
+            Ok(Attempt::Contended(_)) => panic!("the retry queued behind its own node"),
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the retry failed: {e}"),
+        }
+    };
+    let nodes: Vec<String> = admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.contains("-lock-"))
+        .collect();
+    assert_eq!(nodes.len(), 1, "an orphan was left: {nodes:?}");
+    assert!(nodes[0].ends_with(grant.handle.as_deref().unwrap()));
+    backend.abandon(&request).await.unwrap();
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    drop(backend);
     assert_no_znodes(&admin, &ns).await;
 }
 

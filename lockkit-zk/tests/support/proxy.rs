@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 pub(crate) struct Proxy {
     hosts: Vec<String>,
     blackholed: Arc<AtomicBool>,
+    replies_dropped: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -21,12 +22,17 @@ impl Proxy {
     /// Starts listening on a loopback port for each of `upstreams`.
     pub(crate) async fn start(upstreams: &[String]) -> Proxy {
         let blackholed = Arc::new(AtomicBool::new(false));
+        let replies_dropped = Arc::new(AtomicBool::new(false));
         let mut hosts = Vec::new();
         let mut tasks = Vec::new();
         for upstream in upstreams {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             hosts.push(listener.local_addr().expect("addr").to_string());
-            let (upstream, blackholed) = (upstream.clone(), blackholed.clone());
+            let (upstream, blackholed, replies_dropped) = (
+                upstream.clone(),
+                blackholed.clone(),
+                replies_dropped.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 while let Ok((inbound, _)) = listener.accept().await {
                     let Ok(outbound) = TcpStream::connect(&upstream).await else {
@@ -34,14 +40,20 @@ impl Proxy {
                     };
                     let (in_read, in_write) = inbound.into_split();
                     let (out_read, out_write) = outbound.into_split();
-                    tokio::spawn(pump(in_read, out_write, blackholed.clone()));
-                    tokio::spawn(pump(out_read, in_write, blackholed.clone()));
+                    tokio::spawn(pump(in_read, out_write, blackholed.clone(), None));
+                    tokio::spawn(pump(
+                        out_read,
+                        in_write,
+                        blackholed.clone(),
+                        Some(replies_dropped.clone()),
+                    ));
                 }
             }));
         }
         Proxy {
             hosts,
             blackholed,
+            replies_dropped,
             tasks,
         }
     }
@@ -54,6 +66,16 @@ impl Proxy {
     /// Drops (or passes again) all traffic through the proxy.
     pub(crate) fn set_blackholed(&self, on: bool) {
         self.blackholed.store(on, Ordering::SeqCst);
+    }
+
+    /// Drops (or passes again) only what the servers send: requests still arrive and take
+    /// effect, their replies are lost.
+    #[allow(
+        dead_code,
+        reason = "every test binary compiles this file; only tests/backend.rs drops replies"
+    )]
+    pub(crate) fn set_replies_dropped(&self, on: bool) {
+        self.replies_dropped.store(on, Ordering::SeqCst);
     }
 }
 
@@ -69,13 +91,18 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     blackholed: Arc<AtomicBool>,
+    also_dropped_when: Option<Arc<AtomicBool>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if !blackholed.load(Ordering::SeqCst) && to.write_all(&buf[..n]).await.is_err() {
+                let dropped = blackholed.load(Ordering::SeqCst)
+                    || also_dropped_when
+                        .as_ref()
+                        .is_some_and(|flag| flag.load(Ordering::SeqCst));
+                if !dropped && to.write_all(&buf[..n]).await.is_err() {
                     break;
                 }
             }
