@@ -52,7 +52,9 @@ const MAX_ROUNDS: usize = 4;
 /// # Compatibility with Curator
 /// Node names follow Curator's protected `InterProcessMutex` naming (`_c_{uuid}-lock-{seq}`)
 /// and the parents are container nodes, as Curator creates them: a Java service taking an
-/// `InterProcessMutex` on `{chroot}/{namespace}/{key}` and lockkit exclude each other.
+/// `InterProcessMutex` on `{chroot}/{namespace}/{key}` and lockkit exclude each other (both
+/// order the children by the sequence after the last `lock-`, as Curator's
+/// `StandardLockInternalsDriver` does; derived from Curator's source, not run against it).
 #[derive(Clone)]
 pub struct ZkBackend {
     inner: Arc<Inner>,
