@@ -184,6 +184,10 @@ async fn watch(
             continue;
         }
         lost.cancel();
+        if slot.strong_count() == 0 {
+            // The backend was dropped and its client closed the session.
+            return;
+        }
         tracing::warn!(
             ?state,
             "zk session ended: its locks are lost; opening a new session"
