@@ -180,6 +180,50 @@ async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
     assert_no_znodes(&admin, &ns).await;
 }
 
+/// A disconnection shorter than the grace is ridden out: the holder keeps its lock and its
+/// lost signal stays quiet (10 s session: the dead connection is noticed after 4 s and the
+/// grace ends 3 s later; after 5 s the network comes back and the stuck connections are
+/// reset, so the client reconnects at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnection_within_the_grace_keeps_the_lock() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    let direct = config.clone();
+    config.hosts = proxy.hosts();
+    config.session_timeout = Duration::from_secs(10);
+    let (_, holder) = client_with_ttl(&config, &ns, Duration::from_secs(60)).await;
+    let (_, other) = client(&direct, &ns).await;
+    let held = holder.mutex("flaky").unwrap().lock().await.unwrap();
+    proxy.set_blackholed(true);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.set_blackholed(false);
+    proxy.reset_connections();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !held.is_held().await.unwrap_or(false) {
+        assert!(Instant::now() < deadline, "the holder did not reconnect");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !held.is_lost(),
+        "a disconnection within the grace fired lost"
+    );
+    assert!(
+        other
+            .mutex("flaky")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(held.release().await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
 /// A create whose reply is lost (the request reached the ensemble, the answer did not
 /// come back) leaves a node; the next attempt of the same acquisition finds it by the owner
 /// token in its name instead of queueing a second one behind it.

@@ -1,8 +1,8 @@
 //! A TCP proxy that can blackhole a client's connections (`#[path]`-included by the tests
 //! that need it).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -16,6 +16,7 @@ pub(crate) struct Proxy {
     blackholed: Arc<AtomicBool>,
     replies_dropped: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Proxy {
@@ -23,15 +24,17 @@ impl Proxy {
     pub(crate) async fn start(upstreams: &[String]) -> Proxy {
         let blackholed = Arc::new(AtomicBool::new(false));
         let replies_dropped = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(Mutex::new(Vec::new()));
         let mut hosts = Vec::new();
         let mut tasks = Vec::new();
         for upstream in upstreams {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             hosts.push(listener.local_addr().expect("addr").to_string());
-            let (upstream, blackholed, replies_dropped) = (
+            let (upstream, blackholed, replies_dropped, connections) = (
                 upstream.clone(),
                 blackholed.clone(),
                 replies_dropped.clone(),
+                connections.clone(),
             );
             tasks.push(tokio::spawn(async move {
                 while let Ok((inbound, _)) = listener.accept().await {
@@ -40,13 +43,17 @@ impl Proxy {
                     };
                     let (in_read, in_write) = inbound.into_split();
                     let (out_read, out_write) = outbound.into_split();
-                    tokio::spawn(pump(in_read, out_write, blackholed.clone(), None));
-                    tokio::spawn(pump(
+                    let requests = tokio::spawn(pump(in_read, out_write, blackholed.clone(), None));
+                    let replies = tokio::spawn(pump(
                         out_read,
                         in_write,
                         blackholed.clone(),
                         Some(replies_dropped.clone()),
                     ));
+                    connections
+                        .lock()
+                        .expect("connections")
+                        .extend([requests, replies]);
                 }
             }));
         }
@@ -55,6 +62,7 @@ impl Proxy {
             blackholed,
             replies_dropped,
             tasks,
+            connections,
         }
     }
 
@@ -66,6 +74,14 @@ impl Proxy {
     /// Drops (or passes again) all traffic through the proxy.
     pub(crate) fn set_blackholed(&self, on: bool) {
         self.blackholed.store(on, Ordering::SeqCst);
+    }
+
+    /// Closes every connection made so far (new ones are accepted), as a restarting server
+    /// or a middlebox that resets its flows would.
+    pub(crate) fn reset_connections(&self) {
+        for connection in self.connections.lock().expect("connections").drain(..) {
+            connection.abort();
+        }
     }
 
     /// Drops (or passes again) only what the servers send: requests still arrive and take
@@ -84,6 +100,7 @@ impl Drop for Proxy {
         for task in &self.tasks {
             task.abort();
         }
+        self.reset_connections();
     }
 }
 
