@@ -72,7 +72,8 @@ impl BackendKind {
             BackendKind::Redis | BackendKind::RedisSentinel | BackendKind::Redlock => {
                 cfg!(feature = "redis")
             }
-            BackendKind::Etcd | BackendKind::Zk => false,
+            BackendKind::Zk => cfg!(feature = "zk"),
+            BackendKind::Etcd => false,
         }
     }
 
@@ -192,6 +193,11 @@ pub struct LockkitConfig {
     #[cfg(feature = "redis")]
     #[serde(default)]
     pub redlock: lockkit_redis::RedlockConfig,
+    /// The ZooKeeper backend's options (`[zk]`); `url` overrides its hosts, credentials and
+    /// chroot.
+    #[cfg(feature = "zk")]
+    #[serde(default)]
+    pub zk: lockkit_zk::ZkConfig,
 }
 
 fn default_namespace() -> String {
@@ -206,9 +212,25 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("redis", REDIS_FIELDS),
     #[cfg(feature = "redis")]
     ("redlock", REDLOCK_FIELDS),
+    #[cfg(feature = "zk")]
+    ("zk", ZK_FIELDS),
 ];
 /// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
 const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
+/// Fields of the `[zk]` table.
+#[cfg(feature = "zk")]
+const ZK_FIELDS: &[&str] = &[
+    "hosts",
+    "chroot",
+    "session_timeout",
+    "suspended_grace_fraction",
+    "connect_timeout",
+    "request_timeout",
+    "empty_parent_linger",
+    "username",
+    "password",
+    "acl",
+];
 /// Fields of the `[lock]` table.
 const LOCK_FIELDS: &[&str] = &[
     "ttl",
@@ -263,6 +285,8 @@ impl Default for LockkitConfig {
             redis: lockkit_redis::RedisConfig::default(),
             #[cfg(feature = "redis")]
             redlock: lockkit_redis::RedlockConfig::default(),
+            #[cfg(feature = "zk")]
+            zk: lockkit_zk::ZkConfig::default(),
         }
     }
 }
@@ -411,6 +435,10 @@ impl LockkitConfig {
             BackendKind::Redlock => {
                 self.redlock_config()?;
             }
+            #[cfg(feature = "zk")]
+            BackendKind::Zk => {
+                self.zk_config()?;
+            }
             _ => {}
         }
         if self.backend == BackendKind::Memory
@@ -467,6 +495,19 @@ impl LockkitConfig {
     }
 }
 
+#[cfg(feature = "zk")]
+impl LockkitConfig {
+    /// The `[zk]` options with `url` applied (its hosts, credentials and chroot win).
+    pub(crate) fn zk_config(&self) -> Result<lockkit_zk::ZkConfig> {
+        let mut zk = self.zk.clone();
+        match &self.url {
+            Some(url) => zk.apply_url(&ConnectionUrl::parse(url)?)?,
+            None => zk.validate()?,
+        }
+        Ok(zk)
+    }
+}
+
 fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<()> {
     for (name, raw) in vars {
         let Some(rest) = name.strip_prefix("LOCKKIT_") else {
@@ -512,15 +553,17 @@ fn parse_env_value(raw: &str) -> Value {
 
 impl fmt::Debug for LockkitConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut f = f.debug_struct("LockkitConfig");
-        f.field("backend", &self.backend)
+        let mut d = f.debug_struct("LockkitConfig");
+        d.field("backend", &self.backend)
             .field("url", &self.url.as_deref().map(redact))
             .field("namespace", &self.namespace)
             .field("require_tier", &self.require_tier)
             .field("lock", &self.lock);
         #[cfg(feature = "redis")]
-        f.field("redis", &self.redis)
+        d.field("redis", &self.redis)
             .field("redlock", &self.redlock);
-        f.finish()
+        #[cfg(feature = "zk")]
+        d.field("zk", &self.zk);
+        d.finish()
     }
 }

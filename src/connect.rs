@@ -56,6 +56,11 @@ async fn build_backend(config: &LockkitConfig) -> Result<SharedBackend> {
         BackendKind::Redlock => Ok(Arc::new(
             lockkit_redis::RedlockBackend::connect(config.redlock_config()?).await?,
         )),
+        #[cfg(feature = "zk")]
+        BackendKind::Zk => {
+            let zk = config.zk_config()?;
+            Ok(Arc::new(lockkit_zk::ZkBackend::connect(zk).await?))
+        }
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled_in()),
     }

@@ -19,3 +19,6 @@ pub use lockkit_core as core;
 /// The Redis backends (`redis`, `redis-sentinel`, `redlock`), for building them directly.
 #[cfg(feature = "redis")]
 pub use lockkit_redis as redis;
+/// The ZooKeeper backend (feature `zk`).
+#[cfg(feature = "zk")]
+pub use lockkit_zk as zk;

@@ -105,3 +105,19 @@ async fn zookeeper_ensemble_has_one_leader() {
     }
     assert_eq!(leaders, 1, "expected exactly one ZooKeeper leader");
 }
+
+#[cfg(feature = "zk")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_url_connects_through_the_facade() {
+    let Some(url) = endpoint("LOCKKIT_TEST_ZK_URL") else {
+        backend_missing("LOCKKIT_TEST_ZK_URL (compose topology)");
+        return;
+    };
+    let mut config = lockkit::LockkitConfig::from_url(&format!("{url}/lockkit-test")).unwrap();
+    config.namespace = format!("facade-{:08x}", std::process::id());
+    let locks = lockkit::connect(&config).await.unwrap();
+    assert_eq!(locks.tier(), lockkit::Tier::Consensus);
+    let guard = locks.mutex("facade").unwrap().lock().await.unwrap();
+    assert!(guard.fencing_token().get() > 0);
+    assert!(guard.release().await.unwrap());
+}

@@ -5,20 +5,18 @@ use std::time::Duration;
 
 use lockkit::{BackendKind, ErrorKind, LockkitConfig, Tier};
 
-const REFERENCE_TOML: &str = include_str!("../reference.toml");
+const REFERENCE_FILE: &str = include_str!("../reference.toml");
 
-/// reference.toml without the tables of backends this build does not contain.
+/// reference.toml without the tables of backends this build does not contain (a build
+/// without a backend's feature refuses its table as an unknown field).
 fn reference() -> String {
-    let mut table: toml::Table = REFERENCE_TOML.parse().expect("toml");
-    for (section, kind) in [
-        ("redis", BackendKind::Redis),
-        ("redlock", BackendKind::Redlock),
-    ] {
+    let mut table: toml::Table = REFERENCE_FILE.parse().expect("reference.toml is TOML");
+    for kind in BackendKind::ALL {
         if !kind.is_compiled_in() {
-            table.remove(section);
+            table.remove(kind.as_str());
         }
     }
-    toml::to_string(&table).expect("toml")
+    toml::to_string(&table).expect("serialize")
 }
 
 fn keys(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
@@ -59,7 +57,7 @@ fn reference_toml_lists_every_option() {
     // Options without a default value are listed commented out.
     for optional in ["# url = ", "# require_tier = ", "# wait_timeout = "] {
         assert!(
-            REFERENCE_TOML.contains(optional),
+            REFERENCE_FILE.contains(optional),
             "reference.toml does not document {optional}"
         );
     }
@@ -400,4 +398,29 @@ mod redis {
             .expect_err("single < quorum");
         assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     }
+}
+
+#[cfg(feature = "zk")]
+#[test]
+fn zk_table_takes_env_overrides_and_its_url_is_checked_at_load() {
+    let config = LockkitConfig::load_from([
+        (
+            "LOCKKIT_URL".to_owned(),
+            "zk://app:s3cret@a:1,b:2/locks".to_owned(),
+        ),
+        ("LOCKKIT_ZK_SESSION_TIMEOUT".to_owned(), "4s".to_owned()),
+        ("LOCKKIT_ZK_ACL".to_owned(), "creator".to_owned()),
+    ])
+    .expect("valid");
+    assert_eq!(config.backend, BackendKind::Zk);
+    assert_eq!(config.zk.session_timeout, Duration::from_secs(4));
+    assert!(!format!("{config:?}").contains("s3cret"));
+    let err = LockkitConfig::from_url("zk://a:1/zookeeper").expect_err("reserved chroot");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let err = LockkitConfig::load_from([
+        ("LOCKKIT_BACKEND".to_owned(), "zk".to_owned()),
+        ("LOCKKIT_ZK_TIMEOUT".to_owned(), "1s".to_owned()),
+    ])
+    .expect_err("unknown field");
+    assert!(err.message().contains("session_timeout"), "{err}");
 }

@@ -1,0 +1,949 @@
+//! `ZkBackend`: locks as ephemeral sequential znodes, waiters watching their predecessor.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lockkit_core::{
+    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
+    FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
+    WaitStrategy, runtime,
+};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use zookeeper_client as zk;
+
+use crate::config::ZkConfig;
+use crate::error::{BACKEND, map, timed_out};
+use crate::session::{self, Session, SessionSlot};
+
+/// The part of a lock node's name between the owner and the sequence number, as Curator's
+/// `InterProcessMutex` names it.
+const LOCK_NAME: &str = "-lock-";
+
+/// How often a lost reply or a race is retried inside one call before the core sees an error.
+const MAX_ROUNDS: usize = 4;
+
+/// A lock backend on a ZooKeeper ensemble ([`Tier::Consensus`]).
+///
+/// # Algorithm
+/// One ZooKeeper session per backend, shared by all its locks. A lock `namespace/key` is the
+/// parent znode `{chroot}/{namespace}/{key}` (a container node); each acquisition creates an
+/// `EPHEMERAL_SEQUENTIAL` child `_c_{owner}-lock-{sequence}`, where `{owner}` is the
+/// acquisition's secret owner token in UUID form. The child with the lowest sequence holds the
+/// lock; every other contender watches only the child just before its own (no herd effect)
+/// and checks the children again after every event. Because the name carries the owner
+/// token, an attempt whose reply was lost finds its own node instead of leaving an orphan.
+///
+/// # Guarantees
+/// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
+///   created it, globally ordered by the ensemble, so successive grants of a key carry
+///   strictly increasing tokens, across leader changes and parent re-creation alike.
+/// - A grant lives as long as the session. The lost signal fires when the session expires,
+///   and when it stays disconnected longer than
+///   [`suspended_grace_fraction`](ZkConfig::suspended_grace_fraction) of its timeout, before
+///   the servers can expire it and grant the lock to someone else.
+/// - A holder paused longer than the session timeout loses the lock without noticing in time:
+///   fence the protected resource with the token.
+///
+/// # Compatibility with Curator
+/// Node names follow Curator's protected `InterProcessMutex` naming (`_c_{uuid}-lock-{seq}`)
+/// and the parents are container nodes, as Curator creates them: a Java service taking an
+/// `InterProcessMutex` on `{chroot}/{namespace}/{key}` and lockkit exclude each other (both
+/// order the children by the sequence after the last `lock-`, as Curator's
+/// `StandardLockInternalsDriver` does; derived from Curator's source, not run against it).
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ZkConfig,
+    sessions: Arc<SessionSlot>,
+    /// What each acquisition in progress (or granted) has on the server, by owner token.
+    pending: StdMutex<HashMap<String, Pending>>,
+    janitor: Arc<Janitor>,
+    watch_events: AtomicU64,
+    /// Stops the janitor's sweep (after a last one) when the backend is dropped.
+    _sweep: DropGuard,
+}
+
+/// Shows the configuration (without the password) and the session, never the owner tokens
+/// of the acquisitions in progress.
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let session = self.inner.sessions.current();
+        f.debug_struct("ZkBackend")
+            .field("config", &self.inner.config)
+            .field("session_id", &format_args!("{:#x}", session.id()))
+            .field("session_state", &session.client.state())
+            .field("acquisitions", &self.pending().len())
+            .field("watch_events", &self.watch_events())
+            .finish()
+    }
+}
+
+/// The lock parents this backend stopped using, and when each may be removed.
+///
+/// Removing a parent on every release would make the next acquisition create it again:
+/// two more writes per cycle. Deleting it once the key has been idle here for a while keeps
+/// the tree clean at no cost to a busy key. The server refuses to delete a parent that has
+/// children, so the delete never races a contender: one whose create comes right after it
+/// gets `NoNode` and creates the parent again.
+#[derive(Debug, Default)]
+struct Janitor {
+    due: StdMutex<HashMap<String, Instant>>,
+}
+
+impl Janitor {
+    fn due(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.due.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn schedule(&self, parent: &str, linger: Duration) {
+        self.due()
+            .insert(parent.to_owned(), Instant::now() + linger);
+    }
+
+    fn keep(&self, parent: &str) {
+        self.due().remove(parent);
+    }
+
+    fn take_all(&self) -> Vec<String> {
+        self.due().drain().map(|(parent, _)| parent).collect()
+    }
+
+    fn take_due(&self, now: Instant) -> Vec<String> {
+        let mut due = self.due();
+        let ready: Vec<String> = due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(parent, _)| parent.clone())
+            .collect();
+        for parent in &ready {
+            due.remove(parent);
+        }
+        ready
+    }
+}
+
+/// Deletes idle lock parents; when the backend is dropped, deletes every scheduled one at
+/// once (before the session closes) and ends.
+async fn sweep(
+    janitor: Arc<Janitor>,
+    sessions: Arc<SessionSlot>,
+    stop: CancellationToken,
+    tick: Duration,
+    timeout: Duration,
+) {
+    loop {
+        let stopping = tokio::select! {
+            () = tokio::time::sleep(tick) => false,
+            () = stop.cancelled() => true,
+        };
+        let idle = if stopping {
+            janitor.take_all()
+        } else {
+            janitor.take_due(Instant::now())
+        };
+        if !idle.is_empty() {
+            let session = sessions.current();
+            let deletes: Vec<_> = idle
+                .iter()
+                .map(|parent| session.client.delete(parent, None))
+                .collect();
+            // NotEmpty (someone queued meanwhile) and NoNode are the expected refusals.
+            let _ = tokio::time::timeout(timeout, futures_util::future::join_all(deletes)).await;
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Pending {
+    session_id: i64,
+    node: PendingNode,
+    /// The node just ahead of ours, to watch (kept here rather than in [`Contention`],
+    /// whose `Debug` must not show the owner token that node names carry).
+    predecessor: Option<String>,
+}
+
+#[derive(Clone)]
+enum PendingNode {
+    /// A create was sent and its answer not seen: the node may or may not exist.
+    InFlight,
+    /// The node exists (or existed) under this name; `czxid` once known.
+    Created { name: String, czxid: Option<i64> },
+}
+
+/// The znode paths of one acquisition, relative to the chroot.
+struct LockPaths {
+    namespace: String,
+    parent: String,
+    /// `_c_{uuid}-lock-`: the start of our node's name.
+    own_prefix: String,
+}
+
+impl LockPaths {
+    fn new(key: &LockKey, owner: &OwnerToken) -> Self {
+        let namespace = format!("/{}", key.namespace());
+        let parent = format!("{namespace}/{}", key.name());
+        LockPaths {
+            namespace,
+            parent,
+            own_prefix: format!("_c_{}{LOCK_NAME}", uuid_form(owner)),
+        }
+    }
+
+    fn child(&self, name: &str) -> String {
+        format!("{}/{name}", self.parent)
+    }
+
+    fn create_prefix(&self) -> String {
+        format!("{}/{}", self.parent, self.own_prefix)
+    }
+}
+
+/// The owner token as a UUID (8-4-4-4-12 hex digits), the shape Curator's protected names use.
+fn uuid_form(owner: &OwnerToken) -> String {
+    let hex = owner.expose_hex();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// The sequence number of a lock node name (the digits after the last `-lock-`, or after
+/// `lock-` at the start for Curator's unprotected names).
+fn sequence_of(name: &str) -> Option<i64> {
+    let digits = match name.rfind(LOCK_NAME) {
+        Some(i) => &name[i + LOCK_NAME.len()..],
+        None => name.strip_prefix(&LOCK_NAME[1..])?,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// What may be shown of a node name (in a lease's handle, a contention, `Debug` output):
+/// its sequence number, without the owner token the name carries.
+fn public_name(name: &str) -> String {
+    let start = name.rfind(LOCK_NAME).map_or(0, |i| i + LOCK_NAME.len());
+    name[start..].trim_start_matches("lock-").to_owned()
+}
+
+/// The lock nodes among `children`, lowest sequence first.
+fn queue(mut children: Vec<String>) -> Vec<String> {
+    children.retain(|c| sequence_of(c).is_some());
+    children.sort_by_key(|c| sequence_of(c));
+    children
+}
+
+/// Runs a request bounded by `timeout`; the outer error is the timeout.
+async fn within<T>(
+    timeout: Duration,
+    what: &str,
+    request: impl Future<Output = Result<T, zk::Error>>,
+) -> Result<Result<T, zk::Error>> {
+    tokio::time::timeout(timeout, request)
+        .await
+        .map_err(|_| timed_out(what))
+}
+
+/// What evaluating the queue decided.
+enum Step {
+    Done(Attempt),
+    /// Our node is gone (deleted by an operator, or the session changed): start over.
+    Recreate,
+}
+
+impl ZkBackend {
+    /// Connects to the ensemble: opens the session (bounded by `connect_timeout`), creates the
+    /// chroot with the configured ACL when missing, and checks that the credentials may read it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for an invalid configuration; [`ErrorKind::Unavailable`]
+    /// when no server answers in time; [`ErrorKind::Auth`] when the credentials do not admit
+    /// this client to the chroot.
+    pub async fn connect(config: ZkConfig) -> Result<ZkBackend> {
+        config.validate()?;
+        let client = session::open(&config).await?;
+        let sessions = session::start(&config, client);
+        let janitor = Arc::new(Janitor::default());
+        let stop = CancellationToken::new();
+        let tick = (config.empty_parent_linger / 2).max(Duration::from_millis(10));
+        runtime::spawn(sweep(
+            janitor.clone(),
+            sessions.clone(),
+            stop.clone(),
+            tick,
+            config.request_timeout,
+        ));
+        let backend = ZkBackend {
+            inner: Arc::new(Inner {
+                config,
+                sessions,
+                pending: StdMutex::new(HashMap::new()),
+                janitor,
+                watch_events: AtomicU64::new(0),
+                _sweep: stop.drop_guard(),
+            }),
+        };
+        Ok(backend)
+    }
+
+    /// The configuration this backend was connected with.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the servers granted (they clamp the configured one).
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.sessions.current().client.session_timeout()
+    }
+
+    /// How many watch events have woken this backend's waiters so far. With waiters queued
+    /// on their predecessors, each release wakes exactly one of them: this counter shows it.
+    pub fn watch_events(&self) -> u64 {
+        self.inner.watch_events.load(Ordering::Relaxed)
+    }
+
+    /// Expires this backend's session from the server side, as a partition or a pause longer
+    /// than the session timeout would: a second client attaches to the session and closes
+    /// it. The backend's grants are reported lost and a new session is opened (feature
+    /// `testing`, for fault tests).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unavailable`] if the ensemble cannot be reached.
+    #[cfg(feature = "testing")]
+    pub async fn expire_session(&self) -> Result<()> {
+        let session = self.inner.sessions.current().client.session().clone();
+        let config = self.inner.config.clone();
+        runtime::run(async move {
+            let twin = zk::Client::connector()
+                .with_session(session)
+                .with_session_timeout(config.session_timeout)
+                .connect(&config.connect_string())
+                .await
+                .map_err(|e| map("attach to the session", e))?;
+            drop(twin);
+            Ok(())
+        })
+        .await?
+    }
+
+    /// The session to send requests on; while an expired one is being replaced, waits for
+    /// the new one up to `connect_timeout`.
+    async fn session(&self) -> Arc<Session> {
+        self.inner
+            .sessions
+            .usable(self.inner.config.connect_timeout)
+            .await
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.config.request_timeout
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn container_options(&self) -> zk::CreateOptions<'static> {
+        zk::CreateMode::Container.with_acls(session::acls(&self.inner.config))
+    }
+
+    fn node_options(&self) -> zk::CreateOptions<'static> {
+        zk::CreateMode::EphemeralSequential.with_acls(session::acls(&self.inner.config))
+    }
+
+    /// The children of the lock's parent; none when the parent does not exist.
+    async fn children(&self, session: &Session, parent: &str) -> Result<Vec<String>> {
+        match within(
+            self.timeout(),
+            "list lock nodes",
+            session.client.list_children(parent),
+        )
+        .await?
+        {
+            Ok(children) => Ok(children),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(map("list lock nodes", e)),
+        }
+    }
+
+    /// Creates our node and lists the queue: both requests are sent back to back, so the
+    /// step costs about one round trip (the session's requests are applied in order, so the
+    /// listing sees the node). A missing parent is created (a container node) and the step
+    /// tried again.
+    async fn create_node(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        token: &str,
+    ) -> Result<(String, Option<i64>, Vec<String>)> {
+        self.inner.janitor.keep(&paths.parent);
+        for _ in 0..MAX_ROUNDS {
+            self.pending().insert(
+                token.to_owned(),
+                Pending {
+                    session_id: session.id(),
+                    node: PendingNode::InFlight,
+                    predecessor: None,
+                },
+            );
+            let node = self.node_options();
+            let prefix = paths.create_prefix();
+            let created = session.client.create(&prefix, &[], &node);
+            let listed = session.client.list_children(&paths.parent);
+            let (created, listed) =
+                tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) })
+                    .await
+                    .map_err(|_| timed_out("create the lock node"))?;
+            match created {
+                Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", paths.own_prefix);
+                    // ZOOKEEPER-4026 (servers before 3.8.2) answers a create inside a multi
+                    // with an invalid Stat; a plain create is fine, but should the Stat be
+                    // invalid the czxid is read separately before a grant.
+                    let czxid = (!stat.is_invalid() && stat.czxid > 0).then_some(stat.czxid);
+                    self.pending().insert(
+                        token.to_owned(),
+                        Pending {
+                            session_id: session.id(),
+                            node: PendingNode::Created {
+                                name: name.clone(),
+                                czxid,
+                            },
+                            predecessor: None,
+                        },
+                    );
+                    let children = match listed {
+                        Ok(children) => children,
+                        Err(_) => self.children(session, &paths.parent).await?,
+                    };
+                    return Ok((name, czxid, children));
+                }
+                Err(zk::Error::NoNode) => {
+                    // Nothing was created: make the parent and go again.
+                    self.pending().remove(token);
+                    self.create_parents(session, paths).await?;
+                }
+                Err(
+                    e @ (zk::Error::NoAuth
+                    | zk::Error::InvalidAcl
+                    | zk::Error::NoChildrenForEphemerals
+                    | zk::Error::BadArguments(_)),
+                ) => {
+                    self.pending().remove(token);
+                    return Err(map("create the lock node", e));
+                }
+                // A lost reply: the node may exist. The entry stays in flight, so the next
+                // attempt (or abandon) looks for it by name.
+                Err(e) => return Err(map("create the lock node", e)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the lock's parent kept disappearing while creating the lock node",
+        )
+        .with_retryable(true))
+    }
+
+    /// Creates the lock's parent, and the namespace node above it when that is missing
+    /// too (first use, or removed by the server as an empty container).
+    async fn create_parents(&self, session: &Session, paths: &LockPaths) -> Result<()> {
+        let container = self.container_options();
+        for path in [&paths.parent, &paths.namespace, &paths.parent] {
+            match within(
+                self.timeout(),
+                "create the lock's parent",
+                session.client.create(path, &[], &container),
+            )
+            .await?
+            {
+                Ok(_) | Err(zk::Error::NodeExists) if path == &paths.parent => return Ok(()),
+                Ok(_) | Err(zk::Error::NodeExists | zk::Error::NoNode) => {}
+                Err(e) => return Err(map("create the lock's parent", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds the nodes an earlier attempt of `paths`'s owner left: the lowest is kept,
+    /// duplicates (from a create retried after a lost reply) are deleted.
+    async fn find_own(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        children: &[String],
+    ) -> Result<Option<String>> {
+        let mut own: Vec<&String> = children
+            .iter()
+            .filter(|c| c.starts_with(&paths.own_prefix) && sequence_of(c).is_some())
+            .collect();
+        own.sort_by_key(|c| sequence_of(c));
+        let Some((first, duplicates)) = own.split_first() else {
+            return Ok(None);
+        };
+        for duplicate in duplicates {
+            self.delete_node(
+                session,
+                &paths.child(duplicate),
+                "delete a duplicate lock node",
+            )
+            .await?;
+        }
+        Ok(Some((*first).clone()))
+    }
+
+    /// Deletes a node; `Ok(true)` if it was there.
+    async fn delete_node(&self, session: &Session, path: &str, what: &str) -> Result<bool> {
+        match within(self.timeout(), what, session.client.delete(path, None)).await? {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map(what, e)),
+        }
+    }
+
+    /// Decides from the queue whether our node `name` holds the lock.
+    async fn evaluate(
+        &self,
+        session: &Session,
+        request: &AcquireRequest,
+        paths: &LockPaths,
+        name: &str,
+        czxid: Option<i64>,
+        children: Vec<String>,
+    ) -> Result<Step> {
+        let token = request.owner.expose_hex();
+        let queue = queue(children);
+        let Some(index) = queue.iter().position(|c| c == name) else {
+            self.pending().remove(&token);
+            return Ok(Step::Recreate);
+        };
+        if index > 0 {
+            let predecessor = &queue[index - 1];
+            if let Some(entry) = self.pending().get_mut(&token) {
+                entry.predecessor = Some(predecessor.clone());
+            }
+            let contention = Contention::new().with_predecessor(public_name(predecessor), None);
+            if !request.wait {
+                self.delete_node(session, &paths.child(name), "withdraw from the queue")
+                    .await?;
+                self.pending().remove(&token);
+            }
+            return Ok(Step::Done(Attempt::Contended(contention)));
+        }
+        // Re-verify before granting: the node is ours on a live session, and its czxid.
+        let path = paths.child(name);
+        let czxid = match czxid {
+            Some(czxid) => czxid,
+            None => {
+                match within(
+                    self.timeout(),
+                    "read the lock node",
+                    session.client.check_stat(&path),
+                )
+                .await?
+                {
+                    Ok(Some(stat)) if stat.ephemeral_owner == session.id() => stat.czxid,
+                    Ok(_) => {
+                        self.pending().remove(&token);
+                        return Ok(Step::Recreate);
+                    }
+                    Err(e) => return Err(map("read the lock node", e)),
+                }
+            }
+        };
+        if session.lost.is_cancelled() || !is_connected(&session.client) {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                "the session was suspended while granting; trying again",
+            ));
+        }
+        if let Some(entry) = self.pending().get_mut(&token) {
+            entry.node = PendingNode::Created {
+                name: name.to_owned(),
+                czxid: Some(czxid),
+            };
+        }
+        let fencing = u64::try_from(czxid).map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                BACKEND,
+                format!("the lock node has an invalid czxid {czxid}"),
+            )
+        })?;
+        let grant = Grant::new(FencingToken(fencing), request.ttl)
+            .with_handle(public_name(name))
+            .with_session(session.lost.clone());
+        Ok(Step::Done(Attempt::Granted(grant)))
+    }
+
+    /// The path of `lease`'s node: from its owner token and the sequence number in its
+    /// handle, or else found by the owner's name among the lock's children.
+    async fn lease_node(&self, session: &Session, lease: &Lease) -> Result<Option<String>> {
+        let paths = LockPaths::new(lease.key(), lease.owner());
+        if let Some(sequence) = lease.handle()
+            && !sequence.is_empty()
+            && sequence.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Ok(Some(
+                paths.child(&format!("{}{sequence}", paths.own_prefix)),
+            ));
+        }
+        let children = self.children(session, &paths.parent).await?;
+        Ok(children
+            .iter()
+            .find(|c| c.starts_with(&paths.own_prefix) && sequence_of(c).is_some())
+            .map(|c| paths.child(c)))
+    }
+
+    /// Deletes our node `path`, and hands the lock's parent to the janitor, which removes
+    /// it once nobody here has used it for `empty_parent_linger`.
+    async fn delete_own(
+        &self,
+        session: &Session,
+        path: &str,
+        parent: &str,
+        version: Option<i32>,
+    ) -> Result<bool> {
+        let deleted = within(
+            self.timeout(),
+            "delete the lock node",
+            session.client.delete(path, version),
+        )
+        .await?;
+        self.inner
+            .janitor
+            .schedule(parent, self.inner.config.empty_parent_linger);
+        match deleted {
+            Ok(()) => Ok(true),
+            // An expired session takes its ephemeral nodes with it, and sessions are only
+            // replaced when they expire: the node is gone whichever session made it.
+            Err(zk::Error::NoNode | zk::Error::BadVersion | zk::Error::SessionExpired) => Ok(false),
+            Err(e) => {
+                let error = map("delete the lock node", e);
+                if error.is_retryable() {
+                    self.reap(session.id(), path.to_owned());
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Keeps deleting `path` in the background until it is gone or its session is: a node
+    /// whose delete failed would otherwise hold the lock for as long as the session lives.
+    fn reap(&self, session_id: i64, path: String) {
+        let backend = self.clone();
+        runtime::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                tokio::time::sleep(delay).await;
+                let session = backend.session().await;
+                if session.id() != session_id {
+                    return;
+                }
+                match backend
+                    .delete_node(&session, &path, "delete the lock node")
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(e) if e.is_retryable() => {
+                        delay = (delay * 2).min(Duration::from_secs(2));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot delete a lock node; it goes with the session");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Whether `lease`'s node still exists and belongs to the current, trusted session.
+    async fn owns(&self, lease: &Lease) -> Result<bool> {
+        if lease.session().is_some_and(|s| s.is_cancelled()) {
+            return Ok(false);
+        }
+        let session = self.session().await;
+        let Some(path) = self.lease_node(&session, lease).await? else {
+            return Ok(false);
+        };
+        match within(
+            self.timeout(),
+            "read the lock node",
+            session.client.check_stat(&path),
+        )
+        .await?
+        {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == session.id()),
+            Ok(None) | Err(zk::Error::SessionExpired) => Ok(false),
+            Err(e) => Err(map("read the lock node", e)),
+        }
+    }
+}
+
+fn is_connected(client: &zk::Client) -> bool {
+    client.state() == zk::SessionState::SyncConnected
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Consensus
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let session = self.session().await;
+        let paths = LockPaths::new(&request.key, &request.owner);
+        let token = request.owner.expose_hex();
+        for _ in 0..MAX_ROUNDS {
+            let known = self
+                .pending()
+                .get(&token)
+                .filter(|p| p.session_id == session.id())
+                .map(|p| p.node.clone());
+            let (name, czxid, children) = match known {
+                Some(PendingNode::Created { name, czxid }) => {
+                    let children = self.children(&session, &paths.parent).await?;
+                    (name, czxid, children)
+                }
+                Some(PendingNode::InFlight) => {
+                    let children = self.children(&session, &paths.parent).await?;
+                    match self.find_own(&session, &paths, &children).await? {
+                        Some(name) => (name, None, children),
+                        None => {
+                            self.pending().remove(&token);
+                            continue;
+                        }
+                    }
+                }
+                None => {
+                    if !request.wait {
+                        // try_lock: a held lock answers without queueing a node.
+                        let children = self.children(&session, &paths.parent).await?;
+                        if let Some(holder) = queue(children).into_iter().next() {
+                            return Ok(Attempt::Contended(
+                                Contention::new().with_predecessor(public_name(&holder), None),
+                            ));
+                        }
+                    }
+                    self.create_node(&session, &paths, &token).await?
+                }
+            };
+            match self
+                .evaluate(&session, request, &paths, &name, czxid, children)
+                .await?
+            {
+                Step::Done(attempt) => return Ok(attempt),
+                Step::Recreate => continue,
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the lock node kept disappearing while acquiring",
+        )
+        .with_retryable(true))
+    }
+
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let token = request.owner.expose_hex();
+        let predecessor = self
+            .pending()
+            .get(&token)
+            .and_then(|p| p.predecessor.clone());
+        let (Some(predecessor), Some(_)) = (predecessor, &contention.predecessor) else {
+            tokio::time::sleep(max_wait).await;
+            return Ok(());
+        };
+        let session = self.session().await;
+        let path = LockPaths::new(&request.key, &request.owner).child(&predecessor);
+        let (stat, watcher) = match within(
+            self.timeout(),
+            "watch the predecessor",
+            session.client.check_and_watch_stat(&path),
+        )
+        .await?
+        {
+            Ok(watched) => watched,
+            Err(e) => return Err(map("watch the predecessor", e)),
+        };
+        if stat.is_none() {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = watcher.changed() => {
+                self.inner.watch_events.fetch_add(1, Ordering::Relaxed);
+            }
+            () = tokio::time::sleep(max_wait) => {}
+            () = session.lost.cancelled() => {}
+        }
+        Ok(())
+    }
+
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        let token = request.owner.expose_hex();
+        let Some(pending) = self.pending().get(&token).cloned() else {
+            return Ok(());
+        };
+        let session = self.session().await;
+        if pending.session_id != session.id() {
+            self.pending().remove(&token);
+            return Ok(());
+        }
+        let paths = LockPaths::new(&request.key, &request.owner);
+        let name = match pending.node {
+            PendingNode::Created { name, .. } => Some(name),
+            PendingNode::InFlight => {
+                let children = self.children(&session, &paths.parent).await?;
+                self.find_own(&session, &paths, &children).await?
+            }
+        };
+        if let Some(name) = name {
+            self.delete_own(&session, &paths.child(&name), &paths.parent, None)
+                .await?;
+        }
+        self.pending().remove(&token);
+        Ok(())
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        Ok(if self.owns(lease).await? {
+            Renewal::Extended(lease.ttl())
+        } else {
+            Renewal::Lost
+        })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        let session = self.session().await;
+        let paths = LockPaths::new(lease.key(), lease.owner());
+        let released = match self.lease_node(&session, lease).await? {
+            // Lock nodes are never written, so their version stays 0.
+            Some(path) => {
+                self.delete_own(&session, &path, &paths.parent, Some(0))
+                    .await?
+            }
+            None => false,
+        };
+        self.pending().remove(&lease.owner().expose_hex());
+        Ok(released)
+    }
+
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        self.owns(lease).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let session = self.session().await;
+        let parent = format!("/{}/{}", key.namespace(), key.name());
+        for _ in 0..MAX_ROUNDS {
+            let queue = queue(self.children(&session, &parent).await?);
+            let Some(holder) = queue.first() else {
+                return Ok(None);
+            };
+            match within(
+                self.timeout(),
+                "read the holder's node",
+                session.client.check_stat(&format!("{parent}/{holder}")),
+            )
+            .await?
+            {
+                Ok(Some(stat)) => {
+                    let token = u64::try_from(stat.czxid).unwrap_or_default();
+                    return Ok(Some(
+                        LockInfo::new(FencingToken(token)).with_waiters(queue.len() - 1),
+                    ));
+                }
+                Ok(None) => continue,
+                Err(e) => return Err(map("read the holder's node", e)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the holder kept changing while inspecting the lock",
+        )
+        .with_retryable(true))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let session = self.session().await;
+        match within(self.timeout(), "ping", session.client.list_children("/")).await? {
+            Ok(_) => Ok(()),
+            Err(e) => Err(map("ping", e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_curator_and_sort_by_sequence() {
+        let owner = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
+        let key = LockKey::new("ns", "job").expect("key");
+        let paths = LockPaths::new(&key, &owner);
+        assert_eq!(paths.parent, "/ns/job");
+        assert_eq!(
+            paths.create_prefix(),
+            "/ns/job/_c_00112233-4455-6677-8899-aabbccddeeff-lock-"
+        );
+        let children = vec![
+            "_c_b-lock-0000000010".to_owned(),
+            "junk".to_owned(),
+            "lock-0000000002".to_owned(),
+            "_c_a-lock-0000000003".to_owned(),
+            "_c_a-lock-".to_owned(),
+        ];
+        assert_eq!(
+            queue(children),
+            [
+                "lock-0000000002",
+                "_c_a-lock-0000000003",
+                "_c_b-lock-0000000010"
+            ]
+        );
+    }
+
+    #[test]
+    fn public_names_keep_only_the_sequence() {
+        assert_eq!(
+            public_name("_c_00112233-4455-6677-8899-aabbccddeeff-lock-0000000007"),
+            "0000000007"
+        );
+        assert_eq!(public_name("lock-0000000002"), "0000000002");
+    }
+}

@@ -1,0 +1,444 @@
+//! The ZooKeeper backend's own behaviour against the ensemble: session expiry, a
+//! blackholed connection, one wake-up per release, digest auth and ACLs, bounded connects.
+//! None of these disturb the ensemble, so they run in parallel.
+
+#[path = "support/proxy.rs"]
+mod proxy;
+mod support;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use lockkit_core::{
+    AcquireRequest, Attempt, ErrorKind, LockBackend, LockClient, LockKey, LockOptions, OwnerToken,
+};
+use lockkit_zk::{ZkBackend, ZkConfig};
+use proxy::Proxy;
+use support::{TEST_CHROOT, admin, test_config, znodes_under};
+use zookeeper_client as zk;
+
+fn namespace() -> String {
+    format!("lk-zk-{:08x}", rand::random::<u32>())
+}
+
+async fn client(config: &ZkConfig, ns: &str) -> (ZkBackend, LockClient) {
+    client_with_ttl(config, ns, Duration::from_secs(2)).await
+}
+
+async fn client_with_ttl(config: &ZkConfig, ns: &str, ttl: Duration) -> (ZkBackend, LockClient) {
+    let backend = ZkBackend::connect(config.clone()).await.expect("connect");
+    let client = LockClient::with_options(
+        Arc::new(backend.clone()),
+        ns,
+        LockOptions::default().with_ttl(ttl),
+    )
+    .expect("client");
+    (backend, client)
+}
+
+/// The znode of a held lease, relative to the chroot: `/{ns}/{key}/_c_{owner}-lock-{sequence}`
+/// (the handle holds the sequence number; the owner token, in UUID form, completes the name).
+fn lock_node(lease: &lockkit_core::Lease) -> String {
+    let hex = lease.owner().expose_hex();
+    format!(
+        "/{}/{}/_c_{}-{}-{}-{}-{}-lock-{}",
+        lease.key().namespace(),
+        lease.key().name(),
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..],
+        lease.handle().expect("a zk lease has a handle")
+    )
+}
+
+async fn assert_no_znodes(admin: &zk::Client, ns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = znodes_under(admin, ns).await.expect("list");
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "znodes left under /{ns}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// (1) The holder's session is expired by the server: its lost signal fires, the next waiter
+/// is granted, and the stale holder's release leaves the new holder's node alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_session_fires_lost_and_grants_the_next_waiter() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (holder_backend, holder) = client(&config, &ns).await;
+    let (_, waiter) = client(&config, &ns).await;
+    let old = holder.mutex("expiring").unwrap().lock().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .mutex("expiring")
+            .unwrap()
+            .lock_timeout(Duration::from_secs(20))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the waiter got a held lock");
+
+    holder_backend.expire_session().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), old.lost())
+        .await
+        .expect("the expired holder's lost signal did not fire");
+    let new = waiting
+        .await
+        .unwrap()
+        .expect("the next waiter was not granted");
+    assert!(new.fencing_token() > old.fencing_token());
+
+    assert!(
+        !old.is_held().await.unwrap(),
+        "the stale holder still holds"
+    );
+    assert!(
+        !old.release().await.unwrap(),
+        "the stale release claimed the lock"
+    );
+    let node = lock_node(new.lease());
+    assert!(
+        admin.check_stat(&node).await.unwrap().is_some(),
+        "the stale release deleted the new holder's node"
+    );
+    assert!(new.is_held().await.unwrap());
+    // The expired backend opened a new session and works again.
+    let info = holder.inspect("expiring").await.unwrap().expect("held");
+    assert_eq!(info.fencing_token, new.fencing_token());
+    assert!(new.release().await.unwrap());
+    let again = holder
+        .mutex("expiring")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(again.release().await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// (3) A holder whose connection is blackholed longer than the session timeout reports the
+/// lock lost before the servers expire its session and grant the lock to another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    let mut proxied = config.clone();
+    proxied.hosts = proxy.hosts();
+    let (_, holder) = client_with_ttl(&proxied, &ns, Duration::from_secs(60)).await;
+    let (_, other) = client(&config, &ns).await;
+    let held = holder.mutex("cut-off").unwrap().lock().await.unwrap();
+    let granted_at = Arc::new(StdMutex::new(None));
+    let waiting = {
+        let granted_at = granted_at.clone();
+        tokio::spawn(async move {
+            let guard = other
+                .mutex("cut-off")
+                .unwrap()
+                .lock_timeout(Duration::from_secs(30))
+                .await;
+            *granted_at.lock().unwrap() = Some(Instant::now());
+            guard
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cut_at = Instant::now();
+    proxy.set_blackholed(true);
+    tokio::time::timeout(Duration::from_secs(20), held.lost())
+        .await
+        .expect("the cut-off holder's lost signal did not fire");
+    let lost_at = Instant::now();
+    assert!(
+        granted_at.lock().unwrap().is_none(),
+        "another client was granted before the holder knew it had lost the lock"
+    );
+    let new = waiting
+        .await
+        .unwrap()
+        .expect("the other client was never granted");
+    let granted_at = granted_at.lock().unwrap().expect("granted");
+    assert!(lost_at < granted_at);
+    eprintln!(
+        "blackholed at 0: holder lost after {:?}, other client granted after {:?}",
+        lost_at - cut_at,
+        granted_at - cut_at
+    );
+    proxy.set_blackholed(false);
+    assert!(!held.release().await.unwrap_or(false));
+    assert!(new.release().await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A disconnection shorter than the grace is ridden out: the holder keeps its lock and its
+/// lost signal stays quiet (10 s session: the dead connection is noticed after 4 s and the
+/// grace ends 3 s later; after 5 s the network comes back and the stuck connections are
+/// reset, so the client reconnects at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnection_within_the_grace_keeps_the_lock() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    let direct = config.clone();
+    config.hosts = proxy.hosts();
+    config.session_timeout = Duration::from_secs(10);
+    let (_, holder) = client_with_ttl(&config, &ns, Duration::from_secs(60)).await;
+    let (_, other) = client(&direct, &ns).await;
+    let held = holder.mutex("flaky").unwrap().lock().await.unwrap();
+    proxy.set_blackholed(true);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.set_blackholed(false);
+    proxy.reset_connections();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !held.is_held().await.unwrap_or(false) {
+        assert!(Instant::now() < deadline, "the holder did not reconnect");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !held.is_lost(),
+        "a disconnection within the grace fired lost"
+    );
+    assert!(
+        other
+            .mutex("flaky")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(held.release().await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A create whose reply is lost (the request reached the ensemble, the answer did not
+/// come back) leaves a node; the next attempt of the same acquisition finds it by the owner
+/// token in its name instead of queueing a second one behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    config.hosts = proxy.hosts();
+    config.request_timeout = Duration::from_millis(500);
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "lost-reply").unwrap(),
+        OwnerToken::generate().unwrap(),
+        Duration::from_secs(10),
+        true,
+    );
+    // First use of the key: create the parent with an ordinary attempt, then give it back.
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    backend.abandon(&request).await.unwrap();
+
+    let parent = format!("/{ns}/lost-reply");
+    admin
+        .create(
+            &format!("{parent}/keep-parent"),
+            &[],
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    proxy.set_replies_dropped(true);
+    let err = backend
+        .try_acquire(&request)
+        .await
+        .expect_err("the reply was dropped");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .iter()
+        .any(|c| c.contains("-lock-"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached the ensemble"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set_replies_dropped(false);
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let grant = loop {
+        match backend.try_acquire(&request).await {
+            Ok(Attempt::Granted(grant)) => break grant,
+            Ok(Attempt::Contended(_)) => panic!("the retry queued behind its own node"),
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the retry failed: {e}"),
+        }
+    };
+    let nodes: Vec<String> = admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.contains("-lock-"))
+        .collect();
+    assert_eq!(nodes.len(), 1, "an orphan was left: {nodes:?}");
+    assert!(nodes[0].ends_with(grant.handle.as_deref().unwrap()));
+    backend.abandon(&request).await.unwrap();
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    drop(backend);
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// (4) Fifty waiters queue on one key; every release wakes exactly one of them, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_release_wakes_exactly_one_of_fifty_waiters() {
+    const WAITERS: u64 = 50;
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, holder) = client(&config, &ns).await;
+    let waiters_backend = ZkBackend::connect(config.clone()).await.unwrap();
+    // Only a watch can wake a waiter: the polling cap is far beyond the test.
+    let waiters = LockClient::with_options(
+        Arc::new(waiters_backend.clone()),
+        &ns,
+        LockOptions::default().with_backoff(Duration::from_millis(1), Duration::from_secs(600)),
+    )
+    .unwrap();
+    let first = holder.mutex("herd").unwrap().lock().await.unwrap();
+    let wakes_at_grant = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WAITERS {
+        let (waiters, backend, wakes) = (
+            waiters.clone(),
+            waiters_backend.clone(),
+            wakes_at_grant.clone(),
+        );
+        tasks.spawn(async move {
+            let guard = waiters.mutex("herd").unwrap().lock().await.unwrap();
+            wakes.lock().unwrap().push(backend.watch_events());
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            assert!(guard.release().await.unwrap());
+        });
+    }
+    let parent = format!("/{ns}/herd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.list_children(&parent).await.map_or(0, |c| c.len()) < WAITERS as usize + 1 {
+        assert!(Instant::now() < deadline, "the waiters did not all queue");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let every waiter set its watch on its predecessor.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        waiters_backend.watch_events(),
+        0,
+        "a waiter woke while nothing changed"
+    );
+    assert!(first.release().await.unwrap());
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let wakes = wakes_at_grant.lock().unwrap().clone();
+    let expected: Vec<u64> = (1..=WAITERS).collect();
+    assert_eq!(
+        wakes, expected,
+        "watch events seen by each grant, in grant order"
+    );
+    assert_eq!(waiters_backend.watch_events(), WAITERS);
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// (6) Wrong digest credentials are refused with `Auth`, and a client without credentials
+/// can neither list nor delete a held lock node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_and_acls_protect_the_locks() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    config.chroot = format!("/lockkit-auth-{:08x}", rand::random::<u32>());
+    config.username = Some("lockkit".into());
+    config.password = Some("right-password".into());
+    let ns = namespace();
+    let (_, owner) = client(&config, &ns).await;
+    let guard = owner.mutex("guarded").unwrap().lock().await.unwrap();
+
+    let mut wrong = config.clone();
+    wrong.password = Some("wrong-password".into());
+    let err = ZkBackend::connect(wrong)
+        .await
+        .expect_err("wrong password admitted");
+    assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
+    assert!(!format!("{err} {err:?}").contains("password"), "{err:?}");
+    let debug = format!("{:?} {:?}", guard, owner.backend());
+    let owner_token = guard.lease().owner().expose_hex();
+    assert!(!debug.contains(&owner_token[..8]), "{debug}");
+    assert!(!debug.contains("right-password"), "{debug}");
+
+    let stranger = zk::Client::connect(&config.hosts.join(",")).await.unwrap();
+    let node = format!("{}{}", config.chroot, lock_node(guard.lease()));
+    let parent = node.rsplit_once('/').unwrap().0.to_owned();
+    assert_eq!(stranger.delete(&node, None).await, Err(zk::Error::NoAuth));
+    assert_eq!(
+        stranger.list_children(&parent).await,
+        Err(zk::Error::NoAuth)
+    );
+    assert!(guard.is_held().await.unwrap(), "a stranger broke the lock");
+    assert!(guard.release().await.unwrap());
+
+    let admin = admin(&config, &config.chroot).await;
+    assert_no_znodes(&admin, &ns).await;
+    let _ = admin.delete(&format!("/{ns}"), None).await;
+    drop(admin);
+    let root = admin_with_credentials(&config).await;
+    root.delete(&config.chroot, None).await.unwrap();
+}
+
+async fn admin_with_credentials(config: &ZkConfig) -> zk::Client {
+    zk::Client::connector()
+        .with_auth("digest", b"lockkit:right-password")
+        .connect(&config.hosts.join(","))
+        .await
+        .expect("admin with credentials")
+}
+
+/// No server listening: connect fails with `Unavailable` within its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_ensemble_is_unavailable_within_the_timeout() {
+    let mut config = ZkConfig::default();
+    config.hosts = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()];
+    config.connect_timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let err = ZkBackend::connect(config)
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
