@@ -5,8 +5,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-# The suite covers these topologies; the memory tier needs none. Extend as backends land.
-topologies=()
+# The suite covers these topologies (the memory tier needs none).
+topologies=(redis sentinel redlock etcd zk)
 if ((${#topologies[@]})); then
   trap 'compose/down.sh "${topologies[@]}"' EXIT
   compose/up.sh "${topologies[@]}"
@@ -15,4 +15,4 @@ if ((${#topologies[@]})); then
   . "${LOCKKIT_COMPOSE_DIR:-$root/target/compose}/endpoints.env"
   set +a
 fi
-cargo run --release --example compare -- "$@"
+cargo run --release --all-features --example compare -- "$@"

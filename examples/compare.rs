@@ -9,13 +9,17 @@
 //! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
 //!   → release; the final value must be 8 × M, a shortfall is reported as lost updates.
 //!
-//! This build contains the memory backend only; the server tiers join as their backends land.
+//! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
+//! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
+//! the endpoints file of `compose/up.sh` (`compose/compare.sh` starts them). A tier whose
+//! servers are missing is skipped with a notice, or fails the run under
+//! `LOCKKIT_REQUIRE_BACKENDS=1`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockkit::{LockClient, LockkitConfig};
+use lockkit::{BackendKind, LockClient, LockkitConfig};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy)]
@@ -174,10 +178,33 @@ async fn main() -> lockkit::Result<()> {
         }
     };
 
-    let targets = [("memory", "memory://")];
+    let mut targets = vec![("memory", "memory://".to_owned())];
+    for (name, var, kind) in [
+        ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
+        (
+            "redis-sentinel",
+            "LOCKKIT_TEST_SENTINEL_URL",
+            BackendKind::RedisSentinel,
+        ),
+        (
+            "redlock-5",
+            "LOCKKIT_TEST_REDLOCK_URL",
+            BackendKind::Redlock,
+        ),
+        ("etcd-3", "LOCKKIT_TEST_ETCD_URL", BackendKind::Etcd),
+        ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
+    ] {
+        if !kind.is_compiled_in() {
+            continue;
+        }
+        match lockkit_core::testing::endpoint(var) {
+            Some(url) => targets.push((name, url)),
+            None => lockkit_core::testing::backend_missing(&format!("{name} ({var})")),
+        }
+    }
     let mut reports = Vec::new();
     for (name, url) in targets {
-        let locks = lockkit::connect(&LockkitConfig::from_url(url)?).await?;
+        let locks = lockkit::connect(&LockkitConfig::from_url(&url)?).await?;
         eprintln!("running {name} ({})...", locks.tier());
         reports.push(TierReport {
             target: name.to_owned(),
