@@ -255,6 +255,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Renews several leases at once; the answers are in the same order. Backends that can
     /// batch (one pipeline, one keep-alive) override it; the default renews them concurrently.
+    ///
+    /// The core calls `renew` and `renew_many` on lockkit's own runtime
+    /// ([`runtime`](crate::runtime)), never on the application's: connections a backend uses
+    /// only for renewals have their drivers there.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         futures_util::future::join_all(leases.iter().map(|lease| self.renew(lease))).await
     }

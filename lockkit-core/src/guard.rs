@@ -133,7 +133,10 @@ impl MutexGuard {
     /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the lease is no longer ours (the lost signal fires too);
     /// backend failures otherwise (the lease keeps its previous deadline).
     pub async fn extend(&self) -> Result<()> {
-        renewal::extend_now(self.held()).await
+        // On lockkit's runtime, like every renewal: backends keep their renewal connections
+        // there, so a reconnect it triggers puts the connection's driver there too.
+        let held = self.held().clone();
+        crate::runtime::run(async move { renewal::extend_now(&held).await }).await?
     }
 
     /// Releases the lock and says whether it was still ours when the backend got the request

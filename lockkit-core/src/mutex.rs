@@ -251,7 +251,20 @@ impl Acquisition<'_> {
         let backend = self.pending.backend.clone();
         loop {
             let sent_at = Instant::now();
-            match backend.try_acquire(&self.pending.request).await {
+            // The wait deadline bounds the attempt in progress too, not only the waits: a
+            // backend's own timeouts (a failover, a reconnect) can be far longer.
+            let attempt = backend.try_acquire(&self.pending.request);
+            let outcome = match self.deadline() {
+                Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        self.give_up("timeout").await;
+                        return Ok(None);
+                    }
+                },
+                None => attempt.await,
+            };
+            match outcome {
                 Ok(Attempt::Granted(grant)) => {
                     if let Some(guard) = self.accept(grant, sent_at) {
                         return Ok(Some(guard));
@@ -286,12 +299,18 @@ impl Acquisition<'_> {
         }
     }
 
+    /// The wait deadline, if there is one.
+    fn deadline(&self) -> Option<Instant> {
+        match self.wait {
+            Wait::Until(deadline) => deadline,
+            Wait::No => None,
+        }
+    }
+
     /// Time left before the wait deadline; `None` when there is none.
     fn remaining(&self) -> Option<Duration> {
-        match self.wait {
-            Wait::Until(Some(deadline)) => Some(deadline.saturating_duration_since(Instant::now())),
-            Wait::Until(None) | Wait::No => None,
-        }
+        self.deadline()
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
     }
 
     /// Turns a grant into a guard, unless it has no validity left.
@@ -344,13 +363,18 @@ impl Acquisition<'_> {
         };
         let pause = self.remaining().map_or(pause, |left| pause.min(left));
         let wait_started = Instant::now();
-        let outcome = backend
+        let waiting = backend
             .wait_for_change(&self.pending.request, contention, pause)
             .instrument(tracing::debug_span!(
                 "lockkit.wait",
                 max_ms = pause.as_millis() as u64
-            ))
-            .await;
+            ));
+        let outcome = match self.deadline() {
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), waiting)
+                .await
+                .unwrap_or(Ok(())),
+            None => waiting.await,
+        };
         if strategy == WaitStrategy::Notify {
             // Every waiter of the key was woken: spread their retries.
             tokio::time::sleep(jitter(Duration::ZERO, self.options.backoff_min)).await;

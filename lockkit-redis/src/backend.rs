@@ -323,12 +323,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let this = self.clone();
-        let owned = leases.to_vec();
-        let outcome = lockkit_core::runtime::run(async move { this.renew_batch(&owned).await })
-            .await
-            .and_then(|renewals| renewals);
-        match outcome {
+        match self.renew_batch(leases).await {
             Ok(renewals) => renewals.into_iter().map(Ok).collect(),
             Err(e) => leases
                 .iter()

@@ -532,11 +532,7 @@ impl LockBackend for RedlockBackend {
         let mut renewed = if live_leases.is_empty() {
             Vec::new()
         } else {
-            let this = self.clone();
-            let count = live_leases.len();
-            lockkit_core::runtime::run(async move { this.renew_on_all(&live_leases).await })
-                .await
-                .unwrap_or_else(|e| (0..count).map(|_| Err(crate::error::repeat(&e))).collect())
+            self.renew_on_all(&live_leases).await
         };
         let mut results: Vec<Option<Result<Renewal>>> = (0..leases.len()).map(|_| None).collect();
         for i in expired {

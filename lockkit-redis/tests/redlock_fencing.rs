@@ -49,7 +49,11 @@ async fn disagreeing_nodes_get_the_maximum_token_written_back() {
         if token > ahead {
             let mut at_least = 0;
             for node in &mut nodes {
-                let counter: Option<u64> = redis::cmd("GET").arg(&fence).query_async(node).await.unwrap();
+                let counter: Option<u64> = redis::cmd("GET")
+                    .arg(&fence)
+                    .query_async(node)
+                    .await
+                    .unwrap();
                 at_least += usize::from(counter.is_some_and(|c| c >= token));
             }
             assert!(
@@ -58,12 +62,18 @@ async fn disagreeing_nodes_get_the_maximum_token_written_back() {
             );
             guard.release().await.unwrap();
             let next = locks.mutex("fenced").unwrap().lock().await.unwrap();
-            assert!(next.fencing_token().get() > token, "the next token went back");
+            assert!(
+                next.fencing_token().get() > token,
+                "the next token went back"
+            );
             next.release().await.unwrap();
             checked = true;
             break;
         }
         guard.release().await.unwrap();
     }
-    assert!(checked, "no grant in 20 tries included a node that was ahead");
+    assert!(
+        checked,
+        "no grant in 20 tries included a node that was ahead"
+    );
 }
