@@ -35,7 +35,12 @@ use crate::scripts::{self, AcquireReply, Keys, millis};
 pub struct RedisBackend {
     primary: Arc<Primary>,
     config: Arc<RedisConfig>,
+    /// Until when waiters poll because the server refused a subscription.
+    polling_until: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// How long waiters poll after the server refused `SUBSCRIBE`, before trying it again.
+const POLL_AFTER_REFUSAL: Duration = Duration::from_secs(30);
 
 impl RedisBackend {
     /// Connects to the server (or asks the Sentinels for the primary and connects to it) and
@@ -79,6 +84,7 @@ impl RedisBackend {
         let backend = RedisBackend {
             primary: Arc::new(primary),
             config: Arc::new(config),
+            polling_until: Arc::default(),
         };
         backend.load_scripts().await?;
         Ok(backend)
@@ -100,12 +106,55 @@ impl RedisBackend {
             .map(drop)
     }
 
-    /// After a grant: waits until `min_replicas` replicas have it, else gives it back.
-    async fn ensure_replicated(&self, keys: &Keys, request: &AcquireRequest) -> Result<()> {
-        let acked = self.wait_replicas().await?;
-        let need = self.config.min_replicas as usize;
-        if acked >= need {
-            return Ok(());
+    /// The acquire script and `WAIT min_replicas replica_timeout` in one pipeline, on the
+    /// connection reserved for it (`WAIT` counts that connection's writes and blocks it). A
+    /// grant fewer replicas acknowledged is given back.
+    async fn acquire_replicated(
+        &self,
+        keys: &Keys,
+        request: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        let need = self.config.min_replicas;
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("EVALSHA")
+            .arg(scripts::ACQUIRE.get_hash())
+            .arg(2)
+            .arg(&keys.lock)
+            .arg(&keys.fence)
+            .arg(request.owner.expose_hex())
+            .arg(millis(request.ttl))
+            .arg(millis(self.config.fence_ttl));
+        pipe.cmd("WAIT")
+            .arg(need)
+            .arg(millis(self.config.replica_timeout));
+        let pipe = &pipe;
+        let replies = self
+            .primary
+            .request_on(
+                "acquiring",
+                |epoch| &epoch.replication,
+                |mut con| async move { scripts::query_reloading(pipe, &mut con).await },
+            )
+            .await?;
+        let (reply, acked) = match replies.as_slice() {
+            [Value::ServerError(e), _] => {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    BACKEND,
+                    format!("the acquire script failed: {e}"),
+                )
+                .with_retryable(true));
+            }
+            [reply, Value::Int(acked)] => (
+                scripts::acquire_reply(BACKEND, reply)?,
+                usize::try_from(*acked).unwrap_or(0),
+            ),
+            _ => return Err(unexpected(BACKEND, "the acquire script and WAIT")),
+        };
+        let need = need as usize;
+        if matches!(reply, AcquireReply::Contended(_)) || acked >= need {
+            return Ok(reply);
         }
         if let Err(e) = self.release_keys(keys, request.owner.expose_hex()).await {
             tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
@@ -119,23 +168,6 @@ impl RedisBackend {
             ),
         )
         .with_retryable(true))
-    }
-
-    /// `WAIT min_replicas replica_timeout`: how many replicas have every write so far.
-    async fn wait_replicas(&self) -> Result<usize> {
-        let need = self.config.min_replicas;
-        let timeout = millis(self.config.replica_timeout);
-        let acked: i64 = self
-            .primary
-            .request("waiting for replicas", |mut con| async move {
-                redis::cmd("WAIT")
-                    .arg(need)
-                    .arg(timeout)
-                    .query_async(&mut con)
-                    .await
-            })
-            .await?;
-        Ok(usize::try_from(acked).unwrap_or(0))
     }
 
     async fn release_keys(&self, keys: &Keys, owner_hex: String) -> Result<bool> {
@@ -177,7 +209,9 @@ impl RedisBackend {
         let pipe = &pipe;
         let mut replies = self
             .primary
-            .renewal_request(
+            .request_on(
+                "renewing",
+                |epoch| &epoch.renewals,
                 |mut con| async move { scripts::query_reloading(pipe, &mut con).await },
             )
             .await?;
@@ -215,10 +249,32 @@ impl RedisBackend {
             .collect()
     }
 
-    /// Sleeps like a poller: a short jittered pause, never past `max_wait`.
-    async fn poll_pause(max_wait: Duration) {
-        let pause = Duration::from_millis(rand::random_range(10..=100));
-        tokio::time::sleep(pause.min(max_wait)).await;
+    /// Whether waiters are woken by release notifications now (configured, and the server
+    /// did not refuse them lately).
+    fn notifies(&self) -> bool {
+        if !self.config.notifications {
+            return false;
+        }
+        let mut until = self
+            .polling_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if until.is_some_and(|until| std::time::Instant::now() >= until) {
+            *until = None;
+        }
+        until.is_none()
+    }
+
+    /// Falls back to polling for a while after the server refused a subscription.
+    fn poll_for_a_while(&self, error: &Error) {
+        let mut until = self
+            .polling_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if until.is_none() {
+            tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
+        }
+        *until = Some(std::time::Instant::now() + POLL_AFTER_REFUSAL);
     }
 }
 
@@ -237,7 +293,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let wait = if self.config.notifications {
+        let wait = if self.notifies() {
             WaitStrategy::Notify
         } else {
             WaitStrategy::Poll
@@ -247,29 +303,28 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         let keys = Keys::of(&request.key);
-        let (lock, fence) = (keys.lock.clone(), keys.fence.clone());
-        let owner = request.owner.expose_hex();
-        let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
-        let reply: Value = self
-            .primary
-            .request("acquiring", |mut con| async move {
-                scripts::ACQUIRE
-                    .key(lock)
-                    .key(fence)
-                    .arg(owner)
-                    .arg(ttl)
-                    .arg(fence_ttl)
-                    .invoke_async(&mut con)
-                    .await
-            })
-            .await?;
-        match scripts::acquire_reply(BACKEND, &reply)? {
-            AcquireReply::Granted(token) => {
-                if self.config.min_replicas > 0 {
-                    self.ensure_replicated(&keys, request).await?;
-                }
-                Ok(Attempt::Granted(Grant::new(token, request.ttl)))
-            }
+        let reply = if self.config.min_replicas > 0 {
+            self.acquire_replicated(&keys, request).await?
+        } else {
+            let (lock, fence) = (keys.lock.clone(), keys.fence.clone());
+            let owner = request.owner.expose_hex();
+            let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
+            self.primary
+                .request("acquiring", |mut con| async move {
+                    scripts::ACQUIRE
+                        .key(lock)
+                        .key(fence)
+                        .arg(owner)
+                        .arg(ttl)
+                        .arg(fence_ttl)
+                        .invoke_async::<Value>(&mut con)
+                        .await
+                })
+                .await
+                .and_then(|value| scripts::acquire_reply(BACKEND, &value))?
+        };
+        match reply {
+            AcquireReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
             AcquireReply::Contended(remaining) => {
                 let contention = Contention::new();
                 Ok(Attempt::Contended(match remaining {
@@ -286,7 +341,8 @@ impl LockBackend for RedisBackend {
         _contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        if !self.config.notifications {
+        if !self.notifies() {
+            // The core chose `max_wait` by jittered backoff (the capability says Poll).
             tokio::time::sleep(max_wait).await;
             return Ok(());
         }
@@ -295,8 +351,7 @@ impl LockBackend for RedisBackend {
         let mut subscription = match epoch.notifier.subscribe(&keys.channel).await {
             Ok(subscription) => subscription,
             Err(e) => {
-                tracing::debug!(error = %e, "release notifications unavailable; polling");
-                Self::poll_pause(max_wait).await;
+                self.poll_for_a_while(&e);
                 return Ok(());
             }
         };

@@ -181,6 +181,12 @@ impl RedisConfig {
                 "redis.min_replicas needs a Sentinel-managed primary (sentinel_master)",
             ));
         }
+        if self.min_replicas > 0 && self.replica_timeout >= self.response_timeout {
+            return Err(Error::invalid_config(format!(
+                "redis.replica_timeout ({:?}) must be shorter than redis.response_timeout ({:?}): the WAIT for replicas is part of one request",
+                self.replica_timeout, self.response_timeout
+            )));
+        }
         if self.sentinel_master.as_deref() == Some("") {
             return Err(Error::invalid_config("redis.sentinel_master is empty"));
         }
@@ -248,8 +254,9 @@ pub struct RedlockConfig {
     /// so a dead node costs at most this much. Keep it a small share of the TTL. Default: 100ms.
     #[serde(with = "humantime_serde")]
     pub node_timeout: Duration,
-    /// Stop renewing a lock after it was held this long; it is then reported lost when its
-    /// validity runs out. Default: unset (renew as long as the guard lives).
+    /// Keep a lock at most this long: the first renewal after it reports the lock lost (the
+    /// guard's `lost()` fires, before the keys expire) and stops renewing it. Default: unset
+    /// (renew as long as the guard lives).
     #[serde(
         default,
         with = "humantime_serde",

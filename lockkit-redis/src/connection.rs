@@ -1,6 +1,7 @@
 //! Connections: one reconnecting [`ConnectionManager`] per server, with bounded timeouts, and
 //! the [`Primary`] that follows a Sentinel-managed primary across failovers.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -64,7 +65,7 @@ impl Dialer {
     }
 
     /// A client for `info`, trusting the configured CA for TLS.
-    fn client(&self, info: ConnectionInfo) -> Result<Client> {
+    pub(crate) fn client(&self, info: ConnectionInfo) -> Result<Client> {
         #[cfg(feature = "tls")]
         if let (true, Some(ca)) = (self.tls, &self.tls_ca) {
             let certificates = redis::TlsCertificates {
@@ -181,6 +182,9 @@ pub(crate) struct Epoch {
     /// For renewals only, always used on lockkit's runtime, so its connection driver lives
     /// there and a saturated user runtime cannot delay renewals.
     pub(crate) renewals: ConnectionManager,
+    /// For grants followed by `WAIT` (`min_replicas`): `WAIT` counts the writes of its own
+    /// connection and blocks it, so it gets one of its own. Connects on first use.
+    pub(crate) replication: ConnectionManager,
     /// Release notifications.
     pub(crate) notifier: Notifier,
 }
@@ -188,6 +192,8 @@ pub(crate) struct Epoch {
 struct Sentinels {
     hosts: Vec<(String, u16)>,
     master: String,
+    /// Which Sentinel to ask first next time.
+    next: AtomicUsize,
 }
 
 /// Re-resolving the primary more often than this does not find a failover faster.
@@ -206,7 +212,11 @@ impl Primary {
         hosts: Vec<(String, u16)>,
         master: String,
     ) -> Result<Self> {
-        let sentinels = Sentinels { hosts, master };
+        let sentinels = Sentinels {
+            hosts,
+            master,
+            next: AtomicUsize::new(0),
+        };
         let addr = sentinels.resolve(&dialer).await?;
         let epoch = Epoch::open(&dialer, addr).await?;
         Ok(Primary::new(dialer, Some(sentinels), epoch))
@@ -230,83 +240,86 @@ impl Primary {
     }
 
     /// Runs `request` on the current primary's connection, bounded, and looks for a new
-    /// primary when the error says this one is gone or demoted.
-    pub(crate) async fn request<T, F, Fut>(&self, what: &str, request: F) -> Result<T>
+    /// primary (in the background) when the error says this one is gone or demoted.
+    pub(crate) async fn request<T, F, Fut>(self: &Arc<Self>, what: &str, request: F) -> Result<T>
     where
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        self.request_via(what, false, request).await
+        self.request_on(what, |epoch| &epoch.connection, request)
+            .await
     }
 
-    /// As [`Primary::request`], on the renewal connection (call it on lockkit's runtime).
-    pub(crate) async fn renewal_request<T, F, Fut>(&self, request: F) -> Result<T>
-    where
-        F: FnOnce(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        self.request_via("renewing", true, request).await
-    }
-
-    async fn request_via<T, F, Fut>(&self, what: &str, renewal: bool, request: F) -> Result<T>
+    /// As [`Primary::request`], on the connection `pick` chooses.
+    pub(crate) async fn request_on<T, F, Fut>(
+        self: &Arc<Self>,
+        what: &str,
+        pick: fn(&Epoch) -> &ConnectionManager,
+        request: F,
+    ) -> Result<T>
     where
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let epoch = self.epoch();
         let bound = self.dialer.request_bound();
-        let connection = if renewal {
-            epoch.renewals.clone()
-        } else {
-            epoch.connection.clone()
-        };
-        match tokio::time::timeout(bound, request(connection)).await {
+        match tokio::time::timeout(bound, request(pick(&epoch).clone())).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 if primary_may_have_moved(&e) {
-                    self.follow_failover(&epoch).await;
+                    self.follow_failover(epoch);
                 }
                 Err(from_redis(self.dialer.backend, e))
             }
             Err(_) => {
-                self.follow_failover(&epoch).await;
+                self.follow_failover(epoch);
                 Err(timed_out(self.dialer.backend, what, bound))
             }
         }
     }
 
-    /// Asks the Sentinels where the primary is now and switches to it if it moved.
-    async fn follow_failover(&self, failed: &Arc<Epoch>) {
-        let Some(sentinels) = &self.sentinels else {
-            return;
-        };
-        let mut last = self.resolving.lock().await;
-        if !Arc::ptr_eq(&self.epoch(), failed) || last.elapsed() < RESOLVE_INTERVAL {
+    /// Starts asking the Sentinels where the primary is now, in the background (the failed
+    /// request returns its error at once), and switches to it if it moved. At most one such
+    /// task runs at a time, and not more often than [`RESOLVE_INTERVAL`].
+    fn follow_failover(self: &Arc<Self>, failed: Arc<Epoch>) {
+        if self.sentinels.is_none() {
             return;
         }
-        *last = Instant::now();
-        let addr = match sentinels.resolve(&self.dialer).await {
-            Ok(addr) => addr,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot ask the Sentinels for the primary");
+        let this = self.clone();
+        lockkit_core::runtime::spawn(async move {
+            let Ok(mut last) = this.resolving.try_lock() else {
+                return;
+            };
+            if !Arc::ptr_eq(&this.epoch(), &failed) || last.elapsed() < RESOLVE_INTERVAL {
                 return;
             }
-        };
-        if addr == failed.addr {
-            return;
-        }
-        match Epoch::open(&self.dialer, addr.clone()).await {
-            Ok(epoch) => {
-                tracing::info!(primary = %format!("{}:{}", addr.0, addr.1), "following a Sentinel failover");
-                *self
-                    .current
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(epoch);
-                // Releases are published on the new primary now: the old one's waiters retry.
-                failed.notifier.wake_all();
+            *last = Instant::now();
+            let Some(sentinels) = &this.sentinels else {
+                return;
+            };
+            let addr = match sentinels.resolve(&this.dialer).await {
+                Ok(addr) => addr,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot find the primary through the Sentinels");
+                    return;
+                }
+            };
+            if addr == failed.addr {
+                return;
             }
-            Err(e) => tracing::warn!(error = %e, "cannot connect to the new primary"),
-        }
+            match Epoch::open(&this.dialer, addr.clone()).await {
+                Ok(epoch) => {
+                    tracing::info!(primary = %format!("{}:{}", addr.0, addr.1), "following a Sentinel failover");
+                    *this
+                        .current
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(epoch);
+                    // Releases are published on the new primary now: the old one's waiters retry.
+                    failed.notifier.wake_all();
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot connect to the new primary"),
+            }
+        });
     }
 }
 
@@ -317,7 +330,8 @@ impl Epoch {
         lockkit_core::runtime::run(async move {
             let info = dialer.info(&addr.0, addr.1, ProtocolVersion::RESP2)?;
             let (connection, renewals) =
-                tokio::try_join!(dialer.connect(info.clone()), dialer.connect(info))?;
+                tokio::try_join!(dialer.connect(info.clone()), dialer.connect(info.clone()))?;
+            let replication = dialer.lazy(info)?;
             let notifier = Notifier::new(
                 dialer.clone(),
                 dialer.info(&addr.0, addr.1, ProtocolVersion::RESP3)?,
@@ -326,6 +340,7 @@ impl Epoch {
                 addr,
                 connection,
                 renewals,
+                replication,
                 notifier,
             })
         })
@@ -334,25 +349,54 @@ impl Epoch {
 }
 
 impl Sentinels {
-    /// The primary's address, from the first Sentinel that knows it.
+    /// The primary's address: the first answer, asking the Sentinels in turn (starting with a
+    /// different one each time, so one stale Sentinel cannot pin us), that names a server
+    /// which says it is a primary (`ROLE`).
     async fn resolve(&self, dialer: &Dialer) -> Result<(String, u16)> {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut failures = Vec::new();
-        for (host, port) in &self.hosts {
-            match self.ask(dialer, host, *port).await {
-                Ok(addr) => return Ok(addr),
-                Err(e) => failures.push(format!("{host}:{port}: {}", e.message())),
-            }
+        for i in 0..self.hosts.len() {
+            let (host, port) = &self.hosts[(start + i) % self.hosts.len()];
+            let failure = match self.ask(dialer, host, *port).await {
+                Ok(addr) => match is_primary(dialer, &addr).await {
+                    Ok(true) => return Ok(addr),
+                    Ok(false) => Error::new(
+                        ErrorKind::Unavailable,
+                        dialer.backend,
+                        format!("it names {}:{}, which is not a primary", addr.0, addr.1),
+                    )
+                    .with_retryable(true),
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            };
+            failures.push((format!("{host}:{port}"), failure));
         }
+        // Every Sentinel refusing the same way for a reason retries cannot fix (an unknown
+        // master name, credentials) is that error, not an outage.
+        let kind = match failures.first() {
+            Some((_, first))
+                if !first.is_retryable()
+                    && failures.iter().all(|(_, e)| e.kind() == first.kind()) =>
+            {
+                first.kind()
+            }
+            _ => ErrorKind::Unavailable,
+        };
+        let details: Vec<String> = failures
+            .iter()
+            .map(|(sentinel, e)| format!("{sentinel}: {}", e.message()))
+            .collect();
         Err(Error::new(
-            ErrorKind::Unavailable,
+            kind,
             dialer.backend,
             format!(
-                "no Sentinel named the primary {:?}: {}",
+                "no Sentinel named a primary for {:?}: {}",
                 self.master,
-                failures.join("; ")
+                details.join("; ")
             ),
         )
-        .with_retryable(true))
+        .with_retryable(kind == ErrorKind::Unavailable))
     }
 
     async fn ask(&self, dialer: &Dialer, host: &str, port: u16) -> Result<(String, u16)> {
@@ -393,6 +437,18 @@ impl Sentinels {
         })?;
         Ok((host, port))
     }
+}
+
+/// Whether the server at `addr` says it is a primary.
+async fn is_primary(dialer: &Dialer, addr: &(String, u16)) -> Result<bool> {
+    let client = dialer.client(dialer.info(&addr.0, addr.1, ProtocolVersion::RESP2)?)?;
+    let role: Vec<redis::Value> = dialer
+        .bounded("asking a server its role", async move {
+            let mut con = client.get_multiplexed_async_connection().await?;
+            redis::cmd("ROLE").query_async(&mut con).await
+        })
+        .await?;
+    Ok(matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master"))
 }
 
 /// Whether `error` means the primary may be down or demoted (then the Sentinels are asked).

@@ -98,12 +98,7 @@ impl Notifier {
             joined: true,
         };
         match self.inner.send_subscribe(channel).await {
-            Ok(()) => {
-                if let Some(entry) = self.inner.channels().get_mut(channel) {
-                    entry.confirmed = true;
-                }
-                Ok(subscription)
-            }
+            Ok(()) => Ok(subscription),
             Err(e) => {
                 self.inner.channels().remove(channel);
                 subscription.joined = false;
@@ -120,12 +115,18 @@ impl Inner {
         let channel = channel.to_owned();
         lockkit_core::runtime::run(async move {
             let mut connection = inner.connection().await?;
+            let name = channel.clone();
             inner
                 .dialer
                 .bounded("subscribing to release notifications", async move {
-                    connection.subscribe(&channel).await
+                    connection.subscribe(&name).await
                 })
-                .await
+                .await?;
+            // Confirmed here, not by the waiter: it may have been cancelled meanwhile.
+            if let Some(entry) = inner.channels().get_mut(&channel) {
+                entry.confirmed = true;
+            }
+            Ok(())
         })
         .await?
     }
@@ -185,27 +186,37 @@ impl Inner {
 
     async fn unsubscribe_if_idle(&self, channel: &str) {
         let _changes = self.changes.lock().await;
-        let idle = {
+        {
+            // Unconfirmed while it goes: a new waiter takes the slow path and waits for us.
             let mut channels = self.channels();
-            let idle = channels
-                .get(channel)
-                .is_some_and(|entry| entry.waiters == 0);
-            if idle {
+            match channels.get_mut(channel) {
+                Some(entry) if entry.waiters == 0 => entry.confirmed = false,
+                _ => return,
+            }
+        }
+        let unsubscribed = match self.connection.get() {
+            Some(connection) => {
+                let mut connection = connection.clone();
+                let name = channel.to_owned();
+                self.dialer
+                    .bounded("unsubscribing", async move {
+                        connection.unsubscribe(&name).await
+                    })
+                    .await
+            }
+            None => Ok(()),
+        };
+        let mut channels = self.channels();
+        match unsubscribed {
+            Ok(()) => {
                 channels.remove(channel);
             }
-            idle
-        };
-        if let (true, Some(connection)) = (idle, self.connection.get()) {
-            let mut connection = connection.clone();
-            let channel = channel.to_owned();
-            if let Err(e) = self
-                .dialer
-                .bounded("unsubscribing", async move {
-                    connection.unsubscribe(&channel).await
-                })
-                .await
-            {
+            Err(e) => {
+                // Still subscribed (and resubscribed after reconnects): keep it usable.
                 tracing::debug!(error = %e, "could not unsubscribe from a release channel");
+                if let Some(entry) = channels.get_mut(channel) {
+                    entry.confirmed = true;
+                }
             }
         }
     }

@@ -210,3 +210,107 @@ async fn acl_user_works_and_wrong_password_is_auth() {
     assert!(!wrong_err.is_retryable());
     assert!(!format!("{wrong_err} {wrong_err:?}").contains("not-the-password"));
 }
+
+/// A Sentinel group that does not know the master name is a configuration error, not an
+/// outage to retry.
+#[tokio::test]
+async fn unknown_sentinel_master_is_invalid_config() {
+    let Some(harness) = common::sentinel().await else {
+        return;
+    };
+    let common::Topology::Sentinel(config) = &harness.topology else {
+        panic!("the sentinel harness runs on Sentinel");
+    };
+    let mut config = config.clone();
+    config.sentinel_master = Some("no-such-master".into());
+    let err = RedisBackend::connect(config).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(!err.is_retryable());
+    assert!(err.message().contains("no-such-master"), "{err}");
+}
+
+/// A user without `SUBSCRIBE` still gets its locks: waiters fall back to polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_subscriptions_fall_back_to_polling() {
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut admin = harness.servers().await.unwrap().remove(0);
+    let user = format!("lk-test-{:08x}", rand::random::<u32>());
+    let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
+    let password = format!("pw-{:016x}", rand::random::<u64>());
+    let mut setuser = redis::cmd("ACL");
+    setuser
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg("resetkeys")
+        .arg(format!("~{{{namespace}/*"))
+        .arg("resetchannels")
+        .arg("&lockkit:released:*")
+        .arg("-@all");
+    for command in [
+        "+evalsha",
+        "+script|load",
+        "+ping",
+        "+hello",
+        "+get",
+        "+set",
+        "+incr",
+        "+pexpire",
+        "+pttl",
+        "+time",
+        "+del",
+        "+publish",
+    ] {
+        setuser.arg(command);
+    }
+    let _: () = setuser.query_async(&mut admin).await.unwrap();
+
+    let common::Topology::Single(config) = &harness.topology else {
+        panic!("the single harness runs on one server");
+    };
+    let mut config = config.clone();
+    config.username = Some(user.clone());
+    config.password = Some(password);
+    let outcome: lockkit_core::Result<(lockkit_core::WaitStrategy, Duration)> = async {
+        let backend: std::sync::Arc<RedisBackend> =
+            std::sync::Arc::new(RedisBackend::connect(config).await?);
+        let options = lockkit_core::LockOptions::default().with_ttl(Duration::from_secs(5));
+        let locks = LockClient::with_options(backend.clone(), &namespace, options)?;
+        let held = locks.mutex("polled")?.lock().await?;
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let guard: lockkit_core::Result<lockkit_core::MutexGuard> =
+                    async { locks.mutex("polled")?.lock().await }.await;
+                guard
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let polls = lockkit_core::LockBackend::capabilities(&*backend).wait;
+        held.release().await?;
+        let started = Instant::now();
+        let next = tokio::time::timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("the waiter was never granted")
+            .expect("join")?;
+        let waited = started.elapsed();
+        next.release().await?;
+        lockkit_core::Result::Ok((polls, waited))
+    }
+    .await;
+    let _: i64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let (polls, waited) = outcome.expect("locks work without SUBSCRIBE");
+    assert_eq!(polls, lockkit_core::WaitStrategy::Poll);
+    assert!(
+        waited < Duration::from_secs(2),
+        "the poller took {waited:?}"
+    );
+}
