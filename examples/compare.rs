@@ -8,6 +8,9 @@
 //! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99.
 //! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
 //!   → release; the final value must be 8 × M, a shortfall is reported as lost updates.
+//! - W3 holder crash: another process (this program, re-run with `--hold`) takes the lock with
+//!   a 2 s TTL and is killed with SIGKILL; the time until this process is granted the lock.
+//!   Not run on the memory tier, which cannot be shared between processes.
 //!
 //! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
 //! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
@@ -49,11 +52,80 @@ struct Contended {
 }
 
 #[derive(Debug, Serialize)]
+struct HolderCrash {
+    ttl_ms: u64,
+    recovery_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
 struct TierReport {
     target: String,
     tier: String,
     uncontended: Uncontended,
     contended: Contended,
+    holder_crash: Option<HolderCrash>,
+}
+
+/// The lock W3's child process holds.
+const W3_TTL: Duration = Duration::from_secs(2);
+
+/// Child mode of W3: take `key` at `url` with `ttl_ms`, say so, and hold it until killed.
+async fn hold(url: &str, key: &str, ttl_ms: u64) -> lockkit::Result<()> {
+    let locks = lockkit::connect(&LockkitConfig::from_url(url)?).await?;
+    let guard = locks
+        .mutex(key)?
+        .with_ttl(Duration::from_millis(ttl_ms))
+        .lock()
+        .await?;
+    println!("held {}", guard.fencing_token());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+fn compare_error(message: String) -> lockkit::Error {
+    lockkit::Error::new(lockkit::ErrorKind::Backend, "compare", message)
+}
+
+/// W3: a holder process killed with SIGKILL; how long until this process is granted.
+async fn holder_crash(url: &str, locks: &LockClient) -> lockkit::Result<HolderCrash> {
+    use tokio::io::AsyncBufReadExt;
+    let key = format!("w3-crash-{:08x}", rand::random::<u32>());
+    let exe = std::env::current_exe().map_err(|e| compare_error(format!("current_exe: {e}")))?;
+    let ttl_ms = W3_TTL.as_millis() as u64;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["--hold", url, &key, &ttl_ms.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| compare_error(format!("cannot start the holder process: {e}")))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| compare_error("the holder has no stdout".into()))?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let held = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    if !matches!(held, Ok(Ok(Some(ref line))) if line.starts_with("held")) {
+        return Err(compare_error(format!(
+            "the holder process did not take the lock: {held:?}"
+        )));
+    }
+    child
+        .start_kill()
+        .map_err(|e| compare_error(format!("cannot kill the holder: {e}")))?;
+    let killed_at = Instant::now();
+    let _ = child.wait().await;
+    let guard = locks
+        .mutex(&key)?
+        .lock_timeout(Duration::from_secs(60))
+        .await?;
+    let recovery = killed_at.elapsed();
+    guard.release().await?;
+    Ok(HolderCrash {
+        ttl_ms,
+        recovery_ms: recovery.as_secs_f64() * 1e3,
+    })
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -133,13 +205,13 @@ async fn contended(
 
 fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
-        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in reports {
         let (u, c) = (&r.uncontended, &r.contended);
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} |\n",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {} |\n",
             r.target,
             r.tier,
             u.cycles_per_sec,
@@ -149,7 +221,10 @@ fn markdown(reports: &[TierReport]) -> String {
             c.lost_updates,
             c.increments_per_sec,
             c.wait_p50_us,
-            c.wait_p99_us
+            c.wait_p99_us,
+            r.holder_crash
+                .as_ref()
+                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.recovery_ms))
         ));
     }
     out
@@ -158,6 +233,14 @@ fn markdown(reports: &[TierReport]) -> String {
 #[tokio::main]
 async fn main() -> lockkit::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, url, key, ttl_ms] = args.as_slice()
+        && flag == "--hold"
+    {
+        let ttl_ms = ttl_ms
+            .parse()
+            .map_err(|_| compare_error(format!("bad TTL {ttl_ms}")))?;
+        return hold(url, key, ttl_ms).await;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let json_path = args
         .iter()
@@ -211,6 +294,11 @@ async fn main() -> lockkit::Result<()> {
             tier: locks.tier().to_string(),
             uncontended: uncontended(&locks, sizes.uncontended_cycles).await?,
             contended: contended(&locks, sizes.workers, sizes.iterations).await?,
+            holder_crash: if name == "memory" {
+                None
+            } else {
+                Some(holder_crash(&url, &locks).await?)
+            },
         });
     }
 
