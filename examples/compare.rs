@@ -11,6 +11,14 @@
 //! - W3 holder crash: another process (this program, re-run with `--hold`) takes the lock with
 //!   a 2 s TTL and is killed with SIGKILL; the time until this process is granted the lock.
 //!   Not run on the memory tier, which cannot be shared between processes.
+//! - W4 holder pause: another process takes the lock (2 s TTL) and then writes to a fenced
+//!   resource every 20 ms, naively, without checking that it still holds the lock. It is
+//!   stopped (SIGSTOP) for 4 s; meanwhile this process is granted the lock and writes with its
+//!   own token; then the paused one resumes (SIGCONT). The resource keeps the highest token it
+//!   has seen and rejects older ones. Reported: the paused holder's writes that arrived while
+//!   this process held the lock (overlapping critical sections), how many of those it made
+//!   although its guard already reported the lock lost, and how many stale writes the fenced
+//!   resource rejected and accepted.
 //!
 //! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
 //! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
@@ -64,7 +72,43 @@ struct TierReport {
     uncontended: Uncontended,
     contended: Contended,
     holder_crash: Option<HolderCrash>,
+    holder_pause: Option<HolderPause>,
 }
+
+#[derive(Debug, Serialize)]
+struct HolderPause {
+    ttl_ms: u64,
+    pause_ms: u64,
+    overlapping_writes: u64,
+    written_after_lost: u64,
+    stale_rejected: u64,
+    stale_accepted: u64,
+}
+
+/// A resource that keeps the highest fencing token it has seen and rejects older ones.
+#[derive(Debug, Default)]
+struct FencedResource {
+    highest: u64,
+    rejected: u64,
+    accepted_stale: u64,
+}
+
+impl FencedResource {
+    /// Applies a write made with `token`; `stale` says whether the writer's lock had passed on.
+    fn write(&mut self, token: u64, stale: bool) {
+        if token < self.highest {
+            self.rejected += 1;
+            return;
+        }
+        self.highest = token;
+        if stale {
+            self.accepted_stale += 1;
+        }
+    }
+}
+
+/// How long W4 keeps the holder stopped: longer than its TTL.
+const W4_PAUSE: Duration = Duration::from_secs(4);
 
 /// The lock W3's child process holds.
 const W3_TTL: Duration = Duration::from_secs(2);
@@ -88,14 +132,40 @@ fn compare_error(message: String) -> lockkit::Error {
     lockkit::Error::new(lockkit::ErrorKind::Backend, "compare", message)
 }
 
-/// W3: a holder process killed with SIGKILL; how long until this process is granted.
-async fn holder_crash(url: &str, locks: &LockClient) -> lockkit::Result<HolderCrash> {
+/// Child mode of W4: take `key`, then report a write every 20 ms, naively, whether or not the
+/// guard still holds the lock: `write TOKEN LOST`.
+async fn hold_and_write(url: &str, key: &str, ttl_ms: u64) -> lockkit::Result<()> {
+    use std::io::Write;
+    let locks = lockkit::connect(&LockkitConfig::from_url(url)?).await?;
+    let guard = locks
+        .mutex(key)?
+        .with_ttl(Duration::from_millis(ttl_ms))
+        .lock()
+        .await?;
+    let token = guard.fencing_token().get();
+    println!("held {token}");
+    loop {
+        let _ = std::io::stdout().flush();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        println!("write {token} {}", guard.is_lost());
+    }
+}
+
+/// Starts this program in a child mode and waits until it says it holds the lock.
+async fn spawn_holder(
+    mode: &str,
+    url: &str,
+    key: &str,
+    ttl: Duration,
+) -> lockkit::Result<(
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    u64,
+)> {
     use tokio::io::AsyncBufReadExt;
-    let key = format!("w3-crash-{:08x}", rand::random::<u32>());
     let exe = std::env::current_exe().map_err(|e| compare_error(format!("current_exe: {e}")))?;
-    let ttl_ms = W3_TTL.as_millis() as u64;
     let mut child = tokio::process::Command::new(exe)
-        .args(["--hold", url, &key, &ttl_ms.to_string()])
+        .args([mode, url, key, &ttl.as_millis().to_string()])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -106,11 +176,87 @@ async fn holder_crash(url: &str, locks: &LockClient) -> lockkit::Result<HolderCr
         .ok_or_else(|| compare_error("the holder has no stdout".into()))?;
     let mut lines = tokio::io::BufReader::new(stdout).lines();
     let held = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
-    if !matches!(held, Ok(Ok(Some(ref line))) if line.starts_with("held")) {
-        return Err(compare_error(format!(
-            "the holder process did not take the lock: {held:?}"
-        )));
+    let token = match held {
+        Ok(Ok(Some(line))) => line
+            .strip_prefix("held ")
+            .and_then(|t| t.trim().parse().ok())
+            .ok_or_else(|| compare_error(format!("unexpected line from the holder: {line}")))?,
+        other => {
+            return Err(compare_error(format!(
+                "the holder did not take the lock: {other:?}"
+            )));
+        }
+    };
+    Ok((child, lines, token))
+}
+
+/// Sends `signal` to `child`.
+fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) -> lockkit::Result<()> {
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| compare_error("the holder has exited".into()))?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+        .map_err(|e| compare_error(format!("cannot signal the holder: {e}")))
+}
+
+/// W4: a holder paused past its TTL keeps writing when it wakes up.
+async fn holder_pause(url: &str, locks: &LockClient) -> lockkit::Result<HolderPause> {
+    let key = format!("w4-pause-{:08x}", rand::random::<u32>());
+    let (child, mut lines, _) = spawn_holder("--hold-and-write", url, &key, W3_TTL).await?;
+    signal(&child, nix::sys::signal::Signal::SIGSTOP)?;
+    let stopped_at = Instant::now();
+    // Drain what it wrote before the stop; it holds the lock then, so those writes are fine.
+    let mut resource = FencedResource::default();
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_millis(100), lines.next_line()).await
+    {
+        if let Some((token, _)) = parse_write(&line) {
+            resource.write(token, false);
+        }
     }
+    let guard = locks
+        .mutex(&key)?
+        .lock_timeout(Duration::from_secs(60))
+        .await?;
+    resource.write(guard.fencing_token().get(), false);
+    tokio::time::sleep_until((stopped_at + W4_PAUSE).into()).await;
+    signal(&child, nix::sys::signal::Signal::SIGCONT)?;
+    let mut report = HolderPause {
+        ttl_ms: W3_TTL.as_millis() as u64,
+        pause_ms: W4_PAUSE.as_millis() as u64,
+        overlapping_writes: 0,
+        written_after_lost: 0,
+        stale_rejected: 0,
+        stale_accepted: 0,
+    };
+    let hold_until = Instant::now() + Duration::from_millis(500);
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout_at(hold_until.into(), lines.next_line()).await
+    {
+        if let Some((token, lost)) = parse_write(&line) {
+            report.overlapping_writes += 1;
+            report.written_after_lost += u64::from(lost);
+            resource.write(token, true);
+        }
+    }
+    guard.release().await?;
+    drop(child);
+    report.stale_rejected = resource.rejected;
+    report.stale_accepted = resource.accepted_stale;
+    Ok(report)
+}
+
+fn parse_write(line: &str) -> Option<(u64, bool)> {
+    let mut parts = line.strip_prefix("write ")?.split(' ');
+    Some((parts.next()?.parse().ok()?, parts.next()? == "true"))
+}
+
+/// W3: a holder process killed with SIGKILL; how long until this process is granted.
+async fn holder_crash(url: &str, locks: &LockClient) -> lockkit::Result<HolderCrash> {
+    let key = format!("w3-crash-{:08x}", rand::random::<u32>());
+    let (mut child, _lines, _) = spawn_holder("--hold", url, &key, W3_TTL).await?;
+    let ttl_ms = W3_TTL.as_millis() as u64;
     child
         .start_kill()
         .map_err(|e| compare_error(format!("cannot kill the holder: {e}")))?;
@@ -205,13 +351,13 @@ async fn contended(
 
 fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
-        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in reports {
         let (u, c) = (&r.uncontended, &r.contended);
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {} |\n",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} |\n",
             r.target,
             r.tier,
             u.cycles_per_sec,
@@ -224,7 +370,15 @@ fn markdown(reports: &[TierReport]) -> String {
             c.wait_p99_us,
             r.holder_crash
                 .as_ref()
-                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.recovery_ms))
+                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.recovery_ms)),
+            r.holder_pause.as_ref().map_or("n/a".to_owned(), |w| format!(
+                "{} ({})",
+                w.overlapping_writes, w.written_after_lost
+            )),
+            r.holder_pause.as_ref().map_or("n/a".to_owned(), |w| format!(
+                "{} / {}",
+                w.stale_rejected, w.stale_accepted
+            ))
         ));
     }
     out
@@ -233,13 +387,17 @@ fn markdown(reports: &[TierReport]) -> String {
 #[tokio::main]
 async fn main() -> lockkit::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [flag, url, key, ttl_ms] = args.as_slice()
-        && flag == "--hold"
+    if let [mode, url, key, ttl_ms] = args.as_slice()
+        && (mode == "--hold" || mode == "--hold-and-write")
     {
         let ttl_ms = ttl_ms
             .parse()
             .map_err(|_| compare_error(format!("bad TTL {ttl_ms}")))?;
-        return hold(url, key, ttl_ms).await;
+        return if mode == "--hold" {
+            hold(url, key, ttl_ms).await
+        } else {
+            hold_and_write(url, key, ttl_ms).await
+        };
     }
     let quick = args.iter().any(|a| a == "--quick");
     let json_path = args
@@ -298,6 +456,11 @@ async fn main() -> lockkit::Result<()> {
                 None
             } else {
                 Some(holder_crash(&url, &locks).await?)
+            },
+            holder_pause: if name == "memory" {
+                None
+            } else {
+                Some(holder_pause(&url, &locks).await?)
             },
         });
     }
