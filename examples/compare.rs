@@ -19,6 +19,14 @@
 //!   this process held the lock (overlapping critical sections), how many of those it made
 //!   although its guard already reported the lock lost, and how many stale writes the fenced
 //!   resource rejected and accepted.
+//! - W5 server failover: 4 clients contend for one key (5 ms critical sections); after 1 s the
+//!   server that decides is killed with SIGKILL (the single Redis, the Sentinel primary, one
+//!   Redlock node, the etcd leader, the ZooKeeper leader) and the run goes on for 6 s more
+//!   (the single Redis is restarted, empty, 2 s after its death: nothing else would bring it
+//!   back).
+//!   Reported: critical sections that overlapped, stale writes the fenced resource rejected and
+//!   accepted, the longest time without a grant, and the errors clients saw. The killed member
+//!   is restarted afterwards (`compose/member.sh`); without the compose scripts W5 is skipped.
 //!
 //! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
 //! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
@@ -73,6 +81,7 @@ struct TierReport {
     contended: Contended,
     holder_crash: Option<HolderCrash>,
     holder_pause: Option<HolderPause>,
+    failover: Option<Failover>,
 }
 
 #[derive(Debug, Serialize)]
@@ -105,6 +114,169 @@ impl FencedResource {
             self.accepted_stale += 1;
         }
     }
+}
+
+#[derive(Debug, Serialize)]
+struct Failover {
+    killed: String,
+    grants: u64,
+    overlaps: u64,
+    stale_rejected: u64,
+    stale_accepted: u64,
+    longest_gap_ms: f64,
+    errors: u64,
+}
+
+/// Runs `compose/member.sh ARGS`; `None` if it fails or is not there.
+fn member(args: &[&str]) -> Option<String> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("compose/member.sh");
+    let out = std::process::Command::new(script)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The member whose death W5 causes, for a target.
+fn member_to_kill(target: &str) -> Option<String> {
+    match target {
+        "redis" => Some("redis".into()),
+        "redis-sentinel" => member(&["leader", "sentinel"]),
+        "redlock-5" => Some("redlock-1".into()),
+        "etcd-3" => member(&["leader", "etcd"]),
+        "zk-3" => member(&["leader", "zk"]),
+        _ => None,
+    }
+}
+
+/// Restarts `name` and waits until its topology is whole again (a restarted Sentinel
+/// primary first comes back as a second primary and is demoted only later).
+async fn restore(name: &str) {
+    if member(&["restart", name]).is_none() {
+        eprintln!("warning: could not restart {name}");
+        return;
+    }
+    if !name.starts_with("sentinel-") {
+        return;
+    }
+    let Some(port) =
+        member(&["status", name]).and_then(|s| s.split_whitespace().last().map(str::to_owned))
+    else {
+        return;
+    };
+    let by = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < by {
+        let info = std::process::Command::new("redis-cli")
+            .args(["-p", &port, "info", "replication"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        if info.contains("role:slave") && info.contains("master_link_status:up") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("warning: {name} did not rejoin as a replica within 40 s");
+}
+
+/// W5: the deciding server dies while clients contend.
+async fn failover(target: &str, url: &str) -> lockkit::Result<Option<Failover>> {
+    let Some(victim) = member_to_kill(target) else {
+        return Ok(None);
+    };
+    let key = format!("w5-failover-{:08x}", rand::random::<u32>());
+    let inside = Arc::new(AtomicU64::new(0));
+    let resource = Arc::new(std::sync::Mutex::new(FencedResource::default()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let locks = lockkit::connect(&LockkitConfig::from_url(url)?).await?;
+        let (key, inside, resource, stop) =
+            (key.clone(), inside.clone(), resource.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut grants = Vec::new();
+            let (mut overlaps, mut errors) = (0u64, 0u64);
+            let mutex = locks.mutex(&key)?.with_ttl(W3_TTL);
+            while !stop.load(Ordering::SeqCst) {
+                let guard = match mutex.lock_timeout(Duration::from_secs(2)).await {
+                    Ok(guard) => guard,
+                    Err(_) => {
+                        errors += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                grants.push(Instant::now());
+                if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                    overlaps += 1;
+                }
+                let token = guard.fencing_token().get();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let stale = guard.is_lost();
+                resource
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .write(token, stale);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                let _ = guard.release().await;
+            }
+            lockkit::Result::Ok((grants, overlaps, errors))
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = member(&["kill", &victim]).is_some();
+    // A lone server does not come back by itself: restart it (empty, no persistence) during
+    // the run. Clusters fail over on their own; their member is restarted afterwards.
+    let lone = target == "redis";
+    if lone {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        restore(&victim).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    } else {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let stopped_at = Instant::now();
+    let mut report = Failover {
+        killed: if killed {
+            victim.clone()
+        } else {
+            format!("{victim} (kill failed)")
+        },
+        grants: 0,
+        overlaps: 0,
+        stale_rejected: 0,
+        stale_accepted: 0,
+        longest_gap_ms: 0.0,
+        errors: 0,
+    };
+    let mut grants = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (g, overlaps, errors) =
+            joined.map_err(|e| compare_error(format!("a W5 worker: {e}")))??;
+        grants.extend(g);
+        report.overlaps += overlaps;
+        report.errors += errors;
+    }
+    if !lone {
+        restore(&victim).await;
+    }
+    grants.sort();
+    report.grants = grants.len() as u64;
+    // A service that never came back has its gap run to the end.
+    grants.push(stopped_at);
+    report.longest_gap_ms = grants
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .fold(0.0, f64::max);
+    let resource = resource
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    report.stale_rejected = resource.rejected;
+    report.stale_accepted = resource.accepted_stale;
+    Ok(Some(report))
 }
 
 /// How long W4 keeps the holder stopped: longer than its TTL.
@@ -351,13 +523,13 @@ async fn contended(
 
 fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
-        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for r in reports {
         let (u, c) = (&r.uncontended, &r.contended);
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.target,
             r.tier,
             u.cycles_per_sec,
@@ -378,7 +550,18 @@ fn markdown(reports: &[TierReport]) -> String {
             r.holder_pause.as_ref().map_or("n/a".to_owned(), |w| format!(
                 "{} / {}",
                 w.stale_rejected, w.stale_accepted
-            ))
+            )),
+            r.failover.as_ref().map_or("n/a", |w| w.killed.as_str()),
+            r.failover
+                .as_ref()
+                .map_or("n/a".to_owned(), |w| w.overlaps.to_string()),
+            r.failover.as_ref().map_or("n/a".to_owned(), |w| format!(
+                "{} / {}",
+                w.stale_rejected, w.stale_accepted
+            )),
+            r.failover
+                .as_ref()
+                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.longest_gap_ms)),
         ));
     }
     out
@@ -462,6 +645,7 @@ async fn main() -> lockkit::Result<()> {
             } else {
                 Some(holder_pause(&url, &locks).await?)
             },
+            failover: failover(name, &url).await?,
         });
     }
 
