@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# compose/compare.sh [--quick] [--json FILE]: the comparison suite (examples/compare.rs) in a
-# release build, on every tier it supports. It starts the topologies the suite needs with
+# compose/compare.sh [--quick] [--json FILE] [--svg FILE]: the comparison suite
+# (examples/compare.rs) in a release build, on every tier it supports. Without --json/--svg it
+# writes target/compare/compare.json and target/compare/compare.svg. It starts the topologies the suite needs with
 # compose/up.sh (installing packages if missing) and stops them afterwards.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,4 +16,8 @@ if ((${#topologies[@]})); then
   . "${LOCKKIT_COMPOSE_DIR:-$root/target/compose}/endpoints.env"
   set +a
 fi
-cargo run --release --all-features --example compare -- "$@"
+args=("$@")
+mkdir -p target/compare
+[[ " $* " == *" --json "* ]] || args+=(--json target/compare/compare.json)
+[[ " $* " == *" --svg "* ]] || args+=(--svg target/compare/compare.svg)
+cargo run --release --all-features --example compare -- "${args[@]}"

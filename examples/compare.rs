@@ -1,7 +1,7 @@
 //! The comparison suite: the same workloads on every tier this build can reach, side by side.
 //!
 //! ```sh
-//! cargo run --release --example compare -- [--quick] [--json FILE]
+//! cargo run --release --example compare -- [--quick] [--json FILE] [--svg FILE]
 //! ```
 //!
 //! Workloads (DESIGN.md §6):
@@ -521,6 +521,66 @@ async fn contended(
     })
 }
 
+/// A bar chart per tier, as SVG: W1 p50 latency (log scale) on the left, the W4 and W5 safety
+/// counts (stale writes rejected and accepted, overlaps) on the right.
+fn svg(reports: &[TierReport]) -> String {
+    let row = 34.0;
+    let height = 70.0 + row * reports.len() as f64;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"160\" y=\"22\" font-weight=\"bold\">W1 uncontended acquire+release p50 (µs, log scale)</text>\n\
+         <text x=\"560\" y=\"22\" font-weight=\"bold\">W4+W5 safety: stale rejected / stale accepted / overlaps</text>\n"
+    );
+    let max_log = reports
+        .iter()
+        .map(|r| r.uncontended.p50_us.max(1.0).log10())
+        .fold(1.0, f64::max);
+    for (i, r) in reports.iter().enumerate() {
+        let y = 40.0 + row * i as f64;
+        let p50 = r.uncontended.p50_us.max(1.0);
+        let width = 340.0 * (p50.log10() + 0.2) / (max_log + 0.2);
+        out.push_str(&format!(
+            "<text x=\"10\" y=\"{ty}\">{} ({})</text>\n\
+             <rect x=\"160\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"#4878a8\"/>\n\
+             <text x=\"{tx:.1}\" y=\"{ty}\">{p50:.0}</text>\n",
+            r.target,
+            r.tier,
+            ty = y + 14.0,
+            tx = 165.0 + width,
+        ));
+        let (rejected, accepted) = [
+            r.holder_pause
+                .as_ref()
+                .map(|w| (w.stale_rejected, w.stale_accepted)),
+            r.failover
+                .as_ref()
+                .map(|w| (w.stale_rejected, w.stale_accepted)),
+        ]
+        .into_iter()
+        .flatten()
+        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+        let overlaps = r.failover.as_ref().map_or(0, |w| w.overlaps);
+        let mut x = 560.0;
+        for (count, color) in [
+            (rejected, "#59a14f"),
+            (accepted, "#e15759"),
+            (overlaps, "#f28e2b"),
+        ] {
+            let width = (count as f64 * 4.0).min(90.0);
+            out.push_str(&format!(
+                "<rect x=\"{x}\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"{color}\"/>\n\
+                 <text x=\"{tx:.1}\" y=\"{ty}\">{count}</text>\n",
+                tx = x + width + 3.0,
+                ty = y + 14.0,
+            ));
+            x += 110.0;
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
 fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
         "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
@@ -583,6 +643,11 @@ async fn main() -> lockkit::Result<()> {
         };
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let svg_path = args
+        .iter()
+        .position(|a| a == "--svg")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let json_path = args
         .iter()
         .position(|a| a == "--json")
@@ -651,16 +716,13 @@ async fn main() -> lockkit::Result<()> {
 
     println!("{}", markdown(&reports));
     if let Some(path) = json_path {
-        let json = serde_json::to_string_pretty(&reports).map_err(|e| {
-            lockkit::Error::new(lockkit::ErrorKind::Backend, "compare", e.to_string())
-        })?;
-        std::fs::write(&path, json).map_err(|e| {
-            lockkit::Error::new(
-                lockkit::ErrorKind::Backend,
-                "compare",
-                format!("{path}: {e}"),
-            )
-        })?;
+        let json =
+            serde_json::to_string_pretty(&reports).map_err(|e| compare_error(e.to_string()))?;
+        std::fs::write(&path, json).map_err(|e| compare_error(format!("{path}: {e}")))?;
+        eprintln!("wrote {path}");
+    }
+    if let Some(path) = svg_path {
+        std::fs::write(&path, svg(&reports)).map_err(|e| compare_error(format!("{path}: {e}")))?;
         eprintln!("wrote {path}");
     }
     Ok(())
