@@ -1,0 +1,255 @@
+//! Flash sale ("seckill"): 100 items of stock, 2000 purchase attempts at once (200 of the 1800
+//! buyers try twice). Strategies side by side, on a Redis that holds the stock:
+//!
+//! - naive read-then-write (`GET`, then `SET stock-1`): oversells;
+//! - the same read-then-write under a lockkit lock, on every tier that is up;
+//! - an atomic Lua check-and-decrement;
+//! - `DECR`, with a compensating `INCR` when it went below zero;
+//! - a pre-filled quota list (`LPOP`) plus a per-user set (`SADD`) that refuses a second
+//!   purchase by the same buyer.
+//!
+//! Printed per strategy: items sold, oversold, buyers who got two items, attempts per second.
+//!
+//! ```sh
+//! compose/up.sh redis sentinel redlock etcd zk
+//! cargo run --release --all-features --example seckill          # -- --quick for 10 items
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lockkit::{BackendKind, LockClient, LockkitConfig};
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, Clone, Copy)]
+struct Sale {
+    stock: i64,
+    buyers: usize,
+    repeat_buyers: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Strategy {
+    Naive,
+    Locked(String, LockClient),
+    Lua,
+    DecrCompensate,
+    QuotaList,
+}
+
+impl Strategy {
+    fn name(&self) -> String {
+        match self {
+            Strategy::Naive => "naive read-then-write".into(),
+            Strategy::Locked(target, _) => format!("read-then-write under a lock: {target}"),
+            Strategy::Lua => "Lua check-and-decrement".into(),
+            Strategy::DecrCompensate => "DECR, INCR back below zero".into(),
+            Strategy::QuotaList => "quota list LPOP + per-user SADD".into(),
+        }
+    }
+}
+
+struct Keys {
+    stock: String,
+    quota: String,
+    buyers: String,
+}
+
+/// One purchase attempt by `user`; whether it got an item.
+async fn buy(
+    strategy: &Strategy,
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    user: usize,
+) -> Result<bool, BoxError> {
+    Ok(match strategy {
+        Strategy::Naive => read_then_write(con, keys).await?,
+        Strategy::Locked(_, locks) => {
+            let guard = locks
+                .mutex("seckill")?
+                .lock_timeout(Duration::from_secs(60))
+                .await?;
+            let bought = read_then_write(con, keys).await?;
+            guard.release().await?;
+            bought
+        }
+        Strategy::Lua => {
+            let script = redis::Script::new(
+                "local s = tonumber(redis.call('GET', KEYS[1]) or '0') \
+                 if s > 0 then redis.call('DECR', KEYS[1]) return 1 end return 0",
+            );
+            script.key(&keys.stock).invoke_async::<i64>(con).await? == 1
+        }
+        Strategy::DecrCompensate => {
+            let left: i64 = con.decr(&keys.stock, 1).await?;
+            if left < 0 {
+                let _: i64 = con.incr(&keys.stock, 1).await?;
+                false
+            } else {
+                true
+            }
+        }
+        Strategy::QuotaList => {
+            let first: i64 = con.sadd(&keys.buyers, user).await?;
+            if first == 0 {
+                false
+            } else {
+                let item: Option<String> = con.lpop(&keys.quota, None).await?;
+                item.is_some()
+            }
+        }
+    })
+}
+
+async fn read_then_write(con: &mut ConnectionManager, keys: &Keys) -> Result<bool, BoxError> {
+    let stock: i64 = con.get(&keys.stock).await?;
+    if stock <= 0 {
+        return Ok(false);
+    }
+    // Other buyers run between the read and the write, as they would between processes.
+    tokio::task::yield_now().await;
+    let _: () = con.set(&keys.stock, stock - 1).await?;
+    Ok(true)
+}
+
+struct Outcome {
+    sold: usize,
+    oversold: i64,
+    double_buyers: usize,
+    attempts_per_sec: f64,
+}
+
+async fn run(
+    strategy: &Strategy,
+    con: &ConnectionManager,
+    sale: Sale,
+) -> Result<Outcome, BoxError> {
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let keys = Arc::new(Keys {
+        stock: format!("seckill:{tag}:stock"),
+        quota: format!("seckill:{tag}:quota"),
+        buyers: format!("seckill:{tag}:buyers"),
+    });
+    let mut setup = con.clone();
+    let _: () = setup.set_ex(&keys.stock, sale.stock, 600).await?;
+    let items: Vec<i64> = (0..sale.stock).collect();
+    let _: () = setup.rpush(&keys.quota, items).await?;
+    let _: () = setup.expire(&keys.quota, 600).await?;
+    let _: () = setup.sadd(&keys.buyers, "nobody").await?;
+    let _: () = setup.expire(&keys.buyers, 600).await?;
+
+    // Buyers 0..repeat try twice.
+    let mut attempts: Vec<usize> = (0..sale.buyers - sale.repeat_buyers).collect();
+    attempts.extend(0..sale.repeat_buyers);
+    let purchases: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
+    let strategy = Arc::new(strategy.clone());
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for user in attempts {
+        let (strategy, keys, purchases, mut con) = (
+            strategy.clone(),
+            keys.clone(),
+            purchases.clone(),
+            con.clone(),
+        );
+        tasks.spawn(async move {
+            if buy(&strategy, &mut con, &keys, user).await? {
+                *purchases
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(user)
+                    .or_default() += 1;
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined??;
+    }
+    let elapsed = started.elapsed();
+    let purchases = purchases
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let sold: usize = purchases.values().sum();
+    let _: () = setup.del(&[&keys.stock, &keys.quota, &keys.buyers]).await?;
+    Ok(Outcome {
+        sold,
+        oversold: (sold as i64 - sale.stock).max(0),
+        double_buyers: purchases.values().filter(|n| **n > 1).count(),
+        attempts_per_sec: sale.buyers as f64 / elapsed.as_secs_f64(),
+    })
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Result<(), BoxError> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let sale = if quick {
+        Sale {
+            stock: 10,
+            buyers: 200,
+            repeat_buyers: 20,
+        }
+    } else {
+        Sale {
+            stock: 100,
+            buyers: 2000,
+            repeat_buyers: 200,
+        }
+    };
+    let Some(redis_url) = lockkit_core::testing::endpoint("LOCKKIT_TEST_REDIS_URL") else {
+        return Err("the stock lives in Redis: start it with compose/up.sh redis".into());
+    };
+    let con = ConnectionManager::new(redis::Client::open(redis_url.as_str())?).await?;
+
+    let mut strategies = vec![Strategy::Naive];
+    for (target, var, kind) in [
+        ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
+        (
+            "redis-sentinel",
+            "LOCKKIT_TEST_SENTINEL_URL",
+            BackendKind::RedisSentinel,
+        ),
+        (
+            "redlock-5",
+            "LOCKKIT_TEST_REDLOCK_URL",
+            BackendKind::Redlock,
+        ),
+        ("etcd-3", "LOCKKIT_TEST_ETCD_URL", BackendKind::Etcd),
+        ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
+    ] {
+        let Some(url) = lockkit_core::testing::endpoint(var).filter(|_| kind.is_compiled_in())
+        else {
+            continue;
+        };
+        let mut config = LockkitConfig::from_url(&url)?;
+        config.namespace = format!("seckill-{:08x}", rand::random::<u32>());
+        strategies.push(Strategy::Locked(
+            target.into(),
+            lockkit::connect(&config).await?,
+        ));
+    }
+    strategies.extend([Strategy::Lua, Strategy::DecrCompensate, Strategy::QuotaList]);
+
+    println!(
+        "{} items, {} purchase attempts ({} buyers try twice)\n",
+        sale.stock, sale.buyers, sale.repeat_buyers
+    );
+    println!("| strategy | sold | oversold | buyers with two items | attempts/s |");
+    println!("|---|---:|---:|---:|---:|");
+    for strategy in &strategies {
+        let outcome = run(strategy, &con, sale).await?;
+        println!(
+            "| {} | {} | {} | {} | {:.0} |",
+            strategy.name(),
+            outcome.sold,
+            outcome.oversold,
+            outcome.double_buyers,
+            outcome.attempts_per_sec
+        );
+    }
+    Ok(())
+}
