@@ -171,15 +171,20 @@ async fn run(
         joined??;
     }
     let elapsed = started.elapsed();
-    let purchases = purchases
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let sold: usize = purchases.values().sum();
+    let (sold, double_buyers) = {
+        let purchases = purchases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (
+            purchases.values().sum::<usize>(),
+            purchases.values().filter(|n| **n > 1).count(),
+        )
+    };
     let _: () = setup.del(&[&keys.stock, &keys.quota, &keys.buyers]).await?;
     Ok(Outcome {
         sold,
         oversold: (sold as i64 - sale.stock).max(0),
-        double_buyers: purchases.values().filter(|n| **n > 1).count(),
+        double_buyers,
         attempts_per_sec: sale.buyers as f64 / elapsed.as_secs_f64(),
     })
 }
