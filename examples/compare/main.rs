@@ -1,0 +1,171 @@
+//! The comparison suite: the same workloads on every tier this build can reach, side by side.
+//!
+//! ```sh
+//! cargo run --release --example compare -- [--quick] [--json FILE] [--svg FILE]
+//! ```
+//!
+//! Workloads (DESIGN.md §6):
+//! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99.
+//! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
+//!   → release; the final value must be 8 × M, a shortfall is reported as lost updates.
+//! - W3 holder crash: another process (this program, re-run with `--hold`) takes the lock with
+//!   a 2 s TTL and is killed with SIGKILL; the time until this process is granted the lock.
+//!   Not run on the memory tier, which cannot be shared between processes.
+//! - W4 holder pause: another process takes the lock (2 s TTL) and then writes to a fenced
+//!   resource every 20 ms, naively, without checking that it still holds the lock. It is
+//!   stopped (SIGSTOP) for 4 s; meanwhile this process is granted the lock and writes with its
+//!   own token; then the paused one resumes (SIGCONT). The resource keeps the highest token it
+//!   has seen and rejects older ones. Reported: the paused holder's writes that arrived while
+//!   this process held the lock (overlapping critical sections), how many of those it made
+//!   although its guard already reported the lock lost, and how many stale writes the fenced
+//!   resource rejected and accepted.
+//! - W5 server failover: 4 clients contend for one key (5 ms critical sections); after 1 s the
+//!   server that decides is killed with SIGKILL (the single Redis, the Sentinel primary, one
+//!   Redlock node, the etcd leader, the ZooKeeper leader) and the run goes on for 6 s more
+//!   (the single Redis is restarted, empty, 2 s after its death: nothing else would bring it
+//!   back).
+//!   Reported: critical sections that overlapped, stale writes the fenced resource rejected and
+//!   accepted, the longest time without a grant, and the errors clients saw. The killed member
+//!   is restarted afterwards (`compose/member.sh`); without the compose scripts W5 is skipped.
+//!
+//! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
+//! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
+//! the endpoints file of `compose/up.sh` (`compose/compare.sh` starts them). A tier whose
+//! servers are missing is skipped with a notice, or fails the run under
+//! `LOCKKIT_REQUIRE_BACKENDS=1`.
+
+use lockkit::{BackendKind, LockkitConfig};
+use serde::Serialize;
+
+mod faults;
+mod report;
+mod speed;
+
+use faults::{
+    Failover, HolderCrash, HolderPause, failover, hold, hold_and_write, holder_crash, holder_pause,
+};
+use report::{markdown, svg};
+use speed::{Contended, Uncontended, contended, uncontended};
+
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    uncontended_cycles: usize,
+    workers: usize,
+    iterations: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct TierReport {
+    target: String,
+    tier: String,
+    uncontended: Uncontended,
+    contended: Contended,
+    holder_crash: Option<HolderCrash>,
+    holder_pause: Option<HolderPause>,
+    failover: Option<Failover>,
+}
+
+fn compare_error(message: String) -> lockkit::Error {
+    lockkit::Error::new(lockkit::ErrorKind::Backend, "compare", message)
+}
+
+#[tokio::main]
+async fn main() -> lockkit::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [mode, url, key, ttl_ms] = args.as_slice()
+        && (mode == "--hold" || mode == "--hold-and-write")
+    {
+        let ttl_ms = ttl_ms
+            .parse()
+            .map_err(|_| compare_error(format!("bad TTL {ttl_ms}")))?;
+        return if mode == "--hold" {
+            hold(url, key, ttl_ms).await
+        } else {
+            hold_and_write(url, key, ttl_ms).await
+        };
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let svg_path = args
+        .iter()
+        .position(|a| a == "--svg")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let json_path = args
+        .iter()
+        .position(|a| a == "--json")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let sizes = if quick {
+        Sizes {
+            uncontended_cycles: 200,
+            workers: 8,
+            iterations: 25,
+        }
+    } else {
+        Sizes {
+            uncontended_cycles: 2000,
+            workers: 8,
+            iterations: 250,
+        }
+    };
+
+    let mut targets = vec![("memory", "memory://".to_owned())];
+    for (name, var, kind) in [
+        ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
+        (
+            "redis-sentinel",
+            "LOCKKIT_TEST_SENTINEL_URL",
+            BackendKind::RedisSentinel,
+        ),
+        (
+            "redlock-5",
+            "LOCKKIT_TEST_REDLOCK_URL",
+            BackendKind::Redlock,
+        ),
+        ("etcd-3", "LOCKKIT_TEST_ETCD_URL", BackendKind::Etcd),
+        ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
+    ] {
+        if !kind.is_compiled_in() {
+            continue;
+        }
+        match lockkit_core::testing::endpoint(var) {
+            Some(url) => targets.push((name, url)),
+            None => lockkit_core::testing::backend_missing(&format!("{name} ({var})")),
+        }
+    }
+    let mut reports = Vec::new();
+    for (name, url) in targets {
+        let locks = lockkit::connect(&LockkitConfig::from_url(&url)?).await?;
+        eprintln!("running {name} ({})...", locks.tier());
+        reports.push(TierReport {
+            target: name.to_owned(),
+            tier: locks.tier().to_string(),
+            uncontended: uncontended(&locks, sizes.uncontended_cycles).await?,
+            contended: contended(&locks, sizes.workers, sizes.iterations).await?,
+            holder_crash: if name == "memory" {
+                None
+            } else {
+                Some(holder_crash(&url, &locks).await?)
+            },
+            holder_pause: if name == "memory" {
+                None
+            } else {
+                Some(holder_pause(&url, &locks).await?)
+            },
+            failover: failover(name, &url).await?,
+        });
+    }
+
+    println!("{}", markdown(&reports));
+    if let Some(path) = json_path {
+        let json =
+            serde_json::to_string_pretty(&reports).map_err(|e| compare_error(e.to_string()))?;
+        std::fs::write(&path, json).map_err(|e| compare_error(format!("{path}: {e}")))?;
+        eprintln!("wrote {path}");
+    }
+    if let Some(path) = svg_path {
+        std::fs::write(&path, svg(&reports)).map_err(|e| compare_error(format!("{path}: {e}")))?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}

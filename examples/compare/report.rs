@@ -1,0 +1,109 @@
+//! The outputs: a Markdown table and an SVG chart.
+
+use crate::TierReport;
+
+/// A bar chart per tier, as SVG: W1 p50 latency (log scale) on the left, the W4 and W5 safety
+/// counts (stale writes rejected and accepted, overlaps) on the right.
+pub(crate) fn svg(reports: &[TierReport]) -> String {
+    let row = 34.0;
+    let height = 70.0 + row * reports.len() as f64;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"160\" y=\"22\" font-weight=\"bold\">W1 uncontended acquire+release p50 (µs, log scale)</text>\n\
+         <text x=\"560\" y=\"22\" font-weight=\"bold\">W4+W5 safety: stale rejected / stale accepted / overlaps</text>\n"
+    );
+    let max_log = reports
+        .iter()
+        .map(|r| r.uncontended.p50_us.max(1.0).log10())
+        .fold(1.0, f64::max);
+    for (i, r) in reports.iter().enumerate() {
+        let y = 40.0 + row * i as f64;
+        let p50 = r.uncontended.p50_us.max(1.0);
+        let width = 340.0 * (p50.log10() + 0.2) / (max_log + 0.2);
+        out.push_str(&format!(
+            "<text x=\"10\" y=\"{ty}\">{} ({})</text>\n\
+             <rect x=\"160\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"#4878a8\"/>\n\
+             <text x=\"{tx:.1}\" y=\"{ty}\">{p50:.0}</text>\n",
+            r.target,
+            r.tier,
+            ty = y + 14.0,
+            tx = 165.0 + width,
+        ));
+        let (rejected, accepted) = [
+            r.holder_pause
+                .as_ref()
+                .map(|w| (w.stale_rejected, w.stale_accepted)),
+            r.failover
+                .as_ref()
+                .map(|w| (w.stale_rejected, w.stale_accepted)),
+        ]
+        .into_iter()
+        .flatten()
+        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+        let overlaps = r.failover.as_ref().map_or(0, |w| w.overlaps);
+        let mut x = 560.0;
+        for (count, color) in [
+            (rejected, "#59a14f"),
+            (accepted, "#e15759"),
+            (overlaps, "#f28e2b"),
+        ] {
+            let width = (count as f64 * 4.0).min(90.0);
+            out.push_str(&format!(
+                "<rect x=\"{x}\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"{color}\"/>\n\
+                 <text x=\"{tx:.1}\" y=\"{ty}\">{count}</text>\n",
+                tx = x + width + 3.0,
+                ty = y + 14.0,
+            ));
+            x += 110.0;
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+pub(crate) fn markdown(reports: &[TierReport]) -> String {
+    let mut out = String::from(
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+    );
+    for r in reports {
+        let (u, c) = (&r.uncontended, &r.contended);
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.target,
+            r.tier,
+            u.cycles_per_sec,
+            u.p50_us,
+            u.p99_us,
+            c.final_value,
+            c.lost_updates,
+            c.increments_per_sec,
+            c.wait_p50_us,
+            c.wait_p99_us,
+            r.holder_crash
+                .as_ref()
+                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.recovery_ms)),
+            r.holder_pause.as_ref().map_or("n/a".to_owned(), |w| format!(
+                "{} ({})",
+                w.overlapping_writes, w.written_after_lost
+            )),
+            r.holder_pause.as_ref().map_or("n/a".to_owned(), |w| format!(
+                "{} / {}",
+                w.stale_rejected, w.stale_accepted
+            )),
+            r.failover.as_ref().map_or("n/a", |w| w.killed.as_str()),
+            r.failover
+                .as_ref()
+                .map_or("n/a".to_owned(), |w| w.overlaps.to_string()),
+            r.failover.as_ref().map_or("n/a".to_owned(), |w| format!(
+                "{} / {}",
+                w.stale_rejected, w.stale_accepted
+            )),
+            r.failover
+                .as_ref()
+                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.longest_gap_ms)),
+        ));
+    }
+    out
+}
