@@ -38,6 +38,7 @@ use lockkit::{BackendKind, LockkitConfig};
 use serde::Serialize;
 
 mod faults;
+mod floors;
 mod report;
 mod speed;
 
@@ -140,7 +141,16 @@ async fn main() -> lockkit::Result<()> {
         reports.push(TierReport {
             target: name.to_owned(),
             tier: locks.tier().to_string(),
-            uncontended: uncontended(&locks, sizes.uncontended_cycles).await?,
+            uncontended: {
+                let mut floor = floors::Floor::connect(name, &url)
+                    .await
+                    .map_err(|e| compare_error(format!("{name}: the raw floor: {e}")))?;
+                let w1 = uncontended(&locks, floor.as_mut(), sizes.uncontended_cycles).await?;
+                if let Some(floor) = floor {
+                    floor.clean_up().await;
+                }
+                w1
+            },
             contended: contended(&locks, sizes.workers, sizes.iterations).await?,
             holder_crash: if name == "memory" {
                 None

@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockkit::LockClient;
+
+use crate::floors::Floor;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -13,6 +15,11 @@ pub(crate) struct Uncontended {
     pub(crate) cycles_per_sec: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
+    /// What the raw floor does, if the backend has one.
+    pub(crate) floor: Option<String>,
+    pub(crate) floor_p50_us: Option<f64>,
+    /// lockkit's p50 over the floor's.
+    pub(crate) vs_floor: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -34,23 +41,51 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-pub(crate) async fn uncontended(locks: &LockClient, cycles: usize) -> lockkit::Result<Uncontended> {
+/// W1, in rounds that alternate with the backend's raw floor (when it has one), so that noise
+/// on a shared machine hits both alike.
+pub(crate) async fn uncontended(
+    locks: &LockClient,
+    mut floor: Option<&mut Floor>,
+    cycles: usize,
+) -> lockkit::Result<Uncontended> {
+    const ROUNDS: usize = 4;
     let mutex = locks.mutex("w1-uncontended")?;
     let mut samples = Vec::with_capacity(cycles);
-    let started = Instant::now();
-    for _ in 0..cycles {
-        let t = Instant::now();
-        let guard = mutex.lock().await?;
-        guard.release().await?;
-        samples.push(t.elapsed());
+    let mut floor_samples = Vec::with_capacity(cycles);
+    let mut busy = Duration::ZERO;
+    for round in 0..ROUNDS {
+        let chunk = cycles / ROUNDS + usize::from(round < cycles % ROUNDS);
+        let started = Instant::now();
+        for _ in 0..chunk {
+            let t = Instant::now();
+            let guard = mutex.lock().await?;
+            guard.release().await?;
+            samples.push(t.elapsed());
+        }
+        busy += started.elapsed();
+        if let Some(floor) = floor.as_deref_mut() {
+            for _ in 0..chunk {
+                let t = Instant::now();
+                floor
+                    .cycle()
+                    .await
+                    .map_err(|e| crate::compare_error(format!("floor: {e}")))?;
+                floor_samples.push(t.elapsed());
+            }
+        }
     }
-    let total = started.elapsed();
     samples.sort();
+    floor_samples.sort();
+    let p50_us = percentile(&samples, 0.50);
+    let floor_p50_us = floor.is_some().then(|| percentile(&floor_samples, 0.50));
     Ok(Uncontended {
         cycles,
-        cycles_per_sec: cycles as f64 / total.as_secs_f64(),
-        p50_us: percentile(&samples, 0.50),
+        cycles_per_sec: cycles as f64 / busy.as_secs_f64(),
+        p50_us,
         p99_us: percentile(&samples, 0.99),
+        floor: floor.map(|f| f.describe().to_owned()),
+        floor_p50_us,
+        vs_floor: floor_p50_us.map(|f| p50_us / f),
     })
 }
 
