@@ -421,6 +421,62 @@ impl EtcdBackend {
             .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), revision)))
     }
 
+    async fn abandon_now(&self, owner: &OwnerToken) -> Result<()> {
+        let Some(entry) = self.entries().remove(owner) else {
+            return Ok(());
+        };
+        if !entry.maybe_on_server {
+            return Ok(());
+        }
+        let guard = vec![Compare::value(
+            entry.key.clone(),
+            CompareOp::Equal,
+            owner.expose_hex(),
+        )];
+        let txn = Txn::new()
+            .when(guard.clone())
+            .and_then([TxnOp::delete(entry.key.clone(), None)]);
+        let mut client = self.client();
+        let deleted = self
+            .call("abandoning an acquisition", client.txn(txn))
+            .await;
+        if entry.in_flight {
+            // The cancelled attempt may still be applied after this delete.
+            let late = self.inner.config.request_timeout * 2;
+            self.delete_later(
+                entry.key.clone(),
+                guard.clone(),
+                entry.session.clone(),
+                late,
+            );
+        }
+        if deleted.is_err() {
+            self.delete_later(entry.key, guard, entry.session, RETRY_PAUSE);
+        }
+        deleted.map(|_| ())
+    }
+
+    async fn release_now(&self, lease: &Lease) -> Result<bool> {
+        let entry = self.entries().remove(lease.owner());
+        let Some(key) = lease.handle() else {
+            return Ok(false);
+        };
+        let guard = held_by(key, lease);
+        let txn = Txn::new()
+            .when(guard.clone())
+            .and_then([TxnOp::delete(key, None)]);
+        let mut client = self.client();
+        match self.call("releasing", client.txn(txn)).await {
+            Ok(response) => Ok(response.succeeded()),
+            Err(e) => {
+                if let Some(entry) = entry {
+                    self.delete_later(entry.key, guard, entry.session, RETRY_PAUSE);
+                }
+                Err(e)
+            }
+        }
+    }
+
     fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {
         if lease.session().is_none_or(CancellationToken::is_cancelled) {
             return None;
@@ -730,38 +786,10 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        let Some(entry) = self.entries().remove(&request.owner) else {
-            return Ok(());
-        };
-        if !entry.maybe_on_server {
-            return Ok(());
-        }
-        let guard = vec![Compare::value(
-            entry.key.clone(),
-            CompareOp::Equal,
-            request.owner.expose_hex(),
-        )];
-        let txn = Txn::new()
-            .when(guard.clone())
-            .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        let mut client = self.client();
-        let deleted = self
-            .call("abandoning an acquisition", client.txn(txn))
-            .await;
-        if entry.in_flight {
-            // The cancelled attempt may still be applied after this delete.
-            let late = self.inner.config.request_timeout * 2;
-            self.delete_later(
-                entry.key.clone(),
-                guard.clone(),
-                entry.session.clone(),
-                late,
-            );
-        }
-        if deleted.is_err() {
-            self.delete_later(entry.key, guard, entry.session, RETRY_PAUSE);
-        }
-        deleted.map(|_| ())
+        // Detached, so that dropping this future cannot leave a key the session keeps alive.
+        let this = self.clone();
+        let owner = request.owner.clone();
+        runtime::run(async move { this.abandon_now(&owner).await }).await?
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
@@ -833,24 +861,10 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        let entry = self.entries().remove(lease.owner());
-        let Some(key) = lease.handle() else {
-            return Ok(false);
-        };
-        let guard = held_by(key, lease);
-        let txn = Txn::new()
-            .when(guard.clone())
-            .and_then([TxnOp::delete(key, None)]);
-        let mut client = self.client();
-        match self.call("releasing", client.txn(txn)).await {
-            Ok(response) => Ok(response.succeeded()),
-            Err(e) => {
-                if let Some(entry) = entry {
-                    self.delete_later(entry.key, guard, entry.session, RETRY_PAUSE);
-                }
-                Err(e)
-            }
-        }
+        // Detached: the core does not retry a release whose future was dropped.
+        let this = self.clone();
+        let lease = lease.clone();
+        runtime::run(async move { this.release_now(&lease).await }).await?
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -1,0 +1,51 @@
+//! What the etcd test files share: finding the test cluster, and reading its keys.
+
+#![allow(dead_code, unreachable_pub)]
+
+use lockkit_core::testing;
+use lockkit_etcd::etcd_client::GetOptions;
+use lockkit_etcd::{EtcdBackend, EtcdConfig};
+
+/// The key prefix every etcd test works under.
+pub const PREFIX: &str = "lockkit-test";
+
+/// The configuration of the `compose/up.sh etcd` cluster, or `None` (after
+/// [`testing::backend_missing`]) when it is not up.
+pub async fn cluster_config() -> Option<EtcdConfig> {
+    let Some(url) = testing::endpoint("LOCKKIT_TEST_ETCD_URL") else {
+        testing::backend_missing("etcd (LOCKKIT_TEST_ETCD_URL)");
+        return None;
+    };
+    let mut config = EtcdConfig::from_url(&url).expect("LOCKKIT_TEST_ETCD_URL is a valid etcd URL");
+    config.prefix = PREFIX.to_owned();
+    match EtcdBackend::connect(config.clone()).await {
+        Ok(_) => Some(config),
+        Err(e) => {
+            testing::backend_missing(&format!("etcd at {url} ({e})"));
+            None
+        }
+    }
+}
+
+/// The keys left under `<PREFIX>/<namespace>/`.
+pub async fn keys_under(
+    backend: &EtcdBackend,
+    namespace: &str,
+) -> lockkit_core::Result<Vec<String>> {
+    let mut client = backend.client();
+    let response = client
+        .get(
+            format!("{PREFIX}/{namespace}/"),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .map_err(|e| {
+            lockkit_core::Error::new(lockkit_core::ErrorKind::Backend, "etcd", "listing keys")
+                .with_source(e)
+        })?;
+    Ok(response
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect())
+}
