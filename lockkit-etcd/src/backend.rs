@@ -30,6 +30,8 @@ const MIN_TTL_SECS: i64 = 2;
 const MAX_TXN_OPS: usize = 128;
 /// The pause before retrying a failed keep-alive or clean-up.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// The pause before sending a request again that never reached a member.
+const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 
 /// A lock backend over an etcd cluster (tier [`Tier::Consensus`]).
 ///
@@ -228,8 +230,7 @@ impl EtcdBackend {
             ));
         };
         let txn = Txn::new().when(held_by(key, lease)).and_then(ops);
-        let mut client = self.client();
-        let response = self.call("writing under the lock", client.txn(txn)).await?;
+        let response = self.call("writing under the lock", txn_of(&txn)).await?;
         if !response.succeeded() {
             return Err(Error::new(
                 ErrorKind::Lost,
@@ -260,12 +261,11 @@ impl EtcdBackend {
         let mut outcome = Ok(());
         for session in sessions {
             session.lose("the backend was closed");
-            let mut client = self.client();
+            let lease_id = session.lease_id;
             let revoked = self
-                .call(
-                    "revoking a session lease",
-                    client.lease_revoke(session.lease_id),
-                )
+                .call("revoking a session lease", |mut client| async move {
+                    client.lease_revoke(lease_id).await
+                })
                 .await;
             if let Err(e) = revoked
                 && outcome.is_ok()
@@ -283,17 +283,42 @@ impl EtcdBackend {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs one request, bounded by the request timeout.
-    async fn call<T>(
+    /// Sends one request, again while it fails before reaching any member (the balancer may
+    /// pick a member that is down and refuses the connection), all within the request
+    /// timeout. `None` when the timeout passed.
+    async fn send<T, Fut>(
         &self,
-        what: &str,
-        request: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        let limit = self.inner.config.request_timeout;
-        match tokio::time::timeout(limit, request).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(error::map(what, e)),
-            Err(_) => Err(error::timed_out(what, limit)),
+        mut request: impl FnMut(Client) -> Fut,
+    ) -> Option<Result<T, etcd_client::Error>>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.inner.config.request_timeout;
+        let answer = async {
+            loop {
+                match request(self.client()).await {
+                    Err(e)
+                        if error::never_sent(&e)
+                            && tokio::time::Instant::now() + NOT_SENT_PAUSE < deadline =>
+                    {
+                        tokio::time::sleep(NOT_SENT_PAUSE).await;
+                    }
+                    answer => return answer,
+                }
+            }
+        };
+        tokio::time::timeout_at(deadline, answer).await.ok()
+    }
+
+    /// [`send`](Self::send), with errors mapped for `what`.
+    async fn call<T, Fut>(&self, what: &str, request: impl FnMut(Client) -> Fut) -> Result<T>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match self.send(request).await {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(e)) => Err(error::map(what, e)),
+            None => Err(error::timed_out(what, self.inner.config.request_timeout)),
         }
     }
 
@@ -315,10 +340,11 @@ impl EtcdBackend {
     }
 
     async fn start_session(&self, secs: i64) -> Result<Arc<Session>> {
-        let mut client = self.client();
         let sent_at = Instant::now();
         let granted = self
-            .call("granting a session lease", client.lease_grant(secs, None))
+            .call("granting a session lease", |mut client| async move {
+                client.lease_grant(secs, None).await
+            })
             .await?;
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
         let session = Arc::new(Session {
@@ -329,7 +355,7 @@ impl EtcdBackend {
         });
         runtime::spawn(keep_alive(
             session.clone(),
-            client,
+            self.client(),
             self.inner.config.request_timeout,
             self.inner.shutdown.clone(),
         ));
@@ -407,12 +433,11 @@ impl EtcdBackend {
             return Ok(None);
         };
         let prefix = self.lock_prefix(&request.key);
-        let mut client = self.client();
         let response = self
-            .call(
-                "finding the predecessor",
-                client.get(prefix, Some(predecessor_of(own_revision))),
-            )
+            .call("finding the predecessor", |mut client| {
+                let prefix = prefix.clone();
+                async move { client.get(prefix, Some(predecessor_of(own_revision))).await }
+            })
             .await?;
         let revision = response.header().map_or(0, |h| h.revision());
         Ok(response
@@ -436,10 +461,7 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when(guard.clone())
             .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        let mut client = self.client();
-        let deleted = self
-            .call("abandoning an acquisition", client.txn(txn))
-            .await;
+        let deleted = self.call("abandoning an acquisition", txn_of(&txn)).await;
         if entry.in_flight {
             // The cancelled attempt may still be applied after this delete.
             let late = self.inner.config.request_timeout * 2;
@@ -465,8 +487,7 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when(guard.clone())
             .and_then([TxnOp::delete(key, None)]);
-        let mut client = self.client();
-        match self.call("releasing", client.txn(txn)).await {
+        match self.call("releasing", txn_of(&txn)).await {
             Ok(response) => Ok(response.succeeded()),
             Err(e) => {
                 if let Some(entry) = entry {
@@ -486,6 +507,20 @@ impl EtcdBackend {
         let entry = entries.get(lease.owner())?;
         (entry.key == key && !entry.session.lost.is_cancelled())
             .then(|| (entry.key.clone(), entry.session.clone()))
+    }
+}
+
+/// A request that runs `txn`.
+fn txn_of(
+    txn: &Txn,
+) -> impl FnMut(
+    Client,
+) -> std::pin::Pin<
+    Box<dyn Future<Output = Result<TxnResponse, etcd_client::Error>> + Send>,
+> + '_ {
+    |mut client| {
+        let txn = txn.clone();
+        Box::pin(async move { client.txn(txn).await })
     }
 }
 
@@ -673,11 +708,9 @@ impl LockBackend for EtcdBackend {
                 .and_then([put, holder.clone()])
                 .or_else([TxnOp::get(own.clone(), None), holder])
         };
-        let mut client = self.client();
-        let limit = self.inner.config.request_timeout;
-        let response = match tokio::time::timeout(limit, client.txn(txn)).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(e)) if error::is_lease_gone(&e) => {
+        let response = match self.send(txn_of(&txn)).await {
+            Some(Ok(response)) => response,
+            Some(Err(e)) if error::is_lease_gone(&e) => {
                 session.lose("the server says the session lease is gone");
                 return Err(Error::new(
                     ErrorKind::Unavailable,
@@ -686,8 +719,13 @@ impl LockBackend for EtcdBackend {
                 )
                 .with_source(e));
             }
-            Ok(Err(e)) => return Err(error::map("acquiring", e)),
-            Err(_) => return Err(error::timed_out("acquiring", limit)),
+            Some(Err(e)) => return Err(error::map("acquiring", e)),
+            None => {
+                return Err(error::timed_out(
+                    "acquiring",
+                    self.inner.config.request_timeout,
+                ));
+            }
         };
         let revision = response.header().map_or(0, |h| h.revision());
         let mut reads = response.op_responses().into_iter().map(|op| match op {
@@ -760,12 +798,25 @@ impl LockBackend for EtcdBackend {
                 Ok(Err(e)) => return Err(e),
             },
         };
-        let mut client = self.client();
         let options = WatchOptions::new()
             .with_start_revision(revision + 1)
             .with_filters([WatchFilterType::NoPut]);
+        let opening = self.send(|mut client| {
+            let (predecessor, options) = (predecessor.clone(), options.clone());
+            async move { client.watch(predecessor, Some(options)).await }
+        });
+        let mut watch = match tokio::time::timeout_at(deadline, opening).await {
+            Ok(Some(Ok(watch))) => watch,
+            Ok(Some(Err(e))) => return Err(error::map("watching the predecessor", e)),
+            Ok(None) => {
+                return Err(error::timed_out(
+                    "watching the predecessor",
+                    self.inner.config.request_timeout,
+                ));
+            }
+            Err(_) => return Ok(()),
+        };
         let deleted = async {
-            let mut watch = client.watch(predecessor, Some(options)).await?;
             while let Some(response) = watch.message().await? {
                 let gone = response
                     .events()
@@ -804,7 +855,6 @@ impl LockBackend for EtcdBackend {
         let checks: Vec<Option<(String, Arc<Session>)>> =
             leases.iter().map(|lease| self.local_check(lease)).collect();
         let mut answers: Vec<Result<Renewal>> = Vec::with_capacity(leases.len());
-        let mut client = self.client();
         for (leases, checks) in leases.chunks(MAX_TXN_OPS).zip(checks.chunks(MAX_TXN_OPS)) {
             let reads: Vec<TxnOp> = checks
                 .iter()
@@ -814,21 +864,18 @@ impl LockBackend for EtcdBackend {
             let found = if reads.is_empty() {
                 Ok(Vec::new())
             } else {
-                self.call(
-                    "checking held locks",
-                    client.txn(Txn::new().and_then(reads)),
-                )
-                .await
-                .map(|response| {
-                    response
-                        .op_responses()
-                        .into_iter()
-                        .map(|op| match op {
-                            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-                            _ => None,
-                        })
-                        .collect::<Vec<_>>()
-                })
+                self.call("checking held locks", txn_of(&Txn::new().and_then(reads)))
+                    .await
+                    .map(|response| {
+                        response
+                            .op_responses()
+                            .into_iter()
+                            .map(|op| match op {
+                                TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+                                _ => None,
+                            })
+                            .collect::<Vec<_>>()
+                    })
             };
             let mut found = match found {
                 Ok(found) => found.into_iter(),
@@ -868,24 +915,28 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let mut client = self.client();
+        let prefix = self.lock_prefix(key);
         let response = self
-            .call(
-                "inspecting",
-                client.get(self.lock_prefix(key), Some(by_create(SortOrder::Ascend, 1))),
-            )
+            .call("inspecting", |mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(by_create(SortOrder::Ascend, 1)))
+                        .await
+                }
+            })
             .await?;
         let Some(holder) = response.kvs().first() else {
             return Ok(None);
         };
         let waiters = usize::try_from(response.count() - 1).unwrap_or(0);
         let mut info = LockInfo::new(token_of(holder.create_revision())).with_waiters(waiters);
-        if holder.lease() != 0 {
+        let lease = holder.lease();
+        if lease != 0 {
             let ttl = self
-                .call(
-                    "reading the holder's lease",
-                    client.lease_time_to_live(holder.lease(), None),
-                )
+                .call("reading the holder's lease", |mut client| async move {
+                    client.lease_time_to_live(lease, None).await
+                })
                 .await?
                 .ttl();
             if ttl > 0 {
@@ -896,15 +947,18 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn ping(&self) -> Result<()> {
-        let mut client = self.client();
         let root = format!("{}/", self.inner.config.prefix);
-        self.call(
-            "reading from etcd",
-            client.get(
-                root,
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ),
-        )
+        self.call("reading from etcd", |mut client| {
+            let root = root.clone();
+            async move {
+                client
+                    .get(
+                        root,
+                        Some(GetOptions::new().with_prefix().with_count_only()),
+                    )
+                    .await
+            }
+        })
         .await
         .map(|_| ())
     }

@@ -32,6 +32,8 @@ fn status_kind(status: &tonic::Status) -> ErrorKind {
         | Code::ResourceExhausted
         | Code::Aborted
         | Code::Cancelled => ErrorKind::Unavailable,
+        // The connection broke under the request (tonic reports h2 and I/O failures so).
+        Code::Unknown if std::error::Error::source(status).is_some() => ErrorKind::Unavailable,
         Code::Unauthenticated | Code::PermissionDenied => ErrorKind::Auth,
         // etcd 3.4 answers a wrong password with InvalidArgument, and a login on a cluster
         // without authentication with FailedPrecondition.
@@ -51,6 +53,17 @@ pub(crate) fn is_lease_gone(error: &etcd_client::Error) -> bool {
             status.code() == Code::NotFound && status.message().contains("lease not found")
         }
         etcd_client::Error::LeaseKeepAliveError(message) => message.contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// Whether the request failed before reaching any member (its connection was refused), so
+/// sending it again cannot apply it twice.
+pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == Code::Unavailable && status.message().contains("connect error")
+        }
         _ => false,
     }
 }
