@@ -67,7 +67,7 @@ impl BackendKind {
 
     /// Whether this build of lockkit contains the backend.
     pub fn is_compiled_in(self) -> bool {
-        matches!(self, BackendKind::Memory)
+        matches!(self, BackendKind::Memory) || (self == BackendKind::Etcd && cfg!(feature = "etcd"))
     }
 
     /// The backends this build contains.
@@ -176,6 +176,11 @@ pub struct LockkitConfig {
     /// How locks are taken.
     #[serde(default)]
     pub lock: LockOptions,
+    /// The etcd backend's connection settings (feature `etcd`); `url` overrides its
+    /// endpoints, credentials and prefix.
+    #[cfg(feature = "etcd")]
+    #[serde(default)]
+    pub etcd: lockkit_etcd::EtcdConfig,
 }
 
 fn default_namespace() -> String {
@@ -183,7 +188,11 @@ fn default_namespace() -> String {
 }
 
 /// Tables of the configuration that `LOCKKIT_<SECTION>_<FIELD>` variables can reach.
-const SECTIONS: &[&str] = &["lock"];
+const SECTIONS: &[&str] = &[
+    "lock",
+    #[cfg(feature = "etcd")]
+    "etcd",
+];
 /// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
 const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
 /// Fields of the `[lock]` table.
@@ -196,6 +205,22 @@ const LOCK_FIELDS: &[&str] = &[
     "clock_drift_factor",
     "error_retries",
 ];
+/// Fields of the `[etcd]` table.
+#[cfg(feature = "etcd")]
+const ETCD_FIELDS: &[&str] = &[
+    "endpoints",
+    "prefix",
+    "connect_timeout",
+    "request_timeout",
+    "require_leader",
+    "user",
+    "password",
+    "tls",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "tls_domain",
+];
 
 impl Default for LockkitConfig {
     /// The memory backend with default options.
@@ -206,6 +231,8 @@ impl Default for LockkitConfig {
             namespace: default_namespace(),
             require_tier: None,
             lock: LockOptions::default(),
+            #[cfg(feature = "etcd")]
+            etcd: lockkit_etcd::EtcdConfig::default(),
         }
     }
 }
@@ -345,6 +372,14 @@ impl LockkitConfig {
     pub fn validate(&self) -> Result<()> {
         lockkit_core::validate_segment("namespace", &self.namespace)?;
         self.lock.validate()?;
+        #[cfg(feature = "etcd")]
+        if self.backend == BackendKind::Etcd {
+            let mut etcd = self.etcd.clone();
+            if let Some(url) = &self.url {
+                etcd.apply_url(&ConnectionUrl::parse(url)?)?;
+            }
+            etcd.validate()?;
+        }
         if self.backend == BackendKind::Memory
             && let Some(url) = &self.url
         {
@@ -379,6 +414,8 @@ fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<(
         };
         let known = match section {
             "lock" => LOCK_FIELDS,
+            #[cfg(feature = "etcd")]
+            "etcd" => ETCD_FIELDS,
             _ => &[],
         };
         if !known.contains(&field) {
@@ -408,12 +445,14 @@ fn parse_env_value(raw: &str) -> Value {
 
 impl fmt::Debug for LockkitConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockkitConfig")
-            .field("backend", &self.backend)
+        let mut d = f.debug_struct("LockkitConfig");
+        d.field("backend", &self.backend)
             .field("url", &self.url.as_deref().map(redact))
             .field("namespace", &self.namespace)
             .field("require_tier", &self.require_tier)
-            .field("lock", &self.lock)
-            .finish()
+            .field("lock", &self.lock);
+        #[cfg(feature = "etcd")]
+        d.field("etcd", &self.etcd);
+        d.finish()
     }
 }

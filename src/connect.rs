@@ -48,6 +48,14 @@ pub async fn connect(config: &LockkitConfig) -> Result<LockClient> {
 async fn build_backend(config: &LockkitConfig) -> Result<SharedBackend> {
     match config.backend {
         BackendKind::Memory => Ok(Arc::new(MemoryBackend::new())),
+        #[cfg(feature = "etcd")]
+        BackendKind::Etcd => {
+            let mut etcd = config.etcd.clone();
+            if let Some(url) = &config.url {
+                etcd.apply_url(&lockkit_core::url::ConnectionUrl::parse(url)?)?;
+            }
+            Ok(Arc::new(lockkit_etcd::EtcdBackend::connect(etcd).await?))
+        }
         other => Err(other.not_compiled_in()),
     }
 }
