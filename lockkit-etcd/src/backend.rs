@@ -914,6 +914,24 @@ impl LockBackend for EtcdBackend {
         runtime::run(async move { this.release_now(&lease).await }).await?
     }
 
+    /// One read of the own key: once a key is the lowest of its lock it stays the lowest for
+    /// as long as it exists, so its existence with the lease's revision and owner is the answer.
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        let Some(key) = lease.handle() else {
+            return Ok(false);
+        };
+        let response = self
+            .call("checking the lock", |mut client| {
+                let key = key.to_owned();
+                async move { client.get(key, None).await }
+            })
+            .await?;
+        let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
+        Ok(response.kvs().first().is_some_and(|kv| {
+            kv.create_revision() == token && kv.value() == lease.owner().expose_hex().as_bytes()
+        }))
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let prefix = self.lock_prefix(key);
         let response = self
