@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockkit_core::{LockClient, LockOptions, testing};
+use lockkit_core::{
+    AcquireRequest, Attempt, Lease, LockBackend, LockClient, LockKey, LockOptions, OwnerToken,
+    testing,
+};
 use lockkit_etcd::etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 
@@ -59,7 +62,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         raw_cycle(&mut raw, &raw_key, lease).await?;
     }
     let mut lockkit_times = Vec::new();
+    let mut primitive_times = Vec::new();
     let mut raw_times = Vec::new();
+    let key = locks.key("primitives")?;
     for _ in 0..ROUNDS {
         keeper.keep_alive().await?;
         keep_alive.message().await?;
@@ -70,12 +75,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         for _ in 0..CYCLES_PER_ROUND {
             let started = Instant::now();
+            primitive_cycle(&backend, &key).await?;
+            primitive_times.push(started.elapsed());
+        }
+        for _ in 0..CYCLES_PER_ROUND {
+            let started = Instant::now();
             raw_cycle(&mut raw, &raw_key, lease).await?;
             raw_times.push(started.elapsed());
         }
     }
     raw.lease_revoke(lease).await?;
     lockkit_times.sort();
+    primitive_times.sort();
     raw_times.sort();
     let (lk50, raw50) = (percentile(&lockkit_times, 0.5), percentile(&raw_times, 0.5));
     println!(
@@ -86,6 +97,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|");
     for (name, times) in [
         ("lockkit lock() + release()", &lockkit_times),
+        (
+            "backend try_acquire() + release() (no core)",
+            &primitive_times,
+        ),
         ("raw etcd-client txn put + delete", &raw_times),
     ] {
         let total: Duration = times.iter().sum();
@@ -104,6 +119,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
 
     contended(&config, &namespace).await?;
+    Ok(())
+}
+
+/// The backend's primitives alone, as the core calls them for one uncontended cycle.
+async fn primitive_cycle(backend: &EtcdBackend, key: &LockKey) -> lockkit_core::Result<()> {
+    let ttl = Duration::from_secs(10);
+    let request = AcquireRequest::new(key.clone(), OwnerToken::generate()?, ttl, true);
+    let sent_at = Instant::now();
+    let Attempt::Granted(grant) = backend.try_acquire(&request).await? else {
+        return Err(lockkit_core::Error::new(
+            lockkit_core::ErrorKind::Contended,
+            "etcd",
+            "the benchmark's own key is held",
+        ));
+    };
+    let mut lease = Lease::new(
+        key.clone(),
+        request.owner,
+        grant.fencing_token,
+        ttl,
+        sent_at,
+    );
+    if let Some(handle) = grant.handle {
+        lease = lease.with_handle(handle);
+    }
+    backend.release(&lease).await?;
     Ok(())
 }
 

@@ -446,58 +446,6 @@ impl EtcdBackend {
             .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), revision)))
     }
 
-    async fn abandon_now(&self, owner: &OwnerToken) -> Result<()> {
-        let Some(entry) = self.entries().remove(owner) else {
-            return Ok(());
-        };
-        if !entry.maybe_on_server {
-            return Ok(());
-        }
-        let guard = vec![Compare::value(
-            entry.key.clone(),
-            CompareOp::Equal,
-            owner.expose_hex(),
-        )];
-        let txn = Txn::new()
-            .when(guard.clone())
-            .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        let deleted = self.call("abandoning an acquisition", txn_of(&txn)).await;
-        if entry.in_flight {
-            // The cancelled attempt may still be applied after this delete.
-            let late = self.inner.config.request_timeout * 2;
-            self.delete_later(
-                entry.key.clone(),
-                guard.clone(),
-                entry.session.clone(),
-                late,
-            );
-        }
-        if deleted.is_err() {
-            self.delete_later(entry.key, guard, entry.session, RETRY_PAUSE);
-        }
-        deleted.map(|_| ())
-    }
-
-    async fn release_now(&self, lease: &Lease) -> Result<bool> {
-        let entry = self.entries().remove(lease.owner());
-        let Some(key) = lease.handle() else {
-            return Ok(false);
-        };
-        let guard = held_by(key, lease);
-        let txn = Txn::new()
-            .when(guard.clone())
-            .and_then([TxnOp::delete(key, None)]);
-        match self.call("releasing", txn_of(&txn)).await {
-            Ok(response) => Ok(response.succeeded()),
-            Err(e) => {
-                if let Some(entry) = entry {
-                    self.delete_later(entry.key, guard, entry.session, RETRY_PAUSE);
-                }
-                Err(e)
-            }
-        }
-    }
-
     fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {
         if lease.session().is_none_or(CancellationToken::is_cancelled) {
             return None;
@@ -507,6 +455,58 @@ impl EtcdBackend {
         let entry = entries.get(lease.owner())?;
         (entry.key == key && !entry.session.lost.is_cancelled())
             .then(|| (entry.key.clone(), entry.session.clone()))
+    }
+}
+
+/// A guarded delete of a lock key. If it fails, or its future is dropped before the answer
+/// (the core does not retry a dropped release), the delete is finished in the background:
+/// the shared session lease would otherwise keep the key for as long as the process lives.
+struct PendingDelete<'a> {
+    backend: &'a EtcdBackend,
+    key: String,
+    guard: Vec<Compare>,
+    session: Option<Arc<Session>>,
+    unfinished: bool,
+}
+
+impl<'a> PendingDelete<'a> {
+    fn new(
+        backend: &'a EtcdBackend,
+        key: String,
+        guard: Vec<Compare>,
+        session: Option<Arc<Session>>,
+    ) -> Self {
+        PendingDelete {
+            backend,
+            key,
+            guard,
+            session,
+            unfinished: true,
+        }
+    }
+
+    async fn run(mut self, what: &str) -> Result<TxnResponse> {
+        let txn = Txn::new()
+            .when(self.guard.clone())
+            .and_then([TxnOp::delete(self.key.clone(), None)]);
+        let answer = self.backend.call(what, txn_of(&txn)).await;
+        self.unfinished = answer.is_err();
+        answer
+    }
+}
+
+impl Drop for PendingDelete<'_> {
+    fn drop(&mut self) {
+        if self.unfinished
+            && let Some(session) = self.session.take()
+        {
+            self.backend.delete_later(
+                std::mem::take(&mut self.key),
+                std::mem::take(&mut self.guard),
+                session,
+                RETRY_PAUSE,
+            );
+        }
     }
 }
 
@@ -837,10 +837,31 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        // Detached, so that dropping this future cannot leave a key the session keeps alive.
-        let this = self.clone();
-        let owner = request.owner.clone();
-        runtime::run(async move { this.abandon_now(&owner).await }).await?
+        let Some(entry) = self.entries().remove(&request.owner) else {
+            return Ok(());
+        };
+        if !entry.maybe_on_server {
+            return Ok(());
+        }
+        let guard = vec![Compare::value(
+            entry.key.clone(),
+            CompareOp::Equal,
+            request.owner.expose_hex(),
+        )];
+        if entry.in_flight {
+            // The cancelled attempt may still be applied after the delete below.
+            let late = self.inner.config.request_timeout * 2;
+            self.delete_later(
+                entry.key.clone(),
+                guard.clone(),
+                entry.session.clone(),
+                late,
+            );
+        }
+        PendingDelete::new(self, entry.key, guard, Some(entry.session))
+            .run("abandoning an acquisition")
+            .await
+            .map(|_| ())
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
@@ -908,10 +929,17 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        // Detached: the core does not retry a release whose future was dropped.
-        let this = self.clone();
-        let lease = lease.clone();
-        runtime::run(async move { this.release_now(&lease).await }).await?
+        let session = self
+            .entries()
+            .remove(lease.owner())
+            .map(|entry| entry.session);
+        let Some(key) = lease.handle() else {
+            return Ok(false);
+        };
+        PendingDelete::new(self, key.to_owned(), held_by(key, lease), session)
+            .run("releasing")
+            .await
+            .map(|response| response.succeeded())
     }
 
     /// One read of the own key: once a key is the lowest of its lock it stays the lowest for
