@@ -440,10 +440,7 @@ impl EtcdBackend {
             })
             .await?;
         let revision = response.header().map_or(0, |h| h.revision());
-        Ok(response
-            .kvs()
-            .first()
-            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), revision)))
+        Ok(response.kvs().first().map(|kv| (key_of(kv), revision)))
     }
 
     fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {

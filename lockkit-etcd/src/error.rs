@@ -122,6 +122,21 @@ mod tests {
             "etcdserver: requested lease not found",
         ));
         assert!(is_lease_gone(&gone));
+        let refused =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
+        assert!(never_sent(&refused));
+        assert!(!never_sent(&etcd_client::Error::GRpcStatus(
+            tonic::Status::unavailable("etcdserver: no leader")
+        )));
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "stream closed because of a broken pipe",
+        )));
+        assert_eq!(broken.code(), Code::Unknown);
+        assert_eq!(
+            map("test", etcd_client::Error::GRpcStatus(broken)).kind(),
+            ErrorKind::Unavailable
+        );
         assert!(!is_lease_gone(&etcd_client::Error::WatchError("x".into())));
     }
 }

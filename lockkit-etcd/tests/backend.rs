@@ -368,3 +368,41 @@ async fn locks_of_one_ttl_share_one_session_lease() {
     let admin = EtcdBackend::connect(config).await.expect("connect");
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_revokes_the_sessions_and_frees_the_locks_at_once() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("close");
+    let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let locks = LockClient::with_options(
+        Arc::new(backend.clone()),
+        &ns,
+        LockOptions::default().with_ttl(Duration::from_secs(60)),
+    )
+    .expect("client");
+    let held = locks.mutex("job").expect("key").lock().await.expect("lock");
+    backend.close().await.expect("close");
+    tokio::time::timeout(Duration::from_secs(1), held.lost())
+        .await
+        .expect("lost() fires when the backend is closed");
+    let other = client(&config, &ns, LockOptions::default()).await;
+    let next = other
+        .mutex("job")
+        .expect("key")
+        .try_lock()
+        .await
+        .expect("try_lock")
+        .expect("the closed session's lock is free at once, not after its 60 s TTL");
+    assert!(next.release().await.expect("release"));
+    let again = locks
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("a new session after close");
+    assert!(again.release().await.expect("release"));
+    drop(held);
+    support::expect_no_keys(&backend, &ns, Duration::from_secs(5)).await;
+}
