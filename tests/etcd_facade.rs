@@ -82,3 +82,25 @@ fn rand_suffix() -> u32 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos())
 }
+
+#[test]
+fn every_etcd_field_has_an_environment_override() {
+    let mut every_field_set = lockkit::etcd::EtcdConfig::default();
+    every_field_set.user = Some("u".into());
+    every_field_set.password = Some("p".into());
+    every_field_set.ca_file = Some("ca.pem".into());
+    every_field_set.cert_file = Some("c.pem".into());
+    every_field_set.key_file = Some("k.pem".into());
+    every_field_set.tls_domain = Some("etcd.internal".into());
+    let table = toml::Table::try_from(every_field_set).expect("serialize");
+    for (field, value) in table {
+        let var = format!("LOCKKIT_ETCD_{}", field.to_ascii_uppercase());
+        let result = LockkitConfig::load_from(vars(&[
+            ("LOCKKIT_BACKEND", "etcd"),
+            (&var, &value.to_string()),
+        ]));
+        if let Err(e) = result {
+            assert!(!e.to_string().contains("has no field"), "{var}: {e}");
+        }
+    }
+}
