@@ -44,12 +44,11 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 ///   ends and every lock on it reports [`lost`](lockkit_core::MutexGuard::lost).
 /// - **Acquire**: one transaction puts `<prefix>/<namespace>/<name>/<lease-hex>-<n>` (value:
 ///   the owner token, attached to the session lease) if it does not exist, and reads the key
-///   with the lowest create revision under `<prefix>/<namespace>/<name>/` at the same
-///   revision; later attempts of a waiter also read the key created just before its own. The
-///   holder is the key with the lowest create revision. `try_lock` puts only when no key
-///   exists, so contention leaves nothing behind.
+///   with the lowest create revision under `<prefix>/<namespace>/<name>/` and the one just
+///   before ours, at the same revision. The holder is the key with the lowest create
+///   revision. `try_lock` puts only when no key exists, so contention leaves nothing behind.
 /// - **Wait**: watch only the immediate predecessor's key for its deletion, from the revision
-///   at which it was read, so no event is missed and a release wakes exactly one waiter.
+///   the transaction read, so no event is missed and a release wakes exactly one waiter.
 /// - **Grant**: only from a transaction that saw the own key (on the live session lease) as
 ///   the lowest one: a waiter whose lease expired while it waited is never granted.
 /// - **Fencing token**: the own key's create revision (cluster-wide, strictly increasing).
@@ -689,22 +688,23 @@ impl LockBackend for EtcdBackend {
             Some(PutOptions::new().with_lease(session.lease_id)),
         );
         let holder = TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Ascend, 1)));
-        let mut otherwise = vec![TxnOp::get(own.clone(), None), holder.clone()];
-        if let Some(revision) = own_revision.filter(|_| request.wait) {
-            otherwise.push(TxnOp::get(prefix.clone(), Some(predecessor_of(revision))));
-        }
-        let put_if = if request.wait {
-            Compare::create_revision(own.clone(), CompareOp::Equal, 0)
+        let txn = if request.wait {
+            let mut otherwise = vec![TxnOp::get(own.clone(), None), holder.clone()];
+            if let Some(revision) = own_revision {
+                otherwise.push(TxnOp::get(prefix.clone(), Some(predecessor_of(revision))));
+            }
+            // After the put the own key is the newest: the one created before it is next.
+            let newest_two = TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Descend, 2)));
+            Txn::new()
+                .when([Compare::create_revision(own.clone(), CompareOp::Equal, 0)])
+                .and_then([put, holder, newest_two])
+                .or_else(otherwise)
         } else {
-            // try_lock queues only on a free lock, so contention leaves nothing behind.
-            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
+            Txn::new()
+                .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
+                .and_then([put, holder.clone()])
+                .or_else([TxnOp::get(own.clone(), None), holder])
         };
-        // The first attempt does not read the predecessor: an uncontended lock does not need
-        // it, and a waiter looks it up in wait_for_change.
-        let txn = Txn::new()
-            .when([put_if])
-            .and_then([put, holder])
-            .or_else(otherwise);
         let response = match self.send(txn_of(&txn)).await {
             Some(Ok(response)) => response,
             Some(Err(e)) if error::is_lease_gone(&e) => {
@@ -732,7 +732,11 @@ impl LockBackend for EtcdBackend {
         let (own_revision, holder, predecessor) = if response.succeeded() {
             let _put = reads.next();
             let holder = reads.next().and_then(|kvs| kvs.into_iter().next());
-            (Some(revision), holder, None)
+            let predecessor = reads
+                .next()
+                .and_then(|newest| newest.into_iter().nth(1))
+                .map(|kv| key_of(&kv));
+            (Some(revision), holder, predecessor)
         } else {
             let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
             let holder = reads.next().and_then(|kvs| kvs.into_iter().next());
