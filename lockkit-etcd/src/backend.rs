@@ -43,10 +43,12 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 ///   confirmed keep-alive's send time), or the server says the lease is gone, the session
 ///   ends and every lock on it reports [`lost`](lockkit_core::MutexGuard::lost).
 /// - **Acquire**: one transaction puts `<prefix>/<namespace>/<name>/<lease-hex>-<n>` (value:
-///   the owner token, attached to the session lease) if it does not exist, and reads the key
-///   with the lowest create revision under `<prefix>/<namespace>/<name>/` and the one just
-///   before ours, at the same revision. The holder is the key with the lowest create
-///   revision. `try_lock` puts only when no key exists, so contention leaves nothing behind.
+///   the owner token, attached to the session lease) if it does not exist, and reads at the
+///   same revision who holds the lock: the key with the lowest create revision under
+///   `<prefix>/<namespace>/<name>/`. Right after the put, the newest two keys tell it (the
+///   own key holds the lock if no key precedes it; otherwise that key is the predecessor); a
+///   later attempt reads the own key, the lowest key and the predecessor. `try_lock` puts
+///   only when no key exists, so contention leaves nothing behind.
 /// - **Wait**: watch only the immediate predecessor's key for its deletion, from the revision
 ///   the transaction read, so no event is missed and a release wakes exactly one waiter.
 /// - **Grant**: only from a transaction that saw the own key (on the live session lease) as
@@ -687,24 +689,26 @@ impl LockBackend for EtcdBackend {
             request.owner.expose_hex(),
             Some(PutOptions::new().with_lease(session.lease_id)),
         );
-        let holder = TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Ascend, 1)));
-        let txn = if request.wait {
-            let mut otherwise = vec![TxnOp::get(own.clone(), None), holder.clone()];
-            if let Some(revision) = own_revision {
-                otherwise.push(TxnOp::get(prefix.clone(), Some(predecessor_of(revision))));
-            }
-            // After the put the own key is the newest: the one created before it is next.
-            let newest_two = TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Descend, 2)));
-            Txn::new()
-                .when([Compare::create_revision(own.clone(), CompareOp::Equal, 0)])
-                .and_then([put, holder, newest_two])
-                .or_else(otherwise)
+        // Right after the put the own key is the newest: it holds the lock when no key was
+        // created before it, and otherwise the one just before it is the predecessor.
+        let newest_two = TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Descend, 2)));
+        let mut otherwise = vec![
+            TxnOp::get(own.clone(), None),
+            TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Ascend, 1))),
+        ];
+        if let Some(revision) = own_revision.filter(|_| request.wait) {
+            otherwise.push(TxnOp::get(prefix.clone(), Some(predecessor_of(revision))));
+        }
+        let put_if = if request.wait {
+            Compare::create_revision(own.clone(), CompareOp::Equal, 0)
         } else {
-            Txn::new()
-                .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
-                .and_then([put, holder.clone()])
-                .or_else([TxnOp::get(own.clone(), None), holder])
+            // try_lock queues only on a free lock, so contention leaves nothing behind.
+            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
         };
+        let txn = Txn::new()
+            .when([put_if])
+            .and_then([put, newest_two])
+            .or_else(otherwise);
         let response = match self.send(txn_of(&txn)).await {
             Some(Ok(response)) => response,
             Some(Err(e)) if error::is_lease_gone(&e) => {
@@ -729,14 +733,16 @@ impl LockBackend for EtcdBackend {
             TxnOpResponse::Get(mut get) => get.take_kvs(),
             _ => Vec::new(),
         });
-        let (own_revision, holder, predecessor) = if response.succeeded() {
+        let (own_revision, ours, predecessor) = if response.succeeded() {
             let _put = reads.next();
-            let holder = reads.next().and_then(|kvs| kvs.into_iter().next());
-            let predecessor = reads
-                .next()
-                .and_then(|newest| newest.into_iter().nth(1))
-                .map(|kv| key_of(&kv));
-            (Some(revision), holder, predecessor)
+            let mut newest = reads.next().unwrap_or_default().into_iter();
+            let newest_is_own = newest.next().is_some_and(|kv| kv.key() == own.as_bytes());
+            let predecessor = newest.next().map(|kv| key_of(&kv));
+            (
+                Some(revision),
+                newest_is_own && predecessor.is_none(),
+                predecessor,
+            )
         } else {
             let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
             let holder = reads.next().and_then(|kvs| kvs.into_iter().next());
@@ -744,14 +750,14 @@ impl LockBackend for EtcdBackend {
                 .next()
                 .and_then(|kvs| kvs.into_iter().next())
                 .map(|kv| key_of(&kv));
-            (own_kv.map(|kv| kv.create_revision()), holder, predecessor)
+            let ours = holder.is_some_and(|kv| kv.key() == own.as_bytes());
+            (own_kv.map(|kv| kv.create_revision()), ours, predecessor)
         };
         if let Some(entry) = self.entries().get_mut(&request.owner) {
             entry.in_flight = false;
             entry.maybe_on_server = own_revision.is_some();
             entry.create_revision = own_revision;
         }
-        let ours = holder.is_some_and(|kv| kv.key() == own.as_bytes());
         match own_revision {
             Some(own_revision) if ours => {
                 // Re-verified: the own key was the lowest at one revision, on this session's
