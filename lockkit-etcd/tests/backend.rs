@@ -406,3 +406,35 @@ async fn close_revokes_the_sessions_and_frees_the_locks_at_once() {
     drop(held);
     support::expect_no_keys(&backend, &ns, Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_reuses_its_key_name_and_contenders_get_their_own() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("names");
+    let locks = client(&config, &ns, LockOptions::default()).await;
+    let mut names = std::collections::HashSet::new();
+    for _ in 0..5 {
+        let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
+        names.insert(guard.lease().handle().expect("key").to_owned());
+        assert!(guard.release().await.expect("release"));
+    }
+    assert_eq!(names.len(), 1, "sequential acquisitions used {names:?}");
+    let held = locks.mutex("job").expect("key").lock().await.expect("lock");
+    let contender = locks.clone();
+    let waiting = tokio::spawn(async move {
+        contender
+            .mutex("job")?
+            .lock_timeout(Duration::from_secs(10))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held_name = held.lease().handle().expect("key").to_owned();
+    assert!(held.release().await.expect("release"));
+    let next = waiting.await.expect("join").expect("granted");
+    assert_ne!(next.lease().handle(), Some(held_name.as_str()));
+    assert!(next.release().await.expect("release"));
+    let admin = EtcdBackend::connect(config).await.expect("connect");
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
