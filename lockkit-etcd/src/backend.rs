@@ -439,14 +439,15 @@ impl EtcdBackend {
         (entry.claim.key.clone(), entry.create_revision)
     }
 
-    /// Spawns a guarded delete of `key` after `delay`, retried until it succeeds or the
-    /// session (and the key with it) is gone; then frees `claim`, if given.
+    /// Spawns guarded deletes of `key`, one after each of the `pauses` in turn, each retried
+    /// until it succeeds or the session (and the key with it) is gone; then frees `claim`, if
+    /// given.
     fn delete_later(
         &self,
         key: String,
         guard: Vec<Compare>,
         session: Arc<Session>,
-        delay: Duration,
+        pauses: Vec<Duration>,
         claim: Option<Claim>,
     ) {
         let mut client = self.client();
@@ -454,20 +455,21 @@ impl EtcdBackend {
         let shutdown = self.inner.shutdown.clone();
         let names = self.inner.names.clone();
         runtime::spawn(async move {
-            let mut pause = delay;
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = session.lost.cancelled() => break,
-                    () = tokio::time::sleep(pause) => {}
+            'deletes: for mut pause in pauses {
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => break 'deletes,
+                        () = session.lost.cancelled() => break 'deletes,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    let txn = Txn::new()
+                        .when(guard.clone())
+                        .and_then([TxnOp::delete(key.clone(), None)]);
+                    if let Ok(Ok(_)) = tokio::time::timeout(limit, client.txn(txn)).await {
+                        break;
+                    }
+                    pause = RETRY_PAUSE;
                 }
-                let txn = Txn::new()
-                    .when(guard.clone())
-                    .and_then([TxnOp::delete(key.clone(), None)]);
-                if let Ok(Ok(_)) = tokio::time::timeout(limit, client.txn(txn)).await {
-                    break;
-                }
-                pause = RETRY_PAUSE;
             }
             if let Some(claim) = claim {
                 names.free(&claim);
@@ -520,7 +522,7 @@ impl EtcdBackend {
                 stale.key.clone(),
                 guard,
                 session.clone(),
-                Duration::ZERO,
+                vec![Duration::ZERO],
                 Some(stale),
             );
         }
@@ -596,7 +598,7 @@ impl Drop for PendingDelete<'_> {
                 std::mem::take(&mut self.key),
                 std::mem::take(&mut self.guard),
                 self.session.clone(),
-                RETRY_PAUSE,
+                vec![Duration::ZERO],
                 self.claim.take(),
             );
         }
@@ -956,14 +958,19 @@ impl LockBackend for EtcdBackend {
         )];
         let mut claim = Some(entry.claim);
         if entry.in_flight {
-            // The cancelled attempt may still be applied after the delete below: delete again
-            // later, and only then reuse the name.
-            let late = self.inner.config.request_timeout * 2;
+            // The cancelled attempt may still be applied after the delete below (it may even
+            // go to another member): delete again soon, and once more when it must have been
+            // applied or dropped, and only then reuse the name.
+            let pauses = vec![
+                Duration::from_millis(50),
+                Duration::from_millis(450),
+                self.inner.config.request_timeout * 2,
+            ];
             self.delete_later(
                 key.clone(),
                 guard.clone(),
                 entry.session.clone(),
-                late,
+                pauses,
                 claim.take(),
             );
         }
