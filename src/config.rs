@@ -72,8 +72,8 @@ impl BackendKind {
             BackendKind::Redis | BackendKind::RedisSentinel | BackendKind::Redlock => {
                 cfg!(feature = "redis")
             }
+            BackendKind::Etcd => cfg!(feature = "etcd"),
             BackendKind::Zk => cfg!(feature = "zk"),
-            BackendKind::Etcd => false,
         }
     }
 
@@ -198,6 +198,11 @@ pub struct LockkitConfig {
     #[cfg(feature = "zk")]
     #[serde(default)]
     pub zk: lockkit_zk::ZkConfig,
+    /// The etcd backend's connection settings (feature `etcd`); `url` overrides its
+    /// endpoints, credentials and prefix.
+    #[cfg(feature = "etcd")]
+    #[serde(default)]
+    pub etcd: lockkit_etcd::EtcdConfig,
 }
 
 fn default_namespace() -> String {
@@ -214,6 +219,8 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("redlock", REDLOCK_FIELDS),
     #[cfg(feature = "zk")]
     ("zk", ZK_FIELDS),
+    #[cfg(feature = "etcd")]
+    ("etcd", ETCD_FIELDS),
 ];
 /// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
 const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
@@ -271,6 +278,22 @@ const REDLOCK_FIELDS: &[&str] = &[
     "max_hold",
     "fence_ttl",
 ];
+/// Fields of the `[etcd]` table.
+#[cfg(feature = "etcd")]
+const ETCD_FIELDS: &[&str] = &[
+    "endpoints",
+    "prefix",
+    "connect_timeout",
+    "request_timeout",
+    "require_leader",
+    "user",
+    "password",
+    "tls",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "tls_domain",
+];
 
 impl Default for LockkitConfig {
     /// The memory backend with default options.
@@ -287,6 +310,8 @@ impl Default for LockkitConfig {
             redlock: lockkit_redis::RedlockConfig::default(),
             #[cfg(feature = "zk")]
             zk: lockkit_zk::ZkConfig::default(),
+            #[cfg(feature = "etcd")]
+            etcd: lockkit_etcd::EtcdConfig::default(),
         }
     }
 }
@@ -435,6 +460,10 @@ impl LockkitConfig {
             BackendKind::Redlock => {
                 self.redlock_config()?;
             }
+            #[cfg(feature = "etcd")]
+            BackendKind::Etcd => {
+                self.etcd_config()?;
+            }
             #[cfg(feature = "zk")]
             BackendKind::Zk => {
                 self.zk_config()?;
@@ -492,6 +521,22 @@ impl LockkitConfig {
         }
         redlock.validate()?;
         Ok(redlock)
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl LockkitConfig {
+    /// The `[etcd]` table with the `url` applied (its endpoints, credentials and prefix win).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a bad URL or table.
+    pub fn etcd_config(&self) -> Result<lockkit_etcd::EtcdConfig> {
+        let mut etcd = self.etcd.clone();
+        if let Some(url) = &self.url {
+            etcd.apply_url(&ConnectionUrl::parse(url)?)?;
+        }
+        etcd.validate()?;
+        Ok(etcd)
     }
 }
 
@@ -564,6 +609,8 @@ impl fmt::Debug for LockkitConfig {
             .field("redlock", &self.redlock);
         #[cfg(feature = "zk")]
         d.field("zk", &self.zk);
+        #[cfg(feature = "etcd")]
+        d.field("etcd", &self.etcd);
         d.finish()
     }
 }

@@ -61,6 +61,10 @@ async fn build_backend(config: &LockkitConfig) -> Result<SharedBackend> {
             let zk = config.zk_config()?;
             Ok(Arc::new(lockkit_zk::ZkBackend::connect(zk).await?))
         }
+        #[cfg(feature = "etcd")]
+        BackendKind::Etcd => Ok(Arc::new(
+            lockkit_etcd::EtcdBackend::connect(config.etcd_config()?).await?,
+        )),
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled_in()),
     }

@@ -16,6 +16,10 @@ pub use lockkit_core::{
 /// The core crate, for backend authors and the conformance suite.
 pub use lockkit_core as core;
 
+/// The etcd backend (feature `etcd`): [`EtcdBackend`](lockkit_etcd::EtcdBackend) and its
+/// [`EtcdConfig`](lockkit_etcd::EtcdConfig).
+#[cfg(feature = "etcd")]
+pub use lockkit_etcd as etcd;
 /// The Redis backends (`redis`, `redis-sentinel`, `redlock`), for building them directly.
 #[cfg(feature = "redis")]
 pub use lockkit_redis as redis;

@@ -1,0 +1,440 @@
+//! etcd-specific behaviour against the compose cluster, none of which disturbs the cluster:
+//! sessions lost by revocation and by a dead link, the waiting queue, fenced writes.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use lockkit_core::{
+    AcquireRequest, Attempt, Capabilities, Contention, ErrorKind, Lease, LockBackend, LockClient,
+    LockInfo, LockKey, LockOptions, OwnerToken, Renewal, Result, Tier, async_trait,
+};
+use lockkit_etcd::etcd_client::TxnOp;
+use lockkit_etcd::{EtcdBackend, EtcdConfig};
+
+async fn client(config: &EtcdConfig, namespace: &str, options: LockOptions) -> LockClient {
+    let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
+    LockClient::with_options(Arc::new(backend), namespace, options).expect("client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_lease_fires_lost_at_once_and_the_next_waiter_is_granted() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("revoke");
+    let ttl = Duration::from_secs(6);
+    let options = LockOptions::default().with_ttl(ttl);
+    let holder = client(&config, &ns, options.clone()).await;
+    let waiter = client(&config, &ns, options).await;
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+
+    let held = holder
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter
+            .mutex("job")?
+            .lock_timeout(Duration::from_secs(30))
+            .await?;
+        let granted_at = Instant::now();
+        Ok::<_, lockkit_core::Error>((guard, granted_at))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let lease = support::lease_of(held.lease().handle().expect("etcd grants carry their key"));
+    let revoked_at = Instant::now();
+    admin
+        .client()
+        .lease_revoke(lease)
+        .await
+        .expect("revoke the holder's session lease");
+    tokio::time::timeout(ttl / 2, held.lost())
+        .await
+        .expect("lost() fires well before the TTL once the lease is revoked");
+    let lost_after = revoked_at.elapsed();
+
+    let (next, granted_at) = waiting.await.expect("join").expect("the waiter is granted");
+    assert!(granted_at >= revoked_at);
+    assert!(
+        next.fencing_token() > held.fencing_token(),
+        "{} after {}",
+        next.fencing_token(),
+        held.fencing_token()
+    );
+    assert!(!held.is_held().await.expect("is_held"));
+    assert!(
+        !held.release().await.expect("release"),
+        "a revoked grant was released as ours"
+    );
+    assert!(next.release().await.expect("release"));
+    eprintln!("lost {lost_after:?} after the revoke (TTL {ttl:?})");
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_whose_keep_alive_is_cut_sees_lost_within_its_ttl() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("cut");
+    let ttl = Duration::from_secs(3);
+    let mut proxies = Vec::new();
+    for endpoint in &config.endpoints {
+        proxies.push(support::Proxy::start(endpoint.clone()).await);
+    }
+    let mut cut_config = config.clone();
+    cut_config.endpoints = proxies.iter().map(|p| p.addr.to_string()).collect();
+    cut_config.request_timeout = Duration::from_secs(1);
+    let options = LockOptions::default().with_ttl(ttl);
+    let holder = client(&cut_config, &ns, options.clone()).await;
+    let waiter = client(&config, &ns, options).await;
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+
+    let held = holder
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter
+            .mutex("job")?
+            .lock_timeout(Duration::from_secs(30))
+            .await?;
+        let granted_at = Instant::now();
+        Ok::<_, lockkit_core::Error>((guard, granted_at))
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let cut_at = Instant::now();
+    for proxy in &proxies {
+        proxy.blackhole();
+    }
+    // The lease was last confirmed before the cut, so lost() is due within the TTL; 100 ms
+    // covers timer and scheduling delay on a loaded machine.
+    tokio::time::timeout(ttl + Duration::from_millis(100), held.lost())
+        .await
+        .expect("lost() fires within the TTL after the keep-alive is cut");
+    let lost_at = Instant::now();
+
+    let (next, granted_at) = waiting.await.expect("join").expect("the waiter is granted");
+    assert!(
+        granted_at >= lost_at,
+        "the waiter was granted {:?} before the cut-off holder saw lost()",
+        lost_at - granted_at
+    );
+    assert!(next.fencing_token() > held.fencing_token());
+    assert!(next.release().await.expect("release"));
+    eprintln!(
+        "lost {:?} after the cut (TTL {ttl:?}); next holder granted {:?} after the cut",
+        lost_at - cut_at,
+        granted_at - cut_at
+    );
+    drop(held);
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+/// Counts the acquisition attempts of every request, around a real etcd backend.
+#[derive(Debug, Clone)]
+struct Counting {
+    etcd: EtcdBackend,
+    attempts: Arc<StdMutex<HashMap<OwnerToken, usize>>>,
+}
+
+#[async_trait]
+impl LockBackend for Counting {
+    fn name(&self) -> &'static str {
+        self.etcd.name()
+    }
+    fn tier(&self) -> Tier {
+        self.etcd.tier()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.etcd.capabilities()
+    }
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        *self
+            .attempts
+            .lock()
+            .expect("counts")
+            .entry(request.owner.clone())
+            .or_default() += 1;
+        self.etcd.try_acquire(request).await
+    }
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.etcd
+            .wait_for_change(request, contention, max_wait)
+            .await
+    }
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.etcd.abandon(request).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        self.etcd.renew(lease).await
+    }
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        self.etcd.renew_many(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        self.etcd.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.etcd.inspect(key).await
+    }
+    async fn ping(&self) -> Result<()> {
+        self.etcd.ping().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_release_wakes_only_the_next_of_fifty_waiters() {
+    const WAITERS: usize = 50;
+    const CLIENTS: usize = 5;
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("queue");
+    // Only a watch can wake a waiter: the polling cap is far beyond the test's length.
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(10))
+        .with_backoff(Duration::from_millis(5), Duration::from_secs(300));
+    let attempts = Arc::new(StdMutex::new(HashMap::new()));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let backend = Counting {
+            etcd: EtcdBackend::connect(config.clone()).await.expect("connect"),
+            attempts: attempts.clone(),
+        };
+        clients.push(
+            LockClient::with_options(Arc::new(backend), &ns, options.clone()).expect("client"),
+        );
+    }
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+
+    let first = clients[0]
+        .mutex("queue")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    let grants = Arc::new(StdMutex::new(Vec::new()));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..WAITERS {
+        let (client, grants, inside) =
+            (clients[i % CLIENTS].clone(), grants.clone(), inside.clone());
+        tasks.spawn(async move {
+            let guard = client
+                .mutex("queue")?
+                .lock_timeout(Duration::from_secs(120))
+                .await?;
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            grants.lock().expect("grants").push(guard.fencing_token());
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await
+        });
+    }
+    let queued_by = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = clients[0]
+            .inspect("queue")
+            .await
+            .expect("inspect")
+            .expect("held");
+        if info.waiters == Some(WAITERS) {
+            break;
+        }
+        assert!(
+            Instant::now() < queued_by,
+            "only {:?} waiters queued",
+            info.waiters
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let attempts_while_queued: usize = attempts.lock().expect("counts").values().sum();
+    first.release().await.expect("release");
+    while let Some(done) = tasks.join_next().await {
+        assert!(
+            done.expect("waiter panicked").expect("waiter"),
+            "a release found the lock gone"
+        );
+    }
+
+    let grants = grants.lock().expect("grants").clone();
+    assert_eq!(grants.len(), WAITERS);
+    assert!(
+        grants.windows(2).all(|w| w[0] < w[1]),
+        "waiters were not granted in queue order: {grants:?}"
+    );
+    let attempts = attempts.lock().expect("counts").clone();
+    // The holder's one attempt, then one per waiter to queue and one more when its own
+    // predecessor left. A release that woke the herd would add dozens per release.
+    assert_eq!(attempts_while_queued, WAITERS + 1);
+    let woken_more_than_once: Vec<usize> = attempts.values().copied().filter(|&n| n > 2).collect();
+    assert!(
+        woken_more_than_once.is_empty(),
+        "some waiters tried more than once after queueing: {woken_more_than_once:?}"
+    );
+    assert_eq!(attempts.values().sum::<usize>(), 2 * WAITERS + 1);
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txn_if_held_writes_only_while_the_lock_is_held() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("fenced");
+    let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let locks = LockClient::with_options(Arc::new(backend.clone()), &ns, LockOptions::default())
+        .expect("client");
+    let data = format!("{}/{ns}-data", support::PREFIX);
+    let guard = locks
+        .mutex("fenced")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    backend
+        .txn_if_held(guard.lease(), [TxnOp::put(data.clone(), "first", None)])
+        .await
+        .expect("a write while held goes through");
+    let stale = guard.lease().clone();
+    assert!(guard.release().await.expect("release"));
+    let err = backend
+        .txn_if_held(&stale, [TxnOp::put(data.clone(), "stale", None)])
+        .await
+        .expect_err("a write after the release is refused");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    let mut client = backend.client();
+    let stored = client.get(data.clone(), None).await.expect("get");
+    assert_eq!(stored.kvs()[0].value(), b"first");
+    client.delete(data, None).await.expect("clean up");
+    support::expect_no_keys(&backend, &ns, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_of_one_ttl_share_one_session_lease() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("shared");
+    let locks = client(
+        &config,
+        &ns,
+        LockOptions::default().with_ttl(Duration::from_secs(4)),
+    )
+    .await;
+    let a = locks.mutex("a").expect("key").lock().await.expect("lock");
+    let b = locks.mutex("b").expect("key").lock().await.expect("lock");
+    let c = locks
+        .mutex("c")
+        .expect("key")
+        .with_ttl(Duration::from_secs(7))
+        .lock()
+        .await
+        .expect("lock");
+    let lease = |g: &lockkit_core::MutexGuard| support::lease_of(g.lease().handle().expect("key"));
+    assert_eq!(
+        lease(&a),
+        lease(&b),
+        "two locks of one TTL granted two leases"
+    );
+    assert_ne!(
+        lease(&a),
+        lease(&c),
+        "locks of different TTLs share a lease"
+    );
+    for guard in [a, b, c] {
+        assert!(guard.release().await.expect("release"));
+    }
+    let admin = EtcdBackend::connect(config).await.expect("connect");
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_revokes_the_sessions_and_frees_the_locks_at_once() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("close");
+    let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let locks = LockClient::with_options(
+        Arc::new(backend.clone()),
+        &ns,
+        LockOptions::default().with_ttl(Duration::from_secs(60)),
+    )
+    .expect("client");
+    let held = locks.mutex("job").expect("key").lock().await.expect("lock");
+    backend.close().await.expect("close");
+    tokio::time::timeout(Duration::from_secs(1), held.lost())
+        .await
+        .expect("lost() fires when the backend is closed");
+    let other = client(&config, &ns, LockOptions::default()).await;
+    let next = other
+        .mutex("job")
+        .expect("key")
+        .try_lock()
+        .await
+        .expect("try_lock")
+        .expect("the closed session's lock is free at once, not after its 60 s TTL");
+    assert!(next.release().await.expect("release"));
+    let again = locks
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("a new session after close");
+    assert!(again.release().await.expect("release"));
+    drop(held);
+    support::expect_no_keys(&backend, &ns, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_reuses_its_key_name_and_contenders_get_their_own() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("names");
+    let locks = client(&config, &ns, LockOptions::default()).await;
+    let mut names = std::collections::HashSet::new();
+    for _ in 0..5 {
+        let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
+        names.insert(guard.lease().handle().expect("key").to_owned());
+        assert!(guard.release().await.expect("release"));
+    }
+    assert_eq!(names.len(), 1, "sequential acquisitions used {names:?}");
+    let held = locks.mutex("job").expect("key").lock().await.expect("lock");
+    let contender = locks.clone();
+    let waiting = tokio::spawn(async move {
+        contender
+            .mutex("job")?
+            .lock_timeout(Duration::from_secs(10))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held_name = held.lease().handle().expect("key").to_owned();
+    assert!(held.release().await.expect("release"));
+    let next = waiting.await.expect("join").expect("granted");
+    assert_ne!(next.lease().handle(), Some(held_name.as_str()));
+    assert!(next.release().await.expect("release"));
+    let admin = EtcdBackend::connect(config).await.expect("connect");
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}

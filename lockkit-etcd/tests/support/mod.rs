@@ -1,0 +1,147 @@
+//! What the etcd test files share: finding the test cluster, and reading its keys.
+
+#![allow(dead_code, unreachable_pub)]
+
+use lockkit_core::testing;
+use lockkit_etcd::etcd_client::GetOptions;
+use lockkit_etcd::{EtcdBackend, EtcdConfig};
+
+/// The key prefix every etcd test works under.
+pub const PREFIX: &str = "lockkit-test";
+
+/// The configuration of the `compose/up.sh etcd` cluster, or `None` (after
+/// [`testing::backend_missing`]) when it is not up.
+pub async fn cluster_config() -> Option<EtcdConfig> {
+    let Some(url) = testing::endpoint("LOCKKIT_TEST_ETCD_URL") else {
+        testing::backend_missing("etcd (LOCKKIT_TEST_ETCD_URL)");
+        return None;
+    };
+    let mut config = EtcdConfig::from_url(&url).expect("LOCKKIT_TEST_ETCD_URL is a valid etcd URL");
+    config.prefix = PREFIX.to_owned();
+    match EtcdBackend::connect(config.clone()).await {
+        Ok(_) => Some(config),
+        Err(e) => {
+            testing::backend_missing(&format!("etcd at {url} ({e})"));
+            None
+        }
+    }
+}
+
+/// The keys left under `<PREFIX>/<namespace>/`.
+pub async fn keys_under(
+    backend: &EtcdBackend,
+    namespace: &str,
+) -> lockkit_core::Result<Vec<String>> {
+    let mut client = backend.client();
+    let response = client
+        .get(
+            format!("{PREFIX}/{namespace}/"),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .map_err(|e| {
+            lockkit_core::Error::new(lockkit_core::ErrorKind::Backend, "etcd", "listing keys")
+                .with_source(e)
+        })?;
+    Ok(response
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect())
+}
+
+/// A TCP proxy in front of one etcd member that can turn into a blackhole: bytes in both
+/// directions are then swallowed while the connections stay open, as with a dead link.
+pub struct Proxy {
+    /// Where clients connect.
+    pub addr: std::net::SocketAddr,
+    blackhole: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts a proxy to `upstream` (`host:port`) on a free loopback port.
+    pub async fn start(upstream: String) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a proxy port");
+        let addr = listener.local_addr().expect("proxy address");
+        let blackhole = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = blackhole.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                for (mut from, mut to) in [(client_read, server_write), (server_read, client_write)]
+                {
+                    let flag = flag.clone();
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if flag.load(Ordering::SeqCst) {
+                                continue;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Proxy {
+            addr,
+            blackhole,
+            task,
+        }
+    }
+
+    /// From now on, nothing gets through.
+    pub fn blackhole(&self) {
+        self.blackhole
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The lease id in a lock key `.../<lease-hex>-<n>` (the handle of an etcd grant).
+pub fn lease_of(handle: &str) -> i64 {
+    let last = handle.rsplit('/').next().expect("key segment");
+    let hex = last.split('-').next().expect("lease part");
+    u64::from_str_radix(hex, 16).expect("lease hex") as i64
+}
+
+/// Waits (up to `patience`) until nothing is left under `<PREFIX>/<namespace>/`.
+pub async fn expect_no_keys(backend: &EtcdBackend, namespace: &str, patience: std::time::Duration) {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let left = keys_under(backend, namespace).await.expect("list keys");
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keys left under {namespace}: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A fresh random namespace.
+pub fn namespace(what: &str) -> String {
+    format!("{what}-{:08x}", rand::random::<u32>())
+}
