@@ -629,10 +629,19 @@ impl ZkBackend {
             "delete the lock node",
             session.client.delete(path, version),
         )
-        .await?;
+        .await;
         self.inner
             .janitor
             .schedule(parent, self.inner.config.empty_parent_linger);
+        let deleted = match deleted {
+            Ok(deleted) => deleted,
+            Err(timeout) => {
+                // The delete may not have been applied: the node would hold the lock for
+                // as long as the session lives.
+                self.reap(session.id(), path.to_owned());
+                return Err(timeout);
+            }
+        };
         match deleted {
             Ok(()) => Ok(true),
             // An expired session takes its ephemeral nodes with it, and sessions are only
@@ -847,6 +856,9 @@ impl LockBackend for ZkBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
+        // The acquisition ends here whatever happens below: a failed release must not leave
+        // its entry behind.
+        self.pending().remove(&lease.owner().expose_hex());
         let session = self.session().await;
         let paths = LockPaths::new(lease.key(), lease.owner());
         let released = match self.lease_node(&session, lease).await? {
@@ -857,7 +869,6 @@ impl LockBackend for ZkBackend {
             }
             None => false,
         };
-        self.pending().remove(&lease.owner().expose_hex());
         Ok(released)
     }
 

@@ -442,3 +442,31 @@ async fn unreachable_ensemble_is_unavailable_within_the_timeout() {
         started.elapsed()
     );
 }
+
+/// A release that cannot reach the ensemble fails, and still forgets the acquisition: the
+/// backend does not keep one entry per failed release for as long as it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_forgets_the_acquisition() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let proxy = Proxy::start(&config.hosts).await;
+    config.hosts = proxy.hosts();
+    config.request_timeout = Duration::from_millis(300);
+    let ns = namespace();
+    let (backend, client) = client_with_ttl(&config, &ns, Duration::from_secs(60)).await;
+    let guard = client.mutex("unreleased").unwrap().lock().await.unwrap();
+    assert!(
+        format!("{backend:?}").contains("acquisitions: 1"),
+        "{backend:?}"
+    );
+    proxy.set_blackholed(true);
+    guard
+        .release()
+        .await
+        .expect_err("the ensemble was unreachable");
+    assert!(
+        format!("{backend:?}").contains("acquisitions: 0"),
+        "{backend:?}"
+    );
+}
