@@ -181,32 +181,27 @@ enum PendingNode {
     Created { name: String, czxid: Option<i64> },
 }
 
-/// The znode paths of one acquisition, relative to the chroot.
+/// The znode paths of one lock, relative to the chroot.
 struct LockPaths {
     namespace: String,
     parent: String,
-    /// `_c_{uuid}-lock-`: the start of our node's name.
-    own_prefix: String,
 }
 
 impl LockPaths {
-    fn new(key: &LockKey, owner: &OwnerToken) -> Self {
+    fn new(key: &LockKey) -> Self {
         let namespace = format!("/{}", key.namespace());
         let parent = format!("{namespace}/{}", key.name());
-        LockPaths {
-            namespace,
-            parent,
-            own_prefix: format!("_c_{}{LOCK_NAME}", uuid_form(owner)),
-        }
+        LockPaths { namespace, parent }
     }
 
     fn child(&self, name: &str) -> String {
         format!("{}/{name}", self.parent)
     }
+}
 
-    fn create_prefix(&self) -> String {
-        format!("{}/{}", self.parent, self.own_prefix)
-    }
+/// `_c_{uuid}-lock-`: the start of the name of `owner`'s node.
+fn own_prefix(owner: &OwnerToken) -> String {
+    format!("_c_{}{LOCK_NAME}", uuid_form(owner))
 }
 
 /// The owner token as a UUID (8-4-4-4-12 hex digits), the shape Curator's protected names use.
@@ -393,6 +388,7 @@ impl ZkBackend {
         &self,
         session: &Session,
         paths: &LockPaths,
+        own_prefix: &str,
         token: &str,
     ) -> Result<(String, Option<i64>, Vec<String>)> {
         self.inner.janitor.keep(&paths.parent);
@@ -406,7 +402,7 @@ impl ZkBackend {
                 },
             );
             let node = self.node_options();
-            let prefix = paths.create_prefix();
+            let prefix = paths.child(own_prefix);
             let created = session.client.create(&prefix, &[], &node);
             let listed = session.client.list_children(&paths.parent);
             let (created, listed) =
@@ -415,7 +411,7 @@ impl ZkBackend {
                     .map_err(|_| timed_out("create the lock node"))?;
             match created {
                 Ok((stat, sequence)) => {
-                    let name = format!("{}{sequence}", paths.own_prefix);
+                    let name = format!("{own_prefix}{sequence}");
                     // ZOOKEEPER-4026 (servers before 3.8.2) answers a create inside a multi
                     // with an invalid Stat; a plain create is fine, but should the Stat be
                     // invalid the czxid is read separately before a grant.
@@ -484,17 +480,18 @@ impl ZkBackend {
         Ok(())
     }
 
-    /// Finds the nodes an earlier attempt of `paths`'s owner left: the lowest is kept,
+    /// Finds the nodes named `own_prefix…` an earlier attempt left: the lowest is kept,
     /// duplicates (from a create retried after a lost reply) are deleted.
     async fn find_own(
         &self,
         session: &Session,
         paths: &LockPaths,
+        own_prefix: &str,
         children: &[String],
     ) -> Result<Option<String>> {
         let mut own: Vec<&String> = children
             .iter()
-            .filter(|c| c.starts_with(&paths.own_prefix) && sequence_of(c).is_some())
+            .filter(|c| c.starts_with(own_prefix) && sequence_of(c).is_some())
             .collect();
         own.sort_by_key(|c| sequence_of(c));
         let Some((first, duplicates)) = own.split_first() else {
@@ -599,19 +596,18 @@ impl ZkBackend {
     /// The path of `lease`'s node: from its owner token and the sequence number in its
     /// handle, or else found by the owner's name among the lock's children.
     async fn lease_node(&self, session: &Session, lease: &Lease) -> Result<Option<String>> {
-        let paths = LockPaths::new(lease.key(), lease.owner());
+        let paths = LockPaths::new(lease.key());
+        let own_prefix = own_prefix(lease.owner());
         if let Some(sequence) = lease.handle()
             && !sequence.is_empty()
             && sequence.bytes().all(|b| b.is_ascii_digit())
         {
-            return Ok(Some(
-                paths.child(&format!("{}{sequence}", paths.own_prefix)),
-            ));
+            return Ok(Some(paths.child(&format!("{own_prefix}{sequence}"))));
         }
         let children = self.children(session, &paths.parent).await?;
         Ok(children
             .iter()
-            .find(|c| c.starts_with(&paths.own_prefix) && sequence_of(c).is_some())
+            .find(|c| c.starts_with(&own_prefix) && sequence_of(c).is_some())
             .map(|c| paths.child(c)))
     }
 
@@ -729,7 +725,8 @@ impl LockBackend for ZkBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         let session = self.session().await;
-        let paths = LockPaths::new(&request.key, &request.owner);
+        let paths = LockPaths::new(&request.key);
+        let own = own_prefix(&request.owner);
         let token = request.owner.expose_hex();
         for _ in 0..MAX_ROUNDS {
             let known = self
@@ -744,7 +741,7 @@ impl LockBackend for ZkBackend {
                 }
                 Some(PendingNode::InFlight) => {
                     let children = self.children(&session, &paths.parent).await?;
-                    match self.find_own(&session, &paths, &children).await? {
+                    match self.find_own(&session, &paths, &own, &children).await? {
                         Some(name) => (name, None, children),
                         None => {
                             self.pending().remove(&token);
@@ -762,7 +759,7 @@ impl LockBackend for ZkBackend {
                             ));
                         }
                     }
-                    self.create_node(&session, &paths, &token).await?
+                    self.create_node(&session, &paths, &own, &token).await?
                 }
             };
             match self
@@ -797,7 +794,7 @@ impl LockBackend for ZkBackend {
             return Ok(());
         };
         let session = self.session().await;
-        let path = LockPaths::new(&request.key, &request.owner).child(&predecessor);
+        let path = LockPaths::new(&request.key).child(&predecessor);
         let (stat, watcher) = match within(
             self.timeout(),
             "watch the predecessor",
@@ -831,12 +828,13 @@ impl LockBackend for ZkBackend {
             self.pending().remove(&token);
             return Ok(());
         }
-        let paths = LockPaths::new(&request.key, &request.owner);
+        let paths = LockPaths::new(&request.key);
         let name = match pending.node {
             PendingNode::Created { name, .. } => Some(name),
             PendingNode::InFlight => {
                 let children = self.children(&session, &paths.parent).await?;
-                self.find_own(&session, &paths, &children).await?
+                self.find_own(&session, &paths, &own_prefix(&request.owner), &children)
+                    .await?
             }
         };
         if let Some(name) = name {
@@ -860,7 +858,7 @@ impl LockBackend for ZkBackend {
         // its entry behind.
         self.pending().remove(&lease.owner().expose_hex());
         let session = self.session().await;
-        let paths = LockPaths::new(lease.key(), lease.owner());
+        let paths = LockPaths::new(lease.key());
         let released = match self.lease_node(&session, lease).await? {
             // Lock nodes are never written, so their version stays 0.
             Some(path) => {
@@ -878,16 +876,16 @@ impl LockBackend for ZkBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let session = self.session().await;
-        let parent = format!("/{}/{}", key.namespace(), key.name());
+        let paths = LockPaths::new(key);
         for _ in 0..MAX_ROUNDS {
-            let queue = queue(self.children(&session, &parent).await?);
+            let queue = queue(self.children(&session, &paths.parent).await?);
             let Some(holder) = queue.first() else {
                 return Ok(None);
             };
             match within(
                 self.timeout(),
                 "read the holder's node",
-                session.client.check_stat(&format!("{parent}/{holder}")),
+                session.client.check_stat(&paths.child(holder)),
             )
             .await?
             {
@@ -926,10 +924,10 @@ mod tests {
     fn names_follow_curator_and_sort_by_sequence() {
         let owner = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
         let key = LockKey::new("ns", "job").expect("key");
-        let paths = LockPaths::new(&key, &owner);
+        let paths = LockPaths::new(&key);
         assert_eq!(paths.parent, "/ns/job");
         assert_eq!(
-            paths.create_prefix(),
+            paths.child(&own_prefix(&owner)),
             "/ns/job/_c_00112233-4455-6677-8899-aabbccddeeff-lock-"
         );
         let children = vec![
