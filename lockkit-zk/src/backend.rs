@@ -32,11 +32,13 @@ const MAX_ROUNDS: usize = 4;
 /// # Algorithm
 /// One ZooKeeper session per backend, shared by all its locks. A lock `namespace/key` is the
 /// parent znode `{chroot}/{namespace}/{key}` (a container node); each acquisition creates an
-/// `EPHEMERAL_SEQUENTIAL` child `_c_{owner}-lock-{sequence}`, where `{owner}` is the
-/// acquisition's secret owner token in UUID form. The child with the lowest sequence holds the
-/// lock; every other contender watches only the child just before its own (no herd effect)
-/// and checks the children again after every event. Because the name carries the owner
-/// token, an attempt whose reply was lost finds its own node instead of leaving an orphan.
+/// `EPHEMERAL_SEQUENTIAL` child `_c_{id}-lock-{sequence}`, where `{id}` is the first 128
+/// bits of SHA-256 over the acquisition's secret owner token, in UUID form (never the token
+/// itself: node names are visible to whoever may list the lock, and the client logs request
+/// paths at debug level). The child with the lowest sequence holds the lock; every other
+/// contender watches only the child just before its own (no herd effect) and checks the
+/// children again after every event. Because the name is derived from the owner token, an
+/// attempt whose reply was lost finds its own node instead of leaving an orphan.
 ///
 /// # Guarantees
 /// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
@@ -168,8 +170,8 @@ async fn sweep(
 struct Pending {
     session_id: i64,
     node: PendingNode,
-    /// The node just ahead of ours, to watch (kept here rather than in [`Contention`],
-    /// whose `Debug` must not show the owner token that node names carry).
+    /// The node just ahead of ours, to watch (kept here; the [`Contention`] shows only its
+    /// sequence number).
     predecessor: Option<String>,
 }
 
@@ -199,14 +201,28 @@ impl LockPaths {
     }
 }
 
-/// `_c_{uuid}-lock-`: the start of the name of `owner`'s node.
+/// `_c_{uuid}-lock-`: the start of the name of `owner`'s node, where `{uuid}` is the
+/// [`node_id`] of the owner token.
 fn own_prefix(owner: &OwnerToken) -> String {
-    format!("_c_{}{LOCK_NAME}", uuid_form(owner))
+    format!("_c_{}{LOCK_NAME}", uuid_form(&node_id(owner)))
 }
 
-/// The owner token as a UUID (8-4-4-4-12 hex digits), the shape Curator's protected names use.
-fn uuid_form(owner: &OwnerToken) -> String {
-    let hex = owner.expose_hex();
+/// What a node's name carries in place of the owner token: the first 128 bits of SHA-256 over
+/// it, as 32 hex digits. Anyone who can list a lock, and every log line that shows a request
+/// path (the client logs them at debug level), sees this, never the token: the token is 128
+/// random bits, so the digest can be neither inverted nor guessed. It is as good as the token
+/// for finding our own node again after a lost reply, and it still ties the node to the
+/// owner: a lease with another token names another node.
+fn node_id(owner: &OwnerToken) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, owner.expose_hex().as_bytes());
+    digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// 32 hex digits as a UUID (8-4-4-4-12), the shape Curator's protected names use.
+fn uuid_form(hex: &str) -> String {
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],
@@ -230,8 +246,8 @@ fn sequence_of(name: &str) -> Option<i64> {
     digits.parse().ok()
 }
 
-/// What may be shown of a node name (in a lease's handle, a contention, `Debug` output):
-/// its sequence number, without the owner token the name carries.
+/// What is shown of a node name (in a lease's handle, a contention, `Debug` output): its
+/// sequence number, which is all a reader needs.
 fn public_name(name: &str) -> String {
     let start = name.rfind(LOCK_NAME).map_or(0, |i| i + LOCK_NAME.len());
     name[start..].trim_start_matches("lock-").to_owned()
@@ -593,8 +609,8 @@ impl ZkBackend {
         Ok(Step::Done(Attempt::Granted(grant)))
     }
 
-    /// The path of `lease`'s node: from its owner token and the sequence number in its
-    /// handle, or else found by the owner's name among the lock's children.
+    /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
+    /// its handle, or else found by that prefix among the lock's children.
     async fn lease_node(&self, session: &Session, lease: &Lease) -> Result<Option<String>> {
         let paths = LockPaths::new(lease.key());
         let own_prefix = own_prefix(lease.owner());
@@ -928,7 +944,7 @@ mod tests {
         assert_eq!(paths.parent, "/ns/job");
         assert_eq!(
             paths.child(&own_prefix(&owner)),
-            "/ns/job/_c_00112233-4455-6677-8899-aabbccddeeff-lock-"
+            "/ns/job/_c_5947d7c3-3d78-3f94-b3b4-c1a96ebc8991-lock-"
         );
         let children = vec![
             "_c_b-lock-0000000010".to_owned(),
@@ -945,6 +961,25 @@ mod tests {
                 "_c_b-lock-0000000010"
             ]
         );
+    }
+
+    /// The node name carries SHA-256 of the owner token (`printf %s {hex} | sha256sum`),
+    /// not the token: no run of the token's hex digits shows in it.
+    #[test]
+    fn node_names_carry_a_digest_of_the_owner_token_not_the_token() {
+        let owner = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
+        let prefix = own_prefix(&owner);
+        let hex = owner.expose_hex();
+        for window in hex.as_bytes().windows(4) {
+            let run = std::str::from_utf8(window).expect("hex");
+            assert!(
+                !prefix.replace('-', "").contains(run),
+                "{prefix} shows {run}"
+            );
+        }
+        let other = OwnerToken::from_hex("00112233445566778899aabbccddeef0").expect("hex");
+        assert_ne!(own_prefix(&other), prefix);
+        assert_eq!(own_prefix(&owner), prefix, "the name must be found again");
     }
 
     #[test]

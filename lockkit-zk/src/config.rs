@@ -45,7 +45,8 @@ pub struct ZkConfig {
     /// over to the others. Default: `["127.0.0.1:2181"]`.
     pub hosts: Vec<String>,
     /// The absolute znode under which every lock lives (created, with the configured ACL,
-    /// when missing). Locks are `{chroot}/{namespace}/{key}/_c_{owner}-lock-{sequence}`.
+    /// when missing). Locks are `{chroot}/{namespace}/{key}/_c_{id}-lock-{sequence}`, `{id}`
+    /// a digest of the secret owner token.
     /// Default: `"/lockkit"`.
     pub chroot: String,
     /// The session timeout asked of the servers (they clamp it to their

@@ -36,21 +36,23 @@ async fn client_with_ttl(config: &ZkConfig, ns: &str, ttl: Duration) -> (ZkBacke
     (backend, client)
 }
 
-/// The znode of a held lease, relative to the chroot: `/{ns}/{key}/_c_{owner}-lock-{sequence}`
-/// (the handle holds the sequence number; the owner token, in UUID form, completes the name).
-fn lock_node(lease: &lockkit_core::Lease) -> String {
+/// The znode of a held lease under `root` (the chroot, or `""` for a client rooted there):
+/// the child of `{root}/{ns}/{key}` whose name ends with the lease's handle (the sequence
+/// number). Its name must not carry the owner token, in hex or in UUID form.
+async fn lock_node(client: &zk::Client, root: &str, lease: &lockkit_core::Lease) -> String {
+    let parent = format!("{root}/{}/{}", lease.key().namespace(), lease.key().name());
+    let sequence = lease.handle().expect("a zk lease has a handle");
+    let children = client.list_children(&parent).await.expect("list the lock");
+    let name = children
+        .iter()
+        .find(|c| c.ends_with(&format!("-lock-{sequence}")))
+        .unwrap_or_else(|| panic!("no node for sequence {sequence} in {children:?}"));
     let hex = lease.owner().expose_hex();
-    format!(
-        "/{}/{}/_c_{}-{}-{}-{}-{}-lock-{}",
-        lease.key().namespace(),
-        lease.key().name(),
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..],
-        lease.handle().expect("a zk lease has a handle")
-    )
+    assert!(
+        !name.replace('-', "").contains(&hex[..8]),
+        "the node name shows the owner token"
+    );
+    format!("{parent}/{name}")
 }
 
 async fn assert_no_znodes(admin: &zk::Client, ns: &str) {
@@ -106,7 +108,7 @@ async fn expired_session_fires_lost_and_grants_the_next_waiter() {
         !old.release().await.unwrap(),
         "the stale release claimed the lock"
     );
-    let node = lock_node(new.lease());
+    let node = lock_node(&admin, "", new.lease()).await;
     assert!(
         admin.check_stat(&node).await.unwrap().is_some(),
         "the stale release deleted the new holder's node"
@@ -398,7 +400,8 @@ async fn digest_auth_and_acls_protect_the_locks() {
     assert!(!debug.contains("right-password"), "{debug}");
 
     let stranger = zk::Client::connect(&config.hosts.join(",")).await.unwrap();
-    let node = format!("{}{}", config.chroot, lock_node(guard.lease()));
+    let root = admin_with_credentials(&config).await;
+    let node = lock_node(&root, &config.chroot, guard.lease()).await;
     let parent = node.rsplit_once('/').unwrap().0.to_owned();
     assert_eq!(stranger.delete(&node, None).await, Err(zk::Error::NoAuth));
     assert_eq!(
@@ -412,7 +415,6 @@ async fn digest_auth_and_acls_protect_the_locks() {
     assert_no_znodes(&admin, &ns).await;
     let _ = admin.delete(&format!("/{ns}"), None).await;
     drop(admin);
-    let root = admin_with_credentials(&config).await;
     root.delete(&config.chroot, None).await.unwrap();
 }
 
