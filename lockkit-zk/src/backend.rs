@@ -44,10 +44,21 @@ const MAX_ROUNDS: usize = 4;
 /// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
 ///   created it, globally ordered by the ensemble, so successive grants of a key carry
 ///   strictly increasing tokens, across leader changes and parent re-creation alike.
-/// - A grant lives as long as the session. The lost signal fires when the session expires,
-///   and when it stays disconnected longer than
-///   [`suspended_grace_fraction`](ZkConfig::suspended_grace_fraction) of its timeout, before
-///   the servers can expire it and grant the lock to someone else.
+/// - A lock node lives as long as the session, but a grant or renewal is trusted only for
+///   `min(ttl, T × min(0.6 − g, 0.5))` from when its request was sent (`T` the negotiated
+///   session timeout, `g` the
+///   [`suspended_grace_fraction`](ZkConfig::suspended_grace_fraction); 0.3 `T` by default),
+///   and only a request that reached the leader counts: a renewal (and the grant of a node
+///   found again) `sync`s before it reads the node, so a server cut off from the leader, which
+///   keeps answering pings and reads from its stale view for up to `syncLimit × tickTime`,
+///   cannot confirm a lock. The leader cannot expire the session sooner than 0.55 `T` after
+///   such a request was sent, as long as the servers' `tickTime` is at most `T`/2: it hears
+///   of the session from the client's server every half `tickTime`, and the client sends
+///   something at least every 0.2 `T`. So the core's validity deadline passes, and the lost
+///   signal fires, before anyone else can be granted the lock.
+/// - The lost signal also fires at once when the session expires, and when the session stays
+///   disconnected longer than `g × T` (after the 0.4 `T` the client needs to notice a silent
+///   connection).
 /// - A holder paused longer than the session timeout loses the lock without noticing in time:
 ///   fence the protected resource with the token.
 ///
@@ -179,8 +190,8 @@ struct Pending {
 enum PendingNode {
     /// A create was sent and its answer not seen: the node may or may not exist.
     InFlight,
-    /// The node exists (or existed) under this name; `czxid` once known.
-    Created { name: String, czxid: Option<i64> },
+    /// The node exists (or existed) under this name.
+    Created { name: String },
 }
 
 /// The znode paths of one lock, relative to the chroot.
@@ -436,10 +447,7 @@ impl ZkBackend {
                         token.to_owned(),
                         Pending {
                             session_id: session.id(),
-                            node: PendingNode::Created {
-                                name: name.clone(),
-                                czxid,
-                            },
+                            node: PendingNode::Created { name: name.clone() },
                             predecessor: None,
                         },
                     );
@@ -533,7 +541,11 @@ impl ZkBackend {
         }
     }
 
-    /// Decides from the queue whether our node `name` holds the lock.
+    /// Decides from the queue whether our node `name` holds the lock. `czxid` is known when
+    /// the node was created by this call: the create went through the leader after the
+    /// request was sent, and the listing (same session, after it) is at least that recent.
+    /// Without it the node was found in a listing that a server cut off from the leader may
+    /// have served stale, so a grant first syncs with the leader and reads the node again.
     async fn evaluate(
         &self,
         session: &Session,
@@ -567,6 +579,14 @@ impl ZkBackend {
         let czxid = match czxid {
             Some(czxid) => czxid,
             None => {
+                match self.sync_with_leader(session, &path).await? {
+                    Ok(()) => {}
+                    Err(zk::Error::SessionExpired) => {
+                        self.pending().remove(&token);
+                        return Ok(Step::Recreate);
+                    }
+                    Err(e) => return Err(map("sync with the leader", e)),
+                }
                 match within(
                     self.timeout(),
                     "read the lock node",
@@ -593,7 +613,6 @@ impl ZkBackend {
         if let Some(entry) = self.pending().get_mut(&token) {
             entry.node = PendingNode::Created {
                 name: name.to_owned(),
-                czxid: Some(czxid),
             };
         }
         let fencing = u64::try_from(czxid).map_err(|_| {
@@ -603,7 +622,7 @@ impl ZkBackend {
                 format!("the lock node has an invalid czxid {czxid}"),
             )
         })?;
-        let grant = Grant::new(FencingToken(fencing), request.ttl)
+        let grant = Grant::new(FencingToken(fencing), self.trusted_for(request.ttl))
             .with_handle(public_name(name))
             .with_session(session.lost.clone());
         Ok(Step::Done(Attempt::Granted(grant)))
@@ -698,7 +717,35 @@ impl ZkBackend {
         });
     }
 
-    /// Whether `lease`'s node still exists and belongs to the current, trusted session.
+    /// Makes the server this session is connected to catch up with the leader. `sync` is
+    /// answered through the leader, so it fails (or times out) on a server cut off from it,
+    /// and its success shows the session was alive on the leader after it was sent.
+    async fn sync_with_leader(
+        &self,
+        session: &Session,
+        path: &str,
+    ) -> Result<std::result::Result<(), zk::Error>> {
+        within(
+            self.timeout(),
+            "sync with the leader",
+            session.client.sync(path),
+        )
+        .await
+    }
+
+    /// How long a grant or renewal is trusted: see [`trusted_for`].
+    fn trusted_for(&self, ttl: Duration) -> Duration {
+        trusted_for(
+            ttl,
+            self.session_timeout(),
+            self.inner.config.suspended_grace_fraction,
+        )
+    }
+
+    /// Whether `lease`'s node still exists and belongs to the current, trusted session, as
+    /// the leader sees it: the read follows a `sync`, so a server cut off from the leader
+    /// (which keeps serving its stale view until it notices, `syncLimit × tickTime`) makes
+    /// the check fail instead of confirming a lock the leader may have given away.
     async fn owns(&self, lease: &Lease) -> Result<bool> {
         if lease.session().is_some_and(|s| s.is_cancelled()) {
             return Ok(false);
@@ -707,6 +754,11 @@ impl ZkBackend {
         let Some(path) = self.lease_node(&session, lease).await? else {
             return Ok(false);
         };
+        match self.sync_with_leader(&session, &path).await? {
+            Ok(()) => {}
+            Err(zk::Error::SessionExpired) => return Ok(false),
+            Err(e) => return Err(map("sync with the leader", e)),
+        }
         match within(
             self.timeout(),
             "read the lock node",
@@ -719,6 +771,40 @@ impl ZkBackend {
             Err(e) => Err(map("read the lock node", e)),
         }
     }
+}
+
+/// The part of the session timeout after which `zookeeper-client` declares a silent
+/// connection dead (8 of its ticks of 1/20 of the timeout).
+const DEAD_CONNECTION_FRACTION: f64 = 0.4;
+
+/// The largest part of the session timeout a grant or renewal is trusted for, whatever the
+/// grace (see [`trusted_for`]).
+const MAX_TRUSTED_FRACTION: f64 = 0.5;
+
+/// How long a grant or a renewal is trusted, counted (by the core) from when its request was
+/// sent: `min(ttl, T × min(1 − 0.4 − suspended_grace_fraction, 0.5))`, `T` being the
+/// negotiated session timeout; 0.3 `T` with the default grace.
+///
+/// A lock node lives as long as its session, and the leader expires a session `T` after it
+/// last heard of it; it may then grant the lock to someone else. The request behind a grant or
+/// renewal reached the leader, with the session alive, after it was sent: a create is a write,
+/// and a renewal (or the grant of a node found again) issues a `sync` first; both fail on a
+/// server cut off from the leader. The leader hears of a session from the server the client
+/// is connected to, which reports the sessions it saw whenever the leader pings it (every half
+/// `tickTime`), and the client sends something at least every 0.2 `T` (`zookeeper-client`
+/// pings after 3/20 `T` of silence, checked every 1/20 `T`). So the leader's last news of the
+/// session is at most 0.2 `T` + `tickTime`/2 older than the send time, and it cannot expire
+/// the session before 0.8 `T` − `tickTime`/2 after that send: at least 0.55 `T` as long as
+/// `tickTime` ≤ `T`/2 (the servers' default `minSessionTimeout` is 2 `tickTime`). 0.5 `T`
+/// leaves the rest for network delay; the core takes clock drift off as well.
+///
+/// The `1 − 0.4 − grace` term is the tighter one for a grace above 0.1. With it, the time a
+/// verified contact is trusted and the longest disconnection the session watcher rides out
+/// (`(0.4 + grace) × T`, see [`ZkConfig::suspended_grace_fraction`]) add up to the session
+/// timeout: a longer grace buys tolerance of disconnections with more frequent renewals.
+fn trusted_for(ttl: Duration, session_timeout: Duration, grace_fraction: f64) -> Duration {
+    let fraction = (1.0 - DEAD_CONNECTION_FRACTION - grace_fraction).min(MAX_TRUSTED_FRACTION);
+    ttl.min(session_timeout.mul_f64(fraction.max(0.0)))
 }
 
 fn is_connected(client: &zk::Client) -> bool {
@@ -751,9 +837,11 @@ impl LockBackend for ZkBackend {
                 .filter(|p| p.session_id == session.id())
                 .map(|p| p.node.clone());
             let (name, czxid, children) = match known {
-                Some(PendingNode::Created { name, czxid }) => {
+                // Nodes found again, rather than created by this call, are verified through
+                // the leader before a grant: no czxid is passed on.
+                Some(PendingNode::Created { name }) => {
                     let children = self.children(&session, &paths.parent).await?;
-                    (name, czxid, children)
+                    (name, None, children)
                 }
                 Some(PendingNode::InFlight) => {
                     let children = self.children(&session, &paths.parent).await?;
@@ -863,7 +951,7 @@ impl LockBackend for ZkBackend {
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
         Ok(if self.owns(lease).await? {
-            Renewal::Extended(lease.ttl())
+            Renewal::Extended(self.trusted_for(lease.ttl()))
         } else {
             Renewal::Lost
         })
@@ -980,6 +1068,17 @@ mod tests {
         let other = OwnerToken::from_hex("00112233445566778899aabbccddeef0").expect("hex");
         assert_ne!(own_prefix(&other), prefix);
         assert_eq!(own_prefix(&owner), prefix, "the name must be found again");
+    }
+
+    #[test]
+    fn grants_are_trusted_for_less_than_the_leader_needs_to_expire_the_session() {
+        let session = Duration::from_secs(10);
+        let ttl = Duration::from_secs(30);
+        assert_eq!(trusted_for(ttl, session, 0.3), Duration::from_secs(3));
+        assert_eq!(trusted_for(ttl, session, 0.5), Duration::from_secs(1));
+        assert_eq!(trusted_for(ttl, session, 0.0), Duration::from_secs(5));
+        let short = Duration::from_secs(2);
+        assert_eq!(trusted_for(short, session, 0.3), short);
     }
 
     #[test]

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use lockkit_core::{
-    AcquireRequest, Attempt, ErrorKind, LockBackend, LockClient, LockKey, LockOptions, OwnerToken,
+    AcquireRequest, Attempt, ErrorKind, Lease, LockBackend, LockClient, LockKey, LockOptions,
+    OwnerToken, Renewal,
 };
 use lockkit_zk::{ZkBackend, ZkConfig};
 use proxy::Proxy;
@@ -39,7 +40,7 @@ async fn client_with_ttl(config: &ZkConfig, ns: &str, ttl: Duration) -> (ZkBacke
 /// The znode of a held lease under `root` (the chroot, or `""` for a client rooted there):
 /// the child of `{root}/{ns}/{key}` whose name ends with the lease's handle (the sequence
 /// number). Its name must not carry the owner token, in hex or in UUID form.
-async fn lock_node(client: &zk::Client, root: &str, lease: &lockkit_core::Lease) -> String {
+async fn lock_node(client: &zk::Client, root: &str, lease: &Lease) -> String {
     let parent = format!("{root}/{}/{}", lease.key().namespace(), lease.key().name());
     let sequence = lease.handle().expect("a zk lease has a handle");
     let children = client.list_children(&parent).await.expect("list the lock");
@@ -182,12 +183,13 @@ async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
     assert_no_znodes(&admin, &ns).await;
 }
 
-/// A disconnection shorter than the grace is ridden out: the holder keeps its lock and its
-/// lost signal stays quiet (10 s session: the dead connection is noticed after 4 s and the
-/// grace ends 3 s later; after 5 s the network comes back and the stuck connections are
-/// reset, so the client reconnects at once).
+/// A disconnection that ends while the lock is still trusted is ridden out: the holder keeps
+/// its lock and its lost signal stays quiet. 10 s session: a grant or renewal is trusted for
+/// 3 s and renewed every second; the network goes silent for 0.8 s, then the stuck
+/// connections are reset, so the client sees the disconnection, reconnects at once within the
+/// session watcher's grace, and the next renewal succeeds before the validity runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_disconnection_within_the_grace_keeps_the_lock() {
+async fn a_disconnection_within_the_validity_keeps_the_lock() {
     let Some(mut config) = test_config() else {
         return;
     };
@@ -197,11 +199,11 @@ async fn a_disconnection_within_the_grace_keeps_the_lock() {
     let direct = config.clone();
     config.hosts = proxy.hosts();
     config.session_timeout = Duration::from_secs(10);
-    let (_, holder) = client_with_ttl(&config, &ns, Duration::from_secs(60)).await;
+    let (_, holder) = client_with_ttl(&config, &ns, Duration::from_secs(10)).await;
     let (_, other) = client(&direct, &ns).await;
     let held = holder.mutex("flaky").unwrap().lock().await.unwrap();
     proxy.set_blackholed(true);
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
     proxy.set_blackholed(false);
     proxy.reset_connections();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -209,9 +211,11 @@ async fn a_disconnection_within_the_grace_keeps_the_lock() {
         assert!(Instant::now() < deadline, "the holder did not reconnect");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Three more renewal periods: renewals go on over the new connection.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !held.is_lost(),
-        "a disconnection within the grace fired lost"
+        "a disconnection within the validity fired lost"
     );
     assert!(
         other
@@ -227,8 +231,8 @@ async fn a_disconnection_within_the_grace_keeps_the_lock() {
 }
 
 /// A create whose reply is lost (the request reached the ensemble, the answer did not
-/// come back) leaves a node; the next attempt of the same acquisition finds it by the owner
-/// token in its name instead of queueing a second one behind it.
+/// come back) leaves a node; the next attempt of the same acquisition finds it by the digest
+/// of the owner token in its name instead of queueing a second one behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
     let Some(mut config) = test_config() else {
@@ -471,4 +475,50 @@ async fn a_failed_release_forgets_the_acquisition() {
         format!("{backend:?}").contains("acquisitions: 0"),
         "{backend:?}"
     );
+}
+
+/// A grant and a renewal are trusted for 0.3 of the session timeout (with the default grace),
+/// however long the lock's ttl: long enough to renew in time, short enough that the leader
+/// cannot have expired the session while the holder still trusts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_renewals_are_trusted_for_part_of_the_session_timeout() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let bound = backend.session_timeout().mul_f64(0.3);
+    let ttl = Duration::from_secs(60);
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "trusted").unwrap(),
+        OwnerToken::generate().unwrap(),
+        ttl,
+        true,
+    );
+    let Attempt::Granted(grant) = backend.try_acquire(&request).await.unwrap() else {
+        panic!("a free lock was not granted");
+    };
+    assert!(
+        grant.valid_for <= bound,
+        "granted for {:?}, beyond {bound:?}",
+        grant.valid_for
+    );
+    let lease = Lease::new(
+        request.key.clone(),
+        request.owner.clone(),
+        grant.fencing_token,
+        ttl,
+        Instant::now(),
+    )
+    .with_handle(grant.handle.clone().unwrap());
+    match backend.renew(&lease).await.unwrap() {
+        Renewal::Extended(valid_for) => {
+            assert!(
+                valid_for <= bound,
+                "renewed for {valid_for:?}, beyond {bound:?}"
+            );
+        }
+        Renewal::Lost => panic!("the holder's renewal was refused"),
+    }
+    assert!(backend.release(&lease).await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
 }
