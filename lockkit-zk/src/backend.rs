@@ -27,6 +27,9 @@ const LOCK_NAME: &str = "-lock-";
 /// How often a lost reply or a race is retried inside one call before the core sees an error.
 const MAX_ROUNDS: usize = 4;
 
+/// How soon a background sweep tries again after a clean-up failed.
+const SWEEP_RETRY: Duration = Duration::from_millis(100);
+
 /// A lock backend on a ZooKeeper ensemble ([`Tier::Consensus`]).
 ///
 /// # Algorithm
@@ -38,7 +41,9 @@ const MAX_ROUNDS: usize = 4;
 /// paths at debug level). The child with the lowest sequence holds the lock; every other
 /// contender watches only the child just before its own (no herd effect) and checks the
 /// children again after every event. Because the name is derived from the owner token, an
-/// attempt whose reply was lost finds its own node instead of leaving an orphan.
+/// attempt whose reply was lost finds its own node instead of leaving an orphan; a create
+/// that commits after the retry looked leaves a second node with the same name, which the
+/// next round, the release, the clean-up, or a sweep one session timeout later deletes.
 ///
 /// # Guarantees
 /// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
@@ -195,6 +200,7 @@ enum PendingNode {
 }
 
 /// The znode paths of one lock, relative to the chroot.
+#[derive(Clone)]
 struct LockPaths {
     namespace: String,
     parent: String,
@@ -432,10 +438,18 @@ impl ZkBackend {
             let prefix = paths.child(own_prefix);
             let created = session.client.create(&prefix, &[], &node);
             let listed = session.client.list_children(&paths.parent);
-            let (created, listed) =
-                tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) })
-                    .await
-                    .map_err(|_| timed_out("create the lock node"))?;
+            let Ok((created, listed)) =
+                tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) }).await
+            else {
+                self.sweep_later(
+                    session.id(),
+                    paths,
+                    own_prefix,
+                    token,
+                    self.session_timeout(),
+                );
+                return Err(timed_out("create the lock node"));
+            };
             match created {
                 Ok((stat, sequence)) => {
                     let name = format!("{own_prefix}{sequence}");
@@ -472,8 +486,18 @@ impl ZkBackend {
                     return Err(map("create the lock node", e));
                 }
                 // A lost reply: the node may exist. The entry stays in flight, so the next
-                // attempt (or abandon) looks for it by name.
-                Err(e) => return Err(map("create the lock node", e)),
+                // attempt (or abandon) looks for it by name; and since the create may still
+                // commit after they looked, a sweep comes back for it later.
+                Err(e) => {
+                    self.sweep_later(
+                        session.id(),
+                        paths,
+                        own_prefix,
+                        token,
+                        self.session_timeout(),
+                    );
+                    return Err(map("create the lock node", e));
+                }
             }
         }
         Err(Error::new(
@@ -513,23 +537,17 @@ impl ZkBackend {
         own_prefix: &str,
         children: &[String],
     ) -> Result<Option<String>> {
-        let mut own: Vec<&String> = children
+        let Some(first) = children
             .iter()
             .filter(|c| c.starts_with(own_prefix) && sequence_of(c).is_some())
-            .collect();
-        own.sort_by_key(|c| sequence_of(c));
-        let Some((first, duplicates)) = own.split_first() else {
+            .min_by_key(|c| sequence_of(c))
+            .cloned()
+        else {
             return Ok(None);
         };
-        for duplicate in duplicates {
-            self.delete_node(
-                session,
-                &paths.child(duplicate),
-                "delete a duplicate lock node",
-            )
+        self.delete_own_nodes(session, paths, own_prefix, children, Some(&first))
             .await?;
-        }
-        Ok(Some((*first).clone()))
+        Ok(Some(first))
     }
 
     /// Deletes a node; `Ok(true)` if it was there.
@@ -539,6 +557,119 @@ impl ZkBackend {
             Err(zk::Error::NoNode) => Ok(false),
             Err(e) => Err(map(what, e)),
         }
+    }
+
+    /// Deletes every node among `children` whose name starts with `own_prefix`, except
+    /// `keep`. Such strays come from a create whose reply was lost and that committed after
+    /// the retry had looked (on another server, or simply later): owned by our long-lived
+    /// session, one left behind would become the head of the queue after our release and
+    /// block the key for as long as the session lives.
+    async fn delete_own_nodes(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+        children: &[String],
+        keep: Option<&str>,
+    ) -> Result<()> {
+        for child in children {
+            if child.starts_with(own_prefix)
+                && sequence_of(child).is_some()
+                && Some(child.as_str()) != keep
+            {
+                self.delete_node(session, &paths.child(child), "delete a stray lock node")
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every node of an acquisition that has ended (named `own_prefix…`), and hands
+    /// the lock's parent to the janitor.
+    async fn delete_all_own(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+    ) -> Result<()> {
+        let children = self.children(session, &paths.parent).await?;
+        let deleted = self
+            .delete_own_nodes(session, paths, own_prefix, &children, None)
+            .await;
+        self.inner
+            .janitor
+            .schedule(&paths.parent, self.inner.config.empty_parent_linger);
+        deleted
+    }
+
+    /// Comes back after `delay` to delete the nodes named `own_prefix…` that the acquisition
+    /// `token` no longer uses (all of them once it has ended), retrying until that works or
+    /// the session is gone. While a create of the acquisition is in flight it waits again,
+    /// so as not to delete a node that is being granted.
+    fn sweep_later(
+        &self,
+        session_id: i64,
+        paths: &LockPaths,
+        own_prefix: &str,
+        token: &str,
+        delay: Duration,
+    ) {
+        let backend = self.clone();
+        let paths = paths.clone();
+        let (own_prefix, token) = (own_prefix.to_owned(), token.to_owned());
+        runtime::spawn(async move {
+            let mut delay = delay;
+            let mut retry = SWEEP_RETRY;
+            loop {
+                tokio::time::sleep(delay).await;
+                delay = retry;
+                retry = (retry * 2).min(Duration::from_secs(2));
+                let session = backend.session().await;
+                if session.id() != session_id {
+                    return;
+                }
+                let in_use = backend
+                    .pending()
+                    .get(&token)
+                    .filter(|p| p.session_id == session_id)
+                    .map(|p| p.node.clone());
+                let keep = match in_use {
+                    Some(PendingNode::InFlight) => continue,
+                    Some(PendingNode::Created { name }) => Some(name),
+                    None => None,
+                };
+                let swept = match backend.children(&session, &paths.parent).await {
+                    Ok(children) => {
+                        backend
+                            .delete_own_nodes(
+                                &session,
+                                &paths,
+                                &own_prefix,
+                                &children,
+                                keep.as_deref(),
+                            )
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match swept {
+                    Ok(()) => {
+                        if keep.is_none() {
+                            backend
+                                .inner
+                                .janitor
+                                .schedule(&paths.parent, backend.inner.config.empty_parent_linger);
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot delete a stray lock node; it goes with the session");
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     /// Decides from the queue whether our node `name` holds the lock. `czxid` is known when
@@ -556,7 +687,11 @@ impl ZkBackend {
         children: Vec<String>,
     ) -> Result<Step> {
         let token = request.owner.expose_hex();
-        let queue = queue(children);
+        let own_prefix = own_prefix(&request.owner);
+        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
+            .await?;
+        let mut queue = queue(children);
+        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
         let Some(index) = queue.iter().position(|c| c == name) else {
             self.pending().remove(&token);
             return Ok(Step::Recreate);
@@ -924,29 +1059,23 @@ impl LockBackend for ZkBackend {
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
         let token = request.owner.expose_hex();
-        let Some(pending) = self.pending().get(&token).cloned() else {
+        // The acquisition ends here whatever happens below; what a failure leaves behind is
+        // swept in the background.
+        let Some(pending) = self.pending().remove(&token) else {
             return Ok(());
         };
         let session = self.session().await;
         if pending.session_id != session.id() {
-            self.pending().remove(&token);
+            // Its nodes went with its session.
             return Ok(());
         }
         let paths = LockPaths::new(&request.key);
-        let name = match pending.node {
-            PendingNode::Created { name, .. } => Some(name),
-            PendingNode::InFlight => {
-                let children = self.children(&session, &paths.parent).await?;
-                self.find_own(&session, &paths, &own_prefix(&request.owner), &children)
-                    .await?
-            }
-        };
-        if let Some(name) = name {
-            self.delete_own(&session, &paths.child(&name), &paths.parent, None)
-                .await?;
+        let own_prefix = own_prefix(&request.owner);
+        let cleaned = self.delete_all_own(&session, &paths, &own_prefix).await;
+        if cleaned.is_err() {
+            self.sweep_later(session.id(), &paths, &own_prefix, &token, SWEEP_RETRY);
         }
-        self.pending().remove(&token);
-        Ok(())
+        cleaned
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
@@ -958,20 +1087,33 @@ impl LockBackend for ZkBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
+        let token = lease.owner().expose_hex();
         // The acquisition ends here whatever happens below: a failed release must not leave
-        // its entry behind.
-        self.pending().remove(&lease.owner().expose_hex());
+        // its entry behind, and what it leaves on the server is swept in the background.
+        self.pending().remove(&token);
         let session = self.session().await;
         let paths = LockPaths::new(lease.key());
-        let released = match self.lease_node(&session, lease).await? {
-            // Lock nodes are never written, so their version stays 0.
-            Some(path) => {
-                self.delete_own(&session, &path, &paths.parent, Some(0))
-                    .await?
+        let own_prefix = own_prefix(lease.owner());
+        let release_node = async {
+            match self.lease_node(&session, lease).await? {
+                // Lock nodes are never written, so their version stays 0.
+                Some(path) => {
+                    self.delete_own(&session, &path, &paths.parent, Some(0))
+                        .await
+                }
+                None => Ok(false),
             }
-            None => false,
         };
-        Ok(released)
+        // Strays of this acquisition go too; the listing is sent right after the delete, so
+        // both cost one round trip.
+        let (released, strays) = tokio::join!(
+            release_node,
+            self.delete_all_own(&session, &paths, &own_prefix)
+        );
+        if released.is_err() || strays.is_err() {
+            self.sweep_later(session.id(), &paths, &own_prefix, &token, SWEEP_RETRY);
+        }
+        released
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool> {

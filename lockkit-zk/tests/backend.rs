@@ -522,3 +522,171 @@ async fn grants_and_renewals_are_trusted_for_part_of_the_session_timeout() {
     assert!(backend.release(&lease).await.unwrap());
     assert_no_znodes(&admin, &ns).await;
 }
+
+/// The lock nodes under `parent` whose name starts with `prefix`.
+async fn nodes_named(admin: &zk::Client, parent: &str, prefix: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = admin
+        .list_children(parent)
+        .await
+        .expect("list the lock")
+        .into_iter()
+        .filter(|c| c.starts_with(prefix))
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// A create whose reply was lost can commit after the retry looked, leaving a second node
+/// with the acquisition's own name and a higher sequence (made here by a second client with
+/// that name). The next round of the acquisition deletes it, a stray that appears while the
+/// lock is held goes with the release, and nothing is left to block the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strays_with_the_acquisitions_own_name_are_deleted() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, holder) = client(&config, &ns).await;
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let first = holder.mutex("strays").unwrap().lock().await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "strays").unwrap(),
+        OwnerToken::generate().unwrap(),
+        ttl,
+        true,
+    );
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Contended(_)
+    ));
+    let parent = format!("/{ns}/strays");
+    let holders = format!("-lock-{}", first.lease().handle().unwrap());
+    let ours: Vec<String> = admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| !c.ends_with(&holders))
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    let prefix = ours[0][..ours[0].rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
+    let stray = || async {
+        admin
+            .create(
+                &format!("{parent}/{prefix}"),
+                &[],
+                &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+    };
+
+    stray().await;
+    assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Contended(_)
+    ));
+    assert_eq!(
+        nodes_named(&admin, &parent, &prefix).await,
+        ours,
+        "the waiting round left the stray"
+    );
+
+    assert!(first.release().await.unwrap());
+    let Attempt::Granted(grant) = backend.try_acquire(&request).await.unwrap() else {
+        panic!("the next in line was not granted");
+    };
+    stray().await;
+    let lease = Lease::new(
+        request.key.clone(),
+        request.owner.clone(),
+        grant.fencing_token,
+        ttl,
+        Instant::now(),
+    )
+    .with_handle(grant.handle.clone().unwrap());
+    assert!(backend.release(&lease).await.unwrap());
+    assert_eq!(
+        nodes_named(&admin, &parent, &prefix).await,
+        Vec::<String>::new(),
+        "the release left the stray"
+    );
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// The node of a create whose reply was lost is removed in the background when the clean-up
+/// after the failed acquisition cannot reach the ensemble either (its reply is lost too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_is_swept_when_the_clean_up_fails() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    config.hosts = proxy.hosts();
+    config.request_timeout = Duration::from_millis(500);
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "swept").unwrap(),
+        OwnerToken::generate().unwrap(),
+        Duration::from_secs(10),
+        true,
+    );
+    // First use of the key: create the parent with an ordinary attempt, then give it back.
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    backend.abandon(&request).await.unwrap();
+    let parent = format!("/{ns}/swept");
+    admin
+        .create(
+            &format!("{parent}/keep-parent"),
+            &[],
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+
+    proxy.set_replies_dropped(true);
+    backend
+        .try_acquire(&request)
+        .await
+        .expect_err("the reply was dropped");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nodes_named(&admin, &parent, "_c_").await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached the ensemble"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    backend
+        .abandon(&request)
+        .await
+        .expect_err("the clean-up's reply was dropped");
+    proxy.set_replies_dropped(false);
+    // The proxy dropped bytes of the stream: make the client reconnect.
+    proxy.reset_connections();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = nodes_named(&admin, &parent, "_c_").await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lost create was left: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    drop(backend);
+    assert_no_znodes(&admin, &ns).await;
+}
