@@ -713,30 +713,14 @@ impl ZkBackend {
         let path = paths.child(name);
         let czxid = match czxid {
             Some(czxid) => czxid,
-            None => {
-                match self.sync_with_leader(session, &path).await? {
-                    Ok(()) => {}
-                    Err(zk::Error::SessionExpired) => {
-                        self.pending().remove(&token);
-                        return Ok(Step::Recreate);
-                    }
-                    Err(e) => return Err(map("sync with the leader", e)),
+            None => match self.stat_via_leader(session, &path).await? {
+                Ok(Some(stat)) if stat.ephemeral_owner == session.id() => stat.czxid,
+                Ok(_) => {
+                    self.pending().remove(&token);
+                    return Ok(Step::Recreate);
                 }
-                match within(
-                    self.timeout(),
-                    "read the lock node",
-                    session.client.check_stat(&path),
-                )
-                .await?
-                {
-                    Ok(Some(stat)) if stat.ephemeral_owner == session.id() => stat.czxid,
-                    Ok(_) => {
-                        self.pending().remove(&token);
-                        return Ok(Step::Recreate);
-                    }
-                    Err(e) => return Err(map("read the lock node", e)),
-                }
-            }
+                Err(e) => return Err(map("read the lock node through the leader", e)),
+            },
         };
         if session.lost.is_cancelled() || !is_connected(&session.client) {
             return Err(Error::new(
@@ -852,20 +836,22 @@ impl ZkBackend {
         });
     }
 
-    /// Makes the server this session is connected to catch up with the leader. `sync` is
-    /// answered through the leader, so it fails (or times out) on a server cut off from it,
-    /// and its success shows the session was alive on the leader after it was sent.
-    async fn sync_with_leader(
+    /// The stat of `path` as the leader sees it: a `sync` and the read, sent back to back
+    /// (a server answers a session's requests in order, so the read waits for the sync).
+    /// `sync` is answered through the leader, so it fails (or times out) on a server cut off
+    /// from it, and its success shows the session was alive on the leader after it was sent.
+    async fn stat_via_leader(
         &self,
         session: &Session,
         path: &str,
-    ) -> Result<std::result::Result<(), zk::Error>> {
-        within(
-            self.timeout(),
-            "sync with the leader",
-            session.client.sync(path),
-        )
-        .await
+    ) -> Result<std::result::Result<Option<zk::Stat>, zk::Error>> {
+        let synced = session.client.sync(path);
+        let read = session.client.check_stat(path);
+        let (synced, read) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, read) })
+                .await
+                .map_err(|_| timed_out("read the lock node through the leader"))?;
+        Ok(synced.and(read))
     }
 
     /// How long a grant or renewal is trusted: see [`trusted_for`].
@@ -889,21 +875,10 @@ impl ZkBackend {
         let Some(path) = self.lease_node(&session, lease).await? else {
             return Ok(false);
         };
-        match self.sync_with_leader(&session, &path).await? {
-            Ok(()) => {}
-            Err(zk::Error::SessionExpired) => return Ok(false),
-            Err(e) => return Err(map("sync with the leader", e)),
-        }
-        match within(
-            self.timeout(),
-            "read the lock node",
-            session.client.check_stat(&path),
-        )
-        .await?
-        {
+        match self.stat_via_leader(&session, &path).await? {
             Ok(Some(stat)) => Ok(stat.ephemeral_owner == session.id()),
             Ok(None) | Err(zk::Error::SessionExpired) => Ok(false),
-            Err(e) => Err(map("read the lock node", e)),
+            Err(e) => Err(map("read the lock node through the leader", e)),
         }
     }
 }
@@ -932,6 +907,12 @@ const MAX_TRUSTED_FRACTION: f64 = 0.5;
 /// the session before 0.8 `T` − `tickTime`/2 after that send: at least 0.55 `T` as long as
 /// `tickTime` ≤ `T`/2 (the servers' default `minSessionTimeout` is 2 `tickTime`). 0.5 `T`
 /// leaves the rest for network delay; the core takes clock drift off as well.
+///
+/// What this rests on besides: `sync` is not a quorum operation. A leader that has just lost
+/// its quorum still answers it until it notices (within `syncLimit × tickTime`); its
+/// followers notice the loss within the same limit before they elect a new leader, and a new
+/// leader starts every session's timeout afresh, so this is covered as long as the servers
+/// agree on the limit (they share one configuration).
 ///
 /// The `1 − 0.4 − grace` term is the tighter one for a grace above 0.1. With it, the time a
 /// verified contact is trusted and the longest disconnection the session watcher rides out
