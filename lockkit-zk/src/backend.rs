@@ -27,25 +27,43 @@ const LOCK_NAME: &str = "-lock-";
 /// How often a lost reply or a race is retried inside one call before the core sees an error.
 const MAX_ROUNDS: usize = 4;
 
+/// How soon a background sweep tries again after a clean-up failed.
+const SWEEP_RETRY: Duration = Duration::from_millis(100);
+
 /// A lock backend on a ZooKeeper ensemble ([`Tier::Consensus`]).
 ///
 /// # Algorithm
 /// One ZooKeeper session per backend, shared by all its locks. A lock `namespace/key` is the
 /// parent znode `{chroot}/{namespace}/{key}` (a container node); each acquisition creates an
-/// `EPHEMERAL_SEQUENTIAL` child `_c_{owner}-lock-{sequence}`, where `{owner}` is the
-/// acquisition's secret owner token in UUID form. The child with the lowest sequence holds the
-/// lock; every other contender watches only the child just before its own (no herd effect)
-/// and checks the children again after every event. Because the name carries the owner
-/// token, an attempt whose reply was lost finds its own node instead of leaving an orphan.
+/// `EPHEMERAL_SEQUENTIAL` child `_c_{id}-lock-{sequence}`, where `{id}` is the first 128
+/// bits of SHA-256 over the acquisition's secret owner token, in UUID form (never the token
+/// itself: node names are visible to whoever may list the lock, and the client logs request
+/// paths at debug level). The child with the lowest sequence holds the lock; every other
+/// contender watches only the child just before its own (no herd effect) and checks the
+/// children again after every event. Because the name is derived from the owner token, an
+/// attempt whose reply was lost finds its own node instead of leaving an orphan; a create
+/// that commits after the retry looked leaves a second node with the same name, which the
+/// next round, the release, the clean-up, or a sweep one session timeout later deletes.
 ///
 /// # Guarantees
 /// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
 ///   created it, globally ordered by the ensemble, so successive grants of a key carry
 ///   strictly increasing tokens, across leader changes and parent re-creation alike.
-/// - A grant lives as long as the session. The lost signal fires when the session expires,
-///   and when it stays disconnected longer than
-///   [`suspended_grace_fraction`](ZkConfig::suspended_grace_fraction) of its timeout, before
-///   the servers can expire it and grant the lock to someone else.
+/// - A lock node lives as long as the session, but a grant or renewal is trusted only for
+///   `min(ttl, T × min(0.6 − g, 0.5))` from when its request was sent (`T` the negotiated
+///   session timeout, `g` the
+///   [`suspended_grace_fraction`](ZkConfig::suspended_grace_fraction); 0.3 `T` by default),
+///   and only a request that reached the leader counts: a renewal (and the grant of a node
+///   found again) `sync`s before it reads the node, so a server cut off from the leader, which
+///   keeps answering pings and reads from its stale view for up to `syncLimit × tickTime`,
+///   cannot confirm a lock. The leader cannot expire the session sooner than 0.55 `T` after
+///   such a request was sent, as long as the servers' `tickTime` is at most `T`/2: it hears
+///   of the session from the client's server every half `tickTime`, and the client sends
+///   something at least every 0.2 `T`. So the core's validity deadline passes, and the lost
+///   signal fires, before anyone else can be granted the lock.
+/// - The lost signal also fires at once when the session expires, and when the session stays
+///   disconnected longer than `g × T` (after the 0.4 `T` the client needs to notice a silent
+///   connection).
 /// - A holder paused longer than the session timeout loses the lock without noticing in time:
 ///   fence the protected resource with the token.
 ///
@@ -168,8 +186,8 @@ async fn sweep(
 struct Pending {
     session_id: i64,
     node: PendingNode,
-    /// The node just ahead of ours, to watch (kept here rather than in [`Contention`],
-    /// whose `Debug` must not show the owner token that node names carry).
+    /// The node just ahead of ours, to watch (kept here; the [`Contention`] shows only its
+    /// sequence number).
     predecessor: Option<String>,
 }
 
@@ -177,41 +195,51 @@ struct Pending {
 enum PendingNode {
     /// A create was sent and its answer not seen: the node may or may not exist.
     InFlight,
-    /// The node exists (or existed) under this name; `czxid` once known.
-    Created { name: String, czxid: Option<i64> },
+    /// The node exists (or existed) under this name.
+    Created { name: String },
 }
 
-/// The znode paths of one acquisition, relative to the chroot.
+/// The znode paths of one lock, relative to the chroot.
+#[derive(Clone)]
 struct LockPaths {
     namespace: String,
     parent: String,
-    /// `_c_{uuid}-lock-`: the start of our node's name.
-    own_prefix: String,
 }
 
 impl LockPaths {
-    fn new(key: &LockKey, owner: &OwnerToken) -> Self {
+    fn new(key: &LockKey) -> Self {
         let namespace = format!("/{}", key.namespace());
         let parent = format!("{namespace}/{}", key.name());
-        LockPaths {
-            namespace,
-            parent,
-            own_prefix: format!("_c_{}{LOCK_NAME}", uuid_form(owner)),
-        }
+        LockPaths { namespace, parent }
     }
 
     fn child(&self, name: &str) -> String {
         format!("{}/{name}", self.parent)
     }
-
-    fn create_prefix(&self) -> String {
-        format!("{}/{}", self.parent, self.own_prefix)
-    }
 }
 
-/// The owner token as a UUID (8-4-4-4-12 hex digits), the shape Curator's protected names use.
-fn uuid_form(owner: &OwnerToken) -> String {
-    let hex = owner.expose_hex();
+/// `_c_{uuid}-lock-`: the start of the name of `owner`'s node, where `{uuid}` is the
+/// [`node_id`] of the owner token.
+fn own_prefix(owner: &OwnerToken) -> String {
+    format!("_c_{}{LOCK_NAME}", uuid_form(&node_id(owner)))
+}
+
+/// What a node's name carries in place of the owner token: the first 128 bits of SHA-256 over
+/// it, as 32 hex digits. Anyone who can list a lock, and every log line that shows a request
+/// path (the client logs them at debug level), sees this, never the token: the token is 128
+/// random bits, so the digest can be neither inverted nor guessed. It is as good as the token
+/// for finding our own node again after a lost reply, and it still ties the node to the
+/// owner: a lease with another token names another node.
+fn node_id(owner: &OwnerToken) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, owner.expose_hex().as_bytes());
+    digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// 32 hex digits as a UUID (8-4-4-4-12), the shape Curator's protected names use.
+fn uuid_form(hex: &str) -> String {
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],
@@ -235,8 +263,8 @@ fn sequence_of(name: &str) -> Option<i64> {
     digits.parse().ok()
 }
 
-/// What may be shown of a node name (in a lease's handle, a contention, `Debug` output):
-/// its sequence number, without the owner token the name carries.
+/// What is shown of a node name (in a lease's handle, a contention, `Debug` output): its
+/// sequence number, which is all a reader needs.
 fn public_name(name: &str) -> String {
     let start = name.rfind(LOCK_NAME).map_or(0, |i| i + LOCK_NAME.len());
     name[start..].trim_start_matches("lock-").to_owned()
@@ -393,6 +421,7 @@ impl ZkBackend {
         &self,
         session: &Session,
         paths: &LockPaths,
+        own_prefix: &str,
         token: &str,
     ) -> Result<(String, Option<i64>, Vec<String>)> {
         self.inner.janitor.keep(&paths.parent);
@@ -406,16 +435,24 @@ impl ZkBackend {
                 },
             );
             let node = self.node_options();
-            let prefix = paths.create_prefix();
+            let prefix = paths.child(own_prefix);
             let created = session.client.create(&prefix, &[], &node);
             let listed = session.client.list_children(&paths.parent);
-            let (created, listed) =
-                tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) })
-                    .await
-                    .map_err(|_| timed_out("create the lock node"))?;
+            let Ok((created, listed)) =
+                tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) }).await
+            else {
+                self.sweep_later(
+                    session.id(),
+                    paths,
+                    own_prefix,
+                    token,
+                    self.session_timeout(),
+                );
+                return Err(timed_out("create the lock node"));
+            };
             match created {
                 Ok((stat, sequence)) => {
-                    let name = format!("{}{sequence}", paths.own_prefix);
+                    let name = format!("{own_prefix}{sequence}");
                     // ZOOKEEPER-4026 (servers before 3.8.2) answers a create inside a multi
                     // with an invalid Stat; a plain create is fine, but should the Stat be
                     // invalid the czxid is read separately before a grant.
@@ -424,10 +461,7 @@ impl ZkBackend {
                         token.to_owned(),
                         Pending {
                             session_id: session.id(),
-                            node: PendingNode::Created {
-                                name: name.clone(),
-                                czxid,
-                            },
+                            node: PendingNode::Created { name: name.clone() },
                             predecessor: None,
                         },
                     );
@@ -452,8 +486,18 @@ impl ZkBackend {
                     return Err(map("create the lock node", e));
                 }
                 // A lost reply: the node may exist. The entry stays in flight, so the next
-                // attempt (or abandon) looks for it by name.
-                Err(e) => return Err(map("create the lock node", e)),
+                // attempt (or abandon) looks for it by name; and since the create may still
+                // commit after they looked, a sweep comes back for it later.
+                Err(e) => {
+                    self.sweep_later(
+                        session.id(),
+                        paths,
+                        own_prefix,
+                        token,
+                        self.session_timeout(),
+                    );
+                    return Err(map("create the lock node", e));
+                }
             }
         }
         Err(Error::new(
@@ -484,31 +528,26 @@ impl ZkBackend {
         Ok(())
     }
 
-    /// Finds the nodes an earlier attempt of `paths`'s owner left: the lowest is kept,
+    /// Finds the nodes named `own_prefix…` an earlier attempt left: the lowest is kept,
     /// duplicates (from a create retried after a lost reply) are deleted.
     async fn find_own(
         &self,
         session: &Session,
         paths: &LockPaths,
+        own_prefix: &str,
         children: &[String],
     ) -> Result<Option<String>> {
-        let mut own: Vec<&String> = children
+        let Some(first) = children
             .iter()
-            .filter(|c| c.starts_with(&paths.own_prefix) && sequence_of(c).is_some())
-            .collect();
-        own.sort_by_key(|c| sequence_of(c));
-        let Some((first, duplicates)) = own.split_first() else {
+            .filter(|c| c.starts_with(own_prefix) && sequence_of(c).is_some())
+            .min_by_key(|c| sequence_of(c))
+            .cloned()
+        else {
             return Ok(None);
         };
-        for duplicate in duplicates {
-            self.delete_node(
-                session,
-                &paths.child(duplicate),
-                "delete a duplicate lock node",
-            )
+        self.delete_own_nodes(session, paths, own_prefix, children, Some(&first))
             .await?;
-        }
-        Ok(Some((*first).clone()))
+        Ok(Some(first))
     }
 
     /// Deletes a node; `Ok(true)` if it was there.
@@ -520,7 +559,124 @@ impl ZkBackend {
         }
     }
 
-    /// Decides from the queue whether our node `name` holds the lock.
+    /// Deletes every node among `children` whose name starts with `own_prefix`, except
+    /// `keep`. Such strays come from a create whose reply was lost and that committed after
+    /// the retry had looked (on another server, or simply later): owned by our long-lived
+    /// session, one left behind would become the head of the queue after our release and
+    /// block the key for as long as the session lives.
+    async fn delete_own_nodes(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+        children: &[String],
+        keep: Option<&str>,
+    ) -> Result<()> {
+        for child in children {
+            if child.starts_with(own_prefix)
+                && sequence_of(child).is_some()
+                && Some(child.as_str()) != keep
+            {
+                self.delete_node(session, &paths.child(child), "delete a stray lock node")
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every node of an acquisition that has ended (named `own_prefix…`), and hands
+    /// the lock's parent to the janitor.
+    async fn delete_all_own(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+    ) -> Result<()> {
+        let children = self.children(session, &paths.parent).await?;
+        let deleted = self
+            .delete_own_nodes(session, paths, own_prefix, &children, None)
+            .await;
+        self.inner
+            .janitor
+            .schedule(&paths.parent, self.inner.config.empty_parent_linger);
+        deleted
+    }
+
+    /// Comes back after `delay` to delete the nodes named `own_prefix…` that the acquisition
+    /// `token` no longer uses (all of them once it has ended), retrying until that works or
+    /// the session is gone. While a create of the acquisition is in flight it waits again,
+    /// so as not to delete a node that is being granted.
+    fn sweep_later(
+        &self,
+        session_id: i64,
+        paths: &LockPaths,
+        own_prefix: &str,
+        token: &str,
+        delay: Duration,
+    ) {
+        let backend = self.clone();
+        let paths = paths.clone();
+        let (own_prefix, token) = (own_prefix.to_owned(), token.to_owned());
+        runtime::spawn(async move {
+            let mut delay = delay;
+            let mut retry = SWEEP_RETRY;
+            loop {
+                tokio::time::sleep(delay).await;
+                delay = retry;
+                retry = (retry * 2).min(Duration::from_secs(2));
+                let session = backend.session().await;
+                if session.id() != session_id {
+                    return;
+                }
+                let in_use = backend
+                    .pending()
+                    .get(&token)
+                    .filter(|p| p.session_id == session_id)
+                    .map(|p| p.node.clone());
+                let keep = match in_use {
+                    Some(PendingNode::InFlight) => continue,
+                    Some(PendingNode::Created { name }) => Some(name),
+                    None => None,
+                };
+                let swept = match backend.children(&session, &paths.parent).await {
+                    Ok(children) => {
+                        backend
+                            .delete_own_nodes(
+                                &session,
+                                &paths,
+                                &own_prefix,
+                                &children,
+                                keep.as_deref(),
+                            )
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match swept {
+                    Ok(()) => {
+                        if keep.is_none() {
+                            backend
+                                .inner
+                                .janitor
+                                .schedule(&paths.parent, backend.inner.config.empty_parent_linger);
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot delete a stray lock node; it goes with the session");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Decides from the queue whether our node `name` holds the lock. `czxid` is known when
+    /// the node was created by this call: the create went through the leader after the
+    /// request was sent, and the listing (same session, after it) is at least that recent.
+    /// Without it the node was found in a listing that a server cut off from the leader may
+    /// have served stale, so a grant first syncs with the leader and reads the node again.
     async fn evaluate(
         &self,
         session: &Session,
@@ -531,7 +687,11 @@ impl ZkBackend {
         children: Vec<String>,
     ) -> Result<Step> {
         let token = request.owner.expose_hex();
-        let queue = queue(children);
+        let own_prefix = own_prefix(&request.owner);
+        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
+            .await?;
+        let mut queue = queue(children);
+        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
         let Some(index) = queue.iter().position(|c| c == name) else {
             self.pending().remove(&token);
             return Ok(Step::Recreate);
@@ -553,22 +713,14 @@ impl ZkBackend {
         let path = paths.child(name);
         let czxid = match czxid {
             Some(czxid) => czxid,
-            None => {
-                match within(
-                    self.timeout(),
-                    "read the lock node",
-                    session.client.check_stat(&path),
-                )
-                .await?
-                {
-                    Ok(Some(stat)) if stat.ephemeral_owner == session.id() => stat.czxid,
-                    Ok(_) => {
-                        self.pending().remove(&token);
-                        return Ok(Step::Recreate);
-                    }
-                    Err(e) => return Err(map("read the lock node", e)),
+            None => match self.stat_via_leader(session, &path).await? {
+                Ok(Some(stat)) if stat.ephemeral_owner == session.id() => stat.czxid,
+                Ok(_) => {
+                    self.pending().remove(&token);
+                    return Ok(Step::Recreate);
                 }
-            }
+                Err(e) => return Err(map("read the lock node through the leader", e)),
+            },
         };
         if session.lost.is_cancelled() || !is_connected(&session.client) {
             return Err(Error::new(
@@ -580,7 +732,6 @@ impl ZkBackend {
         if let Some(entry) = self.pending().get_mut(&token) {
             entry.node = PendingNode::Created {
                 name: name.to_owned(),
-                czxid: Some(czxid),
             };
         }
         let fencing = u64::try_from(czxid).map_err(|_| {
@@ -590,28 +741,27 @@ impl ZkBackend {
                 format!("the lock node has an invalid czxid {czxid}"),
             )
         })?;
-        let grant = Grant::new(FencingToken(fencing), request.ttl)
+        let grant = Grant::new(FencingToken(fencing), self.trusted_for(request.ttl))
             .with_handle(public_name(name))
             .with_session(session.lost.clone());
         Ok(Step::Done(Attempt::Granted(grant)))
     }
 
-    /// The path of `lease`'s node: from its owner token and the sequence number in its
-    /// handle, or else found by the owner's name among the lock's children.
+    /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
+    /// its handle, or else found by that prefix among the lock's children.
     async fn lease_node(&self, session: &Session, lease: &Lease) -> Result<Option<String>> {
-        let paths = LockPaths::new(lease.key(), lease.owner());
+        let paths = LockPaths::new(lease.key());
+        let own_prefix = own_prefix(lease.owner());
         if let Some(sequence) = lease.handle()
             && !sequence.is_empty()
             && sequence.bytes().all(|b| b.is_ascii_digit())
         {
-            return Ok(Some(
-                paths.child(&format!("{}{sequence}", paths.own_prefix)),
-            ));
+            return Ok(Some(paths.child(&format!("{own_prefix}{sequence}"))));
         }
         let children = self.children(session, &paths.parent).await?;
         Ok(children
             .iter()
-            .find(|c| c.starts_with(&paths.own_prefix) && sequence_of(c).is_some())
+            .find(|c| c.starts_with(&own_prefix) && sequence_of(c).is_some())
             .map(|c| paths.child(c)))
     }
 
@@ -629,10 +779,19 @@ impl ZkBackend {
             "delete the lock node",
             session.client.delete(path, version),
         )
-        .await?;
+        .await;
         self.inner
             .janitor
             .schedule(parent, self.inner.config.empty_parent_linger);
+        let deleted = match deleted {
+            Ok(deleted) => deleted,
+            Err(timeout) => {
+                // The delete may not have been applied: the node would hold the lock for
+                // as long as the session lives.
+                self.reap(session.id(), path.to_owned());
+                return Err(timeout);
+            }
+        };
         match deleted {
             Ok(()) => Ok(true),
             // An expired session takes its ephemeral nodes with it, and sessions are only
@@ -677,7 +836,37 @@ impl ZkBackend {
         });
     }
 
-    /// Whether `lease`'s node still exists and belongs to the current, trusted session.
+    /// The stat of `path` as the leader sees it: a `sync` and the read, sent back to back
+    /// (a server answers a session's requests in order, so the read waits for the sync).
+    /// `sync` is answered through the leader, so it fails (or times out) on a server cut off
+    /// from it, and its success shows the session was alive on the leader after it was sent.
+    async fn stat_via_leader(
+        &self,
+        session: &Session,
+        path: &str,
+    ) -> Result<std::result::Result<Option<zk::Stat>, zk::Error>> {
+        let synced = session.client.sync(path);
+        let read = session.client.check_stat(path);
+        let (synced, read) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, read) })
+                .await
+                .map_err(|_| timed_out("read the lock node through the leader"))?;
+        Ok(synced.and(read))
+    }
+
+    /// How long a grant or renewal is trusted: see [`trusted_for`].
+    fn trusted_for(&self, ttl: Duration) -> Duration {
+        trusted_for(
+            ttl,
+            self.session_timeout(),
+            self.inner.config.suspended_grace_fraction,
+        )
+    }
+
+    /// Whether `lease`'s node still exists and belongs to the current, trusted session, as
+    /// the leader sees it: the read follows a `sync`, so a server cut off from the leader
+    /// (which keeps serving its stale view until it notices, `syncLimit × tickTime`) makes
+    /// the check fail instead of confirming a lock the leader may have given away.
     async fn owns(&self, lease: &Lease) -> Result<bool> {
         if lease.session().is_some_and(|s| s.is_cancelled()) {
             return Ok(false);
@@ -686,18 +875,52 @@ impl ZkBackend {
         let Some(path) = self.lease_node(&session, lease).await? else {
             return Ok(false);
         };
-        match within(
-            self.timeout(),
-            "read the lock node",
-            session.client.check_stat(&path),
-        )
-        .await?
-        {
+        match self.stat_via_leader(&session, &path).await? {
             Ok(Some(stat)) => Ok(stat.ephemeral_owner == session.id()),
             Ok(None) | Err(zk::Error::SessionExpired) => Ok(false),
-            Err(e) => Err(map("read the lock node", e)),
+            Err(e) => Err(map("read the lock node through the leader", e)),
         }
     }
+}
+
+/// The part of the session timeout after which `zookeeper-client` declares a silent
+/// connection dead (8 of its ticks of 1/20 of the timeout).
+const DEAD_CONNECTION_FRACTION: f64 = 0.4;
+
+/// The largest part of the session timeout a grant or renewal is trusted for, whatever the
+/// grace (see [`trusted_for`]).
+const MAX_TRUSTED_FRACTION: f64 = 0.5;
+
+/// How long a grant or a renewal is trusted, counted (by the core) from when its request was
+/// sent: `min(ttl, T × min(1 − 0.4 − suspended_grace_fraction, 0.5))`, `T` being the
+/// negotiated session timeout; 0.3 `T` with the default grace.
+///
+/// A lock node lives as long as its session, and the leader expires a session `T` after it
+/// last heard of it; it may then grant the lock to someone else. The request behind a grant or
+/// renewal reached the leader, with the session alive, after it was sent: a create is a write,
+/// and a renewal (or the grant of a node found again) issues a `sync` first; both fail on a
+/// server cut off from the leader. The leader hears of a session from the server the client
+/// is connected to, which reports the sessions it saw whenever the leader pings it (every half
+/// `tickTime`), and the client sends something at least every 0.2 `T` (`zookeeper-client`
+/// pings after 3/20 `T` of silence, checked every 1/20 `T`). So the leader's last news of the
+/// session is at most 0.2 `T` + `tickTime`/2 older than the send time, and it cannot expire
+/// the session before 0.8 `T` − `tickTime`/2 after that send: at least 0.55 `T` as long as
+/// `tickTime` ≤ `T`/2 (the servers' default `minSessionTimeout` is 2 `tickTime`). 0.5 `T`
+/// leaves the rest for network delay; the core takes clock drift off as well.
+///
+/// What this rests on besides: `sync` is not a quorum operation. A leader that has just lost
+/// its quorum still answers it until it notices (within `syncLimit × tickTime`); its
+/// followers notice the loss within the same limit before they elect a new leader, and a new
+/// leader starts every session's timeout afresh, so this is covered as long as the servers
+/// agree on the limit (they share one configuration).
+///
+/// The `1 − 0.4 − grace` term is the tighter one for a grace above 0.1. With it, the time a
+/// verified contact is trusted and the longest disconnection the session watcher rides out
+/// (`(0.4 + grace) × T`, see [`ZkConfig::suspended_grace_fraction`]) add up to the session
+/// timeout: a longer grace buys tolerance of disconnections with more frequent renewals.
+fn trusted_for(ttl: Duration, session_timeout: Duration, grace_fraction: f64) -> Duration {
+    let fraction = (1.0 - DEAD_CONNECTION_FRACTION - grace_fraction).min(MAX_TRUSTED_FRACTION);
+    ttl.min(session_timeout.mul_f64(fraction.max(0.0)))
 }
 
 fn is_connected(client: &zk::Client) -> bool {
@@ -720,7 +943,8 @@ impl LockBackend for ZkBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         let session = self.session().await;
-        let paths = LockPaths::new(&request.key, &request.owner);
+        let paths = LockPaths::new(&request.key);
+        let own = own_prefix(&request.owner);
         let token = request.owner.expose_hex();
         for _ in 0..MAX_ROUNDS {
             let known = self
@@ -729,13 +953,15 @@ impl LockBackend for ZkBackend {
                 .filter(|p| p.session_id == session.id())
                 .map(|p| p.node.clone());
             let (name, czxid, children) = match known {
-                Some(PendingNode::Created { name, czxid }) => {
+                // Nodes found again, rather than created by this call, are verified through
+                // the leader before a grant: no czxid is passed on.
+                Some(PendingNode::Created { name }) => {
                     let children = self.children(&session, &paths.parent).await?;
-                    (name, czxid, children)
+                    (name, None, children)
                 }
                 Some(PendingNode::InFlight) => {
                     let children = self.children(&session, &paths.parent).await?;
-                    match self.find_own(&session, &paths, &children).await? {
+                    match self.find_own(&session, &paths, &own, &children).await? {
                         Some(name) => (name, None, children),
                         None => {
                             self.pending().remove(&token);
@@ -753,7 +979,7 @@ impl LockBackend for ZkBackend {
                             ));
                         }
                     }
-                    self.create_node(&session, &paths, &token).await?
+                    self.create_node(&session, &paths, &own, &token).await?
                 }
             };
             match self
@@ -788,7 +1014,7 @@ impl LockBackend for ZkBackend {
             return Ok(());
         };
         let session = self.session().await;
-        let path = LockPaths::new(&request.key, &request.owner).child(&predecessor);
+        let path = LockPaths::new(&request.key).child(&predecessor);
         let (stat, watcher) = match within(
             self.timeout(),
             "watch the predecessor",
@@ -814,51 +1040,61 @@ impl LockBackend for ZkBackend {
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
         let token = request.owner.expose_hex();
-        let Some(pending) = self.pending().get(&token).cloned() else {
+        // The acquisition ends here whatever happens below; what a failure leaves behind is
+        // swept in the background.
+        let Some(pending) = self.pending().remove(&token) else {
             return Ok(());
         };
         let session = self.session().await;
         if pending.session_id != session.id() {
-            self.pending().remove(&token);
+            // Its nodes went with its session.
             return Ok(());
         }
-        let paths = LockPaths::new(&request.key, &request.owner);
-        let name = match pending.node {
-            PendingNode::Created { name, .. } => Some(name),
-            PendingNode::InFlight => {
-                let children = self.children(&session, &paths.parent).await?;
-                self.find_own(&session, &paths, &children).await?
-            }
-        };
-        if let Some(name) = name {
-            self.delete_own(&session, &paths.child(&name), &paths.parent, None)
-                .await?;
+        let paths = LockPaths::new(&request.key);
+        let own_prefix = own_prefix(&request.owner);
+        let cleaned = self.delete_all_own(&session, &paths, &own_prefix).await;
+        if cleaned.is_err() {
+            self.sweep_later(session.id(), &paths, &own_prefix, &token, SWEEP_RETRY);
         }
-        self.pending().remove(&token);
-        Ok(())
+        cleaned
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
         Ok(if self.owns(lease).await? {
-            Renewal::Extended(lease.ttl())
+            Renewal::Extended(self.trusted_for(lease.ttl()))
         } else {
             Renewal::Lost
         })
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
+        let token = lease.owner().expose_hex();
+        // The acquisition ends here whatever happens below: a failed release must not leave
+        // its entry behind, and what it leaves on the server is swept in the background.
+        self.pending().remove(&token);
         let session = self.session().await;
-        let paths = LockPaths::new(lease.key(), lease.owner());
-        let released = match self.lease_node(&session, lease).await? {
-            // Lock nodes are never written, so their version stays 0.
-            Some(path) => {
-                self.delete_own(&session, &path, &paths.parent, Some(0))
-                    .await?
+        let paths = LockPaths::new(lease.key());
+        let own_prefix = own_prefix(lease.owner());
+        let release_node = async {
+            match self.lease_node(&session, lease).await? {
+                // Lock nodes are never written, so their version stays 0.
+                Some(path) => {
+                    self.delete_own(&session, &path, &paths.parent, Some(0))
+                        .await
+                }
+                None => Ok(false),
             }
-            None => false,
         };
-        self.pending().remove(&lease.owner().expose_hex());
-        Ok(released)
+        // Strays of this acquisition go too; the listing is sent right after the delete, so
+        // both cost one round trip.
+        let (released, strays) = tokio::join!(
+            release_node,
+            self.delete_all_own(&session, &paths, &own_prefix)
+        );
+        if released.is_err() || strays.is_err() {
+            self.sweep_later(session.id(), &paths, &own_prefix, &token, SWEEP_RETRY);
+        }
+        released
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -867,16 +1103,16 @@ impl LockBackend for ZkBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let session = self.session().await;
-        let parent = format!("/{}/{}", key.namespace(), key.name());
+        let paths = LockPaths::new(key);
         for _ in 0..MAX_ROUNDS {
-            let queue = queue(self.children(&session, &parent).await?);
+            let queue = queue(self.children(&session, &paths.parent).await?);
             let Some(holder) = queue.first() else {
                 return Ok(None);
             };
             match within(
                 self.timeout(),
                 "read the holder's node",
-                session.client.check_stat(&format!("{parent}/{holder}")),
+                session.client.check_stat(&paths.child(holder)),
             )
             .await?
             {
@@ -915,11 +1151,11 @@ mod tests {
     fn names_follow_curator_and_sort_by_sequence() {
         let owner = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
         let key = LockKey::new("ns", "job").expect("key");
-        let paths = LockPaths::new(&key, &owner);
+        let paths = LockPaths::new(&key);
         assert_eq!(paths.parent, "/ns/job");
         assert_eq!(
-            paths.create_prefix(),
-            "/ns/job/_c_00112233-4455-6677-8899-aabbccddeeff-lock-"
+            paths.child(&own_prefix(&owner)),
+            "/ns/job/_c_5947d7c3-3d78-3f94-b3b4-c1a96ebc8991-lock-"
         );
         let children = vec![
             "_c_b-lock-0000000010".to_owned(),
@@ -936,6 +1172,36 @@ mod tests {
                 "_c_b-lock-0000000010"
             ]
         );
+    }
+
+    /// The node name carries SHA-256 of the owner token (`printf %s {hex} | sha256sum`),
+    /// not the token: no run of the token's hex digits shows in it.
+    #[test]
+    fn node_names_carry_a_digest_of_the_owner_token_not_the_token() {
+        let owner = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
+        let prefix = own_prefix(&owner);
+        let hex = owner.expose_hex();
+        for window in hex.as_bytes().windows(4) {
+            let run = std::str::from_utf8(window).expect("hex");
+            assert!(
+                !prefix.replace('-', "").contains(run),
+                "{prefix} shows {run}"
+            );
+        }
+        let other = OwnerToken::from_hex("00112233445566778899aabbccddeef0").expect("hex");
+        assert_ne!(own_prefix(&other), prefix);
+        assert_eq!(own_prefix(&owner), prefix, "the name must be found again");
+    }
+
+    #[test]
+    fn grants_are_trusted_for_less_than_the_leader_needs_to_expire_the_session() {
+        let session = Duration::from_secs(10);
+        let ttl = Duration::from_secs(30);
+        assert_eq!(trusted_for(ttl, session, 0.3), Duration::from_secs(3));
+        assert_eq!(trusted_for(ttl, session, 0.5), Duration::from_secs(1));
+        assert_eq!(trusted_for(ttl, session, 0.0), Duration::from_secs(5));
+        let short = Duration::from_secs(2);
+        assert_eq!(trusted_for(short, session, 0.3), short);
     }
 
     #[test]

@@ -45,7 +45,8 @@ pub struct ZkConfig {
     /// over to the others. Default: `["127.0.0.1:2181"]`.
     pub hosts: Vec<String>,
     /// The absolute znode under which every lock lives (created, with the configured ACL,
-    /// when missing). Locks are `{chroot}/{namespace}/{key}/_c_{owner}-lock-{sequence}`.
+    /// when missing). Locks are `{chroot}/{namespace}/{key}/_c_{id}-lock-{sequence}`, `{id}`
+    /// a digest of the secret owner token.
     /// Default: `"/lockkit"`.
     pub chroot: String,
     /// The session timeout asked of the servers (they clamp it to their
@@ -56,10 +57,11 @@ pub struct ZkConfig {
     /// How long a disconnected session may stay away, as a fraction of the negotiated session
     /// timeout, before its locks are reported lost. The client notices a dead connection
     /// after 2/5 of the session timeout without an answer, so the lost signal fires at most
-    /// `(0.4 + fraction) × session_timeout` after the last contact with the ensemble, which
-    /// must stay below the session timeout at which the servers may grant the lock to
-    /// someone else. 0 fires on the first disconnect (Curator's strict policy). Must be in
-    /// `[0, 0.5]`. Default: 0.3.
+    /// `(0.4 + fraction) × session_timeout` after the last contact with the ensemble. A grant
+    /// or renewal is trusted for at most `(0.6 − fraction) × session_timeout` (and never more
+    /// than half of it, nor more than the lock's ttl): a larger fraction rides out longer
+    /// disconnections and renews more often. 0 fires on the first disconnect (Curator's
+    /// strict policy). Must be in `[0, 0.5]`. Default: 0.3.
     pub suspended_grace_fraction: f64,
     /// The longest a connection attempt (at start-up and after a session expired) may take.
     /// Default: 10 s.

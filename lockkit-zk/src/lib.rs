@@ -18,6 +18,15 @@
 //! ```
 //!
 //! See [`ZkBackend`] for the algorithm and its guarantees, and [`ZkConfig`] for the options.
+//!
+//! # Security notes
+//! - Node names carry a SHA-256 digest of each acquisition's owner token, never the token:
+//!   whoever may list a lock sees the digests, and the lock namespaces and names.
+//! - `zookeeper-client` logs every request's path at `debug` level: lock namespaces, names
+//!   and those digests (no owner token, no password). Filter it with `zookeeper_client=info`
+//!   (e.g. `RUST_LOG=info,zookeeper_client=info`) when lock names are confidential.
+//! - Keep other clients away from the locks with `username`/`password` and creator-only ACLs
+//!   ([`ZkAcl`]).
 
 mod backend;
 mod config;

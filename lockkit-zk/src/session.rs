@@ -143,6 +143,11 @@ pub(crate) fn start(config: &ZkConfig, client: zk::Client) -> Arc<SessionSlot> {
 ///   grants on the same session, once it is back, get a fresh token;
 /// - `Expired`, `AuthFailed`, `Closed`: the grants are reported lost at once and a new
 ///   session is opened for later acquisitions.
+///
+/// The states describe only the connection to one server. A server cut off from the leader
+/// keeps it `SyncConnected` for up to `syncLimit × tickTime` while the leader may expire the
+/// session: that case is caught by the renewals, which `sync` with the leader and are trusted
+/// only for part of the session timeout (`ZkBackend::owns`, `trusted_for`).
 async fn watch(
     slot: Weak<SessionSlot>,
     config: ZkConfig,

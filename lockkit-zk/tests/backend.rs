@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use lockkit_core::{
-    AcquireRequest, Attempt, ErrorKind, LockBackend, LockClient, LockKey, LockOptions, OwnerToken,
+    AcquireRequest, Attempt, ErrorKind, Lease, LockBackend, LockClient, LockKey, LockOptions,
+    OwnerToken, Renewal,
 };
 use lockkit_zk::{ZkBackend, ZkConfig};
 use proxy::Proxy;
@@ -36,21 +37,23 @@ async fn client_with_ttl(config: &ZkConfig, ns: &str, ttl: Duration) -> (ZkBacke
     (backend, client)
 }
 
-/// The znode of a held lease, relative to the chroot: `/{ns}/{key}/_c_{owner}-lock-{sequence}`
-/// (the handle holds the sequence number; the owner token, in UUID form, completes the name).
-fn lock_node(lease: &lockkit_core::Lease) -> String {
+/// The znode of a held lease under `root` (the chroot, or `""` for a client rooted there):
+/// the child of `{root}/{ns}/{key}` whose name ends with the lease's handle (the sequence
+/// number). Its name must not carry the owner token, in hex or in UUID form.
+async fn lock_node(client: &zk::Client, root: &str, lease: &Lease) -> String {
+    let parent = format!("{root}/{}/{}", lease.key().namespace(), lease.key().name());
+    let sequence = lease.handle().expect("a zk lease has a handle");
+    let children = client.list_children(&parent).await.expect("list the lock");
+    let name = children
+        .iter()
+        .find(|c| c.ends_with(&format!("-lock-{sequence}")))
+        .unwrap_or_else(|| panic!("no node for sequence {sequence} in {children:?}"));
     let hex = lease.owner().expose_hex();
-    format!(
-        "/{}/{}/_c_{}-{}-{}-{}-{}-lock-{}",
-        lease.key().namespace(),
-        lease.key().name(),
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..],
-        lease.handle().expect("a zk lease has a handle")
-    )
+    assert!(
+        !name.replace('-', "").contains(&hex[..8]),
+        "the node name shows the owner token"
+    );
+    format!("{parent}/{name}")
 }
 
 async fn assert_no_znodes(admin: &zk::Client, ns: &str) {
@@ -106,7 +109,7 @@ async fn expired_session_fires_lost_and_grants_the_next_waiter() {
         !old.release().await.unwrap(),
         "the stale release claimed the lock"
     );
-    let node = lock_node(new.lease());
+    let node = lock_node(&admin, "", new.lease()).await;
     assert!(
         admin.check_stat(&node).await.unwrap().is_some(),
         "the stale release deleted the new holder's node"
@@ -180,12 +183,13 @@ async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
     assert_no_znodes(&admin, &ns).await;
 }
 
-/// A disconnection shorter than the grace is ridden out: the holder keeps its lock and its
-/// lost signal stays quiet (10 s session: the dead connection is noticed after 4 s and the
-/// grace ends 3 s later; after 5 s the network comes back and the stuck connections are
-/// reset, so the client reconnects at once).
+/// A disconnection that ends while the lock is still trusted is ridden out: the holder keeps
+/// its lock and its lost signal stays quiet. 10 s session: a grant or renewal is trusted for
+/// 3 s and renewed every second; the network goes silent for 0.8 s, then the stuck
+/// connections are reset, so the client sees the disconnection, reconnects at once within the
+/// session watcher's grace, and the next renewal succeeds before the validity runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_disconnection_within_the_grace_keeps_the_lock() {
+async fn a_disconnection_within_the_validity_keeps_the_lock() {
     let Some(mut config) = test_config() else {
         return;
     };
@@ -195,11 +199,11 @@ async fn a_disconnection_within_the_grace_keeps_the_lock() {
     let direct = config.clone();
     config.hosts = proxy.hosts();
     config.session_timeout = Duration::from_secs(10);
-    let (_, holder) = client_with_ttl(&config, &ns, Duration::from_secs(60)).await;
+    let (_, holder) = client_with_ttl(&config, &ns, Duration::from_secs(10)).await;
     let (_, other) = client(&direct, &ns).await;
     let held = holder.mutex("flaky").unwrap().lock().await.unwrap();
     proxy.set_blackholed(true);
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
     proxy.set_blackholed(false);
     proxy.reset_connections();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -207,9 +211,11 @@ async fn a_disconnection_within_the_grace_keeps_the_lock() {
         assert!(Instant::now() < deadline, "the holder did not reconnect");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Three more renewal periods: renewals go on over the new connection.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !held.is_lost(),
-        "a disconnection within the grace fired lost"
+        "a disconnection within the validity fired lost"
     );
     assert!(
         other
@@ -225,8 +231,8 @@ async fn a_disconnection_within_the_grace_keeps_the_lock() {
 }
 
 /// A create whose reply is lost (the request reached the ensemble, the answer did not
-/// come back) leaves a node; the next attempt of the same acquisition finds it by the owner
-/// token in its name instead of queueing a second one behind it.
+/// come back) leaves a node; the next attempt of the same acquisition finds it by the digest
+/// of the owner token in its name instead of queueing a second one behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
     let Some(mut config) = test_config() else {
@@ -398,7 +404,8 @@ async fn digest_auth_and_acls_protect_the_locks() {
     assert!(!debug.contains("right-password"), "{debug}");
 
     let stranger = zk::Client::connect(&config.hosts.join(",")).await.unwrap();
-    let node = format!("{}{}", config.chroot, lock_node(guard.lease()));
+    let root = admin_with_credentials(&config).await;
+    let node = lock_node(&root, &config.chroot, guard.lease()).await;
     let parent = node.rsplit_once('/').unwrap().0.to_owned();
     assert_eq!(stranger.delete(&node, None).await, Err(zk::Error::NoAuth));
     assert_eq!(
@@ -412,7 +419,6 @@ async fn digest_auth_and_acls_protect_the_locks() {
     assert_no_znodes(&admin, &ns).await;
     let _ = admin.delete(&format!("/{ns}"), None).await;
     drop(admin);
-    let root = admin_with_credentials(&config).await;
     root.delete(&config.chroot, None).await.unwrap();
 }
 
@@ -441,4 +447,246 @@ async fn unreachable_ensemble_is_unavailable_within_the_timeout() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A release that cannot reach the ensemble fails, and still forgets the acquisition: the
+/// backend does not keep one entry per failed release for as long as it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_forgets_the_acquisition() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let proxy = Proxy::start(&config.hosts).await;
+    config.hosts = proxy.hosts();
+    config.request_timeout = Duration::from_millis(300);
+    let ns = namespace();
+    let (backend, client) = client_with_ttl(&config, &ns, Duration::from_secs(60)).await;
+    let guard = client.mutex("unreleased").unwrap().lock().await.unwrap();
+    assert!(
+        format!("{backend:?}").contains("acquisitions: 1"),
+        "{backend:?}"
+    );
+    proxy.set_blackholed(true);
+    guard
+        .release()
+        .await
+        .expect_err("the ensemble was unreachable");
+    assert!(
+        format!("{backend:?}").contains("acquisitions: 0"),
+        "{backend:?}"
+    );
+}
+
+/// A grant and a renewal are trusted for 0.3 of the session timeout (with the default grace),
+/// however long the lock's ttl: long enough to renew in time, short enough that the leader
+/// cannot have expired the session while the holder still trusts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_renewals_are_trusted_for_part_of_the_session_timeout() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let bound = backend.session_timeout().mul_f64(0.3);
+    let ttl = Duration::from_secs(60);
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "trusted").unwrap(),
+        OwnerToken::generate().unwrap(),
+        ttl,
+        true,
+    );
+    let Attempt::Granted(grant) = backend.try_acquire(&request).await.unwrap() else {
+        panic!("a free lock was not granted");
+    };
+    assert!(
+        grant.valid_for <= bound,
+        "granted for {:?}, beyond {bound:?}",
+        grant.valid_for
+    );
+    let lease = Lease::new(
+        request.key.clone(),
+        request.owner.clone(),
+        grant.fencing_token,
+        ttl,
+        Instant::now(),
+    )
+    .with_handle(grant.handle.clone().unwrap());
+    match backend.renew(&lease).await.unwrap() {
+        Renewal::Extended(valid_for) => {
+            assert!(
+                valid_for <= bound,
+                "renewed for {valid_for:?}, beyond {bound:?}"
+            );
+        }
+        Renewal::Lost => panic!("the holder's renewal was refused"),
+    }
+    assert!(backend.release(&lease).await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// The lock nodes under `parent` whose name starts with `prefix`.
+async fn nodes_named(admin: &zk::Client, parent: &str, prefix: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = admin
+        .list_children(parent)
+        .await
+        .expect("list the lock")
+        .into_iter()
+        .filter(|c| c.starts_with(prefix))
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// A create whose reply was lost can commit after the retry looked, leaving a second node
+/// with the acquisition's own name and a higher sequence (made here by a second client with
+/// that name). The next round of the acquisition deletes it, a stray that appears while the
+/// lock is held goes with the release, and nothing is left to block the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strays_with_the_acquisitions_own_name_are_deleted() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, holder) = client(&config, &ns).await;
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let first = holder.mutex("strays").unwrap().lock().await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "strays").unwrap(),
+        OwnerToken::generate().unwrap(),
+        ttl,
+        true,
+    );
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Contended(_)
+    ));
+    let parent = format!("/{ns}/strays");
+    let holders = format!("-lock-{}", first.lease().handle().unwrap());
+    let ours: Vec<String> = admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| !c.ends_with(&holders))
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    let prefix = ours[0][..ours[0].rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
+    let stray = || async {
+        admin
+            .create(
+                &format!("{parent}/{prefix}"),
+                &[],
+                &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+    };
+
+    stray().await;
+    assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Contended(_)
+    ));
+    assert_eq!(
+        nodes_named(&admin, &parent, &prefix).await,
+        ours,
+        "the waiting round left the stray"
+    );
+
+    assert!(first.release().await.unwrap());
+    let Attempt::Granted(grant) = backend.try_acquire(&request).await.unwrap() else {
+        panic!("the next in line was not granted");
+    };
+    stray().await;
+    let lease = Lease::new(
+        request.key.clone(),
+        request.owner.clone(),
+        grant.fencing_token,
+        ttl,
+        Instant::now(),
+    )
+    .with_handle(grant.handle.clone().unwrap());
+    assert!(backend.release(&lease).await.unwrap());
+    assert_eq!(
+        nodes_named(&admin, &parent, &prefix).await,
+        Vec::<String>::new(),
+        "the release left the stray"
+    );
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// The node of a create whose reply was lost is removed in the background when the clean-up
+/// after the failed acquisition cannot reach the ensemble either (its reply is lost too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_is_swept_when_the_clean_up_fails() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let proxy = Proxy::start(&config.hosts).await;
+    config.hosts = proxy.hosts();
+    config.request_timeout = Duration::from_millis(500);
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "swept").unwrap(),
+        OwnerToken::generate().unwrap(),
+        Duration::from_secs(10),
+        true,
+    );
+    // First use of the key: create the parent with an ordinary attempt, then give it back.
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    backend.abandon(&request).await.unwrap();
+    let parent = format!("/{ns}/swept");
+    admin
+        .create(
+            &format!("{parent}/keep-parent"),
+            &[],
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+
+    proxy.set_replies_dropped(true);
+    backend
+        .try_acquire(&request)
+        .await
+        .expect_err("the reply was dropped");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nodes_named(&admin, &parent, "_c_").await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached the ensemble"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    backend
+        .abandon(&request)
+        .await
+        .expect_err("the clean-up's reply was dropped");
+    proxy.set_replies_dropped(false);
+    // The proxy dropped bytes of the stream: make the client reconnect.
+    proxy.reset_connections();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = nodes_named(&admin, &parent, "_c_").await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lost create was left: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    drop(backend);
+    assert_no_znodes(&admin, &ns).await;
 }

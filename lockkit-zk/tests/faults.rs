@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lockkit_core::{LockClient, LockOptions};
 use lockkit_zk::ZkBackend;
@@ -36,6 +36,86 @@ impl Drop for Restart {
     fn drop(&mut self) {
         member_sh(&["restart", &self.0]);
         member_sh(&["leader", "zk"]);
+    }
+}
+
+/// Resumes paused members when dropped, and waits until the ensemble has a leader.
+struct Resume(Vec<String>);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        for member in &self.0 {
+            member_sh(&["resume", member]);
+        }
+        member_sh(&["leader", "zk"]);
+    }
+}
+
+/// A holder connected to a follower that is cut off from the leader and the third server
+/// (both paused). The follower goes on answering pings and reads from its stale view for
+/// `syncLimit × tickTime` (5 s in compose) while a real leader could expire the session after
+/// 4 s: the holder cannot confirm its lock there (the check syncs with the leader first), and
+/// its lost signal fires within the session timeout, since nothing renews the short validity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_cut_off_from_the_leader_cannot_confirm_a_lock() {
+    let Some(mut config) = test_config() else {
+        return;
+    };
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let admin = admin(&config, TEST_CHROOT).await;
+    let leader = member_sh(&["leader", "zk"]);
+    let follower = ["zk-1", "zk-2", "zk-3"]
+        .into_iter()
+        .find(|m| *m != leader)
+        .unwrap();
+    // "zk-2 up pid 1234 port 20202"
+    let status = member_sh(&["status", follower]);
+    let port = status.rsplit(' ').next().unwrap().to_owned();
+    config.hosts = vec![format!("127.0.0.1:{port}")];
+    config.request_timeout = Duration::from_secs(1);
+    let ns = format!("lk-zk-{:08x}", rand::random::<u32>());
+    let backend = ZkBackend::connect(config.clone()).await.unwrap();
+    let session_timeout = backend.session_timeout();
+    let client = LockClient::with_options(
+        Arc::new(backend),
+        &ns,
+        LockOptions::default().with_ttl(Duration::from_secs(10)),
+    )
+    .unwrap();
+    let guard = client.mutex("stale").unwrap().lock().await.unwrap();
+    assert!(guard.is_held().await.unwrap());
+
+    let others: Vec<String> = ["zk-1", "zk-2", "zk-3"]
+        .into_iter()
+        .filter(|m| *m != follower)
+        .map(str::to_owned)
+        .collect();
+    let resume = Resume(others.clone());
+    for member in &others {
+        member_sh(&["pause", member]);
+    }
+    let cut_at = Instant::now();
+    let confirmed = guard.is_held().await;
+    assert!(
+        !matches!(confirmed, Ok(true)),
+        "a follower cut off from the leader confirmed the lock"
+    );
+    tokio::time::timeout(session_timeout, guard.lost())
+        .await
+        .expect("the lost signal did not fire within the session timeout");
+    let lost_after = cut_at.elapsed();
+    drop(resume);
+    eprintln!("cut off at 0: is_held answered {confirmed:?}, lost after {lost_after:?}");
+
+    let _ = guard.release().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = znodes_under(&admin, &ns).await.unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "znodes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
