@@ -16,6 +16,9 @@ pub(crate) enum Floor {
     Redlock(Vec<ConnectionManager>),
     /// `create(EPHEMERAL_SEQUENTIAL)` + `get_children` + `delete` under one parent.
     Zk(zookeeper_client::Client, String),
+    /// A `txn` that puts the key on a lease if it is absent, then a `delete`.
+    #[cfg(feature = "etcd")]
+    Etcd(Box<lockkit::etcd::etcd_client::Client>, String, i64),
 }
 
 static ACQUIRE: LazyLock<redis::Script> =
@@ -30,6 +33,8 @@ impl Floor {
             Floor::Redis(_) => "2 Lua calls",
             Floor::Redlock(_) => "2 Lua calls x 5 nodes, parallel",
             Floor::Zk(..) => "create + get_children + delete",
+            #[cfg(feature = "etcd")]
+            Floor::Etcd(..) => "txn put-if-absent + delete",
         }
     }
 
@@ -57,6 +62,15 @@ impl Floor {
                     )
                     .await?;
                 Some(Floor::Zk(client, parent))
+            }
+            #[cfg(feature = "etcd")]
+            "etcd-3" => {
+                let endpoints: Vec<String> = url_hosts(url)?;
+                let mut client =
+                    lockkit::etcd::etcd_client::Client::connect(endpoints, None).await?;
+                let lease = client.lease_grant(30, None).await?.id();
+                let key = format!("lockkit-floor/{:08x}", rand::random::<u32>());
+                Some(Floor::Etcd(Box::new(client), key, lease))
             }
             _ => None,
         })
@@ -110,13 +124,34 @@ impl Floor {
                 client.delete(&format!("{prefix}{sequence}"), None).await?;
                 Ok(())
             }
+            #[cfg(feature = "etcd")]
+            Floor::Etcd(client, key, lease) => {
+                use lockkit::etcd::etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+                let put = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.as_str(),
+                        "owner",
+                        Some(PutOptions::new().with_lease(*lease)),
+                    )]);
+                client.txn(put).await?;
+                client.delete(key.as_str(), None).await?;
+                Ok(())
+            }
         }
     }
 
     /// Removes what the floor created.
     pub(crate) async fn clean_up(self) {
-        if let Floor::Zk(client, parent) = self {
-            let _ = client.delete(&parent, None).await;
+        match self {
+            Floor::Zk(client, parent) => {
+                let _ = client.delete(&parent, None).await;
+            }
+            #[cfg(feature = "etcd")]
+            Floor::Etcd(mut client, _, lease) => {
+                let _ = client.lease_revoke(lease).await;
+            }
+            _ => {}
         }
     }
 }
