@@ -82,11 +82,14 @@ impl Env {
         );
     }
 
-    /// Starts `lockkit run` in the background and waits until it holds `key`.
-    fn spawn_holder(&self, key: &str, extra: &[&str], script: &str) -> std::process::Child {
+    /// Starts `lockkit run` in the background with a command that runs `setup` (its traps)
+    /// and then says it is ready, and waits until the command is ready and holds `key`.
+    fn spawn_holder(&self, key: &str, extra: &[&str], setup: &str) -> std::process::Child {
+        let ready = self.file(&format!("ready-{key}"));
+        let script = format!("{setup} touch {}; sleep 30 & wait", ready.display());
         let mut args = vec!["run"];
         args.extend_from_slice(extra);
-        args.extend_from_slice(&[key, "--", "sh", "-c", script]);
+        args.extend_from_slice(&[key, "--", "sh", "-c", &script]);
         let child = self
             .lockkit()
             .args(&args)
@@ -94,7 +97,7 @@ impl Env {
             .spawn()
             .unwrap();
         let by = Instant::now() + Duration::from_secs(10);
-        while self.status(key)["held"] != true {
+        while !ready.exists() || self.status(key)["held"] != true {
             assert!(Instant::now() < by, "lockkit run never took {key}");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -153,7 +156,7 @@ fn run_passes_the_environment_and_the_exit_code_and_releases() {
 #[test]
 fn a_held_lock_is_not_acquired_with_no_wait_or_within_wait() {
     let Some(env) = env() else { return };
-    let mut holder = env.spawn_holder("busy", &[], "sleep 30");
+    let mut holder = env.spawn_holder("busy", &[], "");
     let status = env.status("busy");
     assert_eq!(status["tier"], "single");
     assert!(status["fencing_token"].as_u64().unwrap() > 0);
@@ -195,11 +198,8 @@ fn a_held_lock_is_not_acquired_with_no_wait_or_within_wait() {
 fn signals_are_forwarded_to_the_command_and_the_lock_released() {
     let Some(env) = env() else { return };
     let marker = env.file("got-int");
-    let script = format!(
-        "trap 'echo int > {}; exit 7' INT; sleep 30 & wait",
-        marker.display()
-    );
-    let mut holder = env.spawn_holder("signalled", &[], &script);
+    let setup = format!("trap 'echo int > {}; exit 7' INT;", marker.display());
+    let mut holder = env.spawn_holder("signalled", &[], &setup);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(holder.id() as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -214,11 +214,8 @@ fn signals_are_forwarded_to_the_command_and_the_lock_released() {
 fn the_command_is_terminated_when_the_lock_is_taken_away() {
     let Some(env) = env() else { return };
     let marker = env.file("got-term");
-    let script = format!(
-        "trap 'echo term > {}; exit 0' TERM; sleep 30 & wait",
-        marker.display()
-    );
-    let mut holder = env.spawn_holder("stolen", &["--ttl", "900ms"], &script);
+    let setup = format!("trap 'echo term > {}; exit 0' TERM;", marker.display());
+    let mut holder = env.spawn_holder("stolen", &["--ttl", "900ms"], &setup);
     env.redis_del("stolen");
     let started = Instant::now();
     assert_eq!(
@@ -234,8 +231,11 @@ fn the_command_is_terminated_when_the_lock_is_taken_away() {
     assert_eq!(env.read("got-term").trim(), "term");
 
     // A command that ignores SIGTERM is killed after the grace period.
-    let script = "trap '' TERM; sleep 30 & wait";
-    let mut holder = env.spawn_holder("stubborn", &["--ttl", "900ms", "--grace", "300ms"], script);
+    let mut holder = env.spawn_holder(
+        "stubborn",
+        &["--ttl", "900ms", "--grace", "300ms"],
+        "trap '' TERM;",
+    );
     env.redis_del("stubborn");
     assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), 76);
 }

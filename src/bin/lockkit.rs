@@ -285,6 +285,21 @@ async fn run(config: LockkitConfig, args: RunArgs, json: bool) -> Result<u8, Fai
         code: exit::USAGE,
         message: "no command given".into(),
     })?;
+    // Listening before the command starts: a signal that arrives right after the spawn is
+    // forwarded instead of killing lockkit and orphaning the command.
+    let (mut interrupts, mut terminations) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(i), Ok(t)) => (i, t),
+        _ => {
+            let _ = guard.release().await;
+            return Err(Failure {
+                code: exit::SOFTWARE,
+                message: "cannot listen for signals".into(),
+            });
+        }
+    };
     let child = Command::new(program)
         .args(rest)
         .env("LOCKKIT_KEY", &args.key)
@@ -316,18 +331,6 @@ async fn run(config: LockkitConfig, args: RunArgs, json: bool) -> Result<u8, Fai
     let forward = |sig: Signal| {
         if let Some(pid) = pid {
             let _ = kill(pid, sig);
-        }
-    };
-    let (mut interrupts, mut terminations) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(i), Ok(t)) => (i, t),
-        _ => {
-            return Err(Failure {
-                code: exit::SOFTWARE,
-                message: "cannot listen for signals".into(),
-            });
         }
     };
     let lost = guard.lost();
