@@ -1040,14 +1040,15 @@ impl LockBackend for ZkBackend {
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
         let token = request.owner.expose_hex();
-        // The acquisition ends here whatever happens below; what a failure leaves behind is
-        // swept in the background.
-        let Some(pending) = self.pending().remove(&token) else {
+        // The entry is forgotten only once the clean-up is done (or handed to a sweep): if
+        // this future is dropped half-way, the core abandons again and must still find it.
+        let Some(pending) = self.pending().get(&token).cloned() else {
             return Ok(());
         };
         let session = self.session().await;
         if pending.session_id != session.id() {
             // Its nodes went with its session.
+            self.pending().remove(&token);
             return Ok(());
         }
         let paths = LockPaths::new(&request.key);
@@ -1056,6 +1057,7 @@ impl LockBackend for ZkBackend {
         if cleaned.is_err() {
             self.sweep_later(session.id(), &paths, &own_prefix, &token, SWEEP_RETRY);
         }
+        self.pending().remove(&token);
         cleaned
     }
 
