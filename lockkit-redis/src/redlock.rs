@@ -547,17 +547,40 @@ impl LockBackend for RedlockBackend {
             .collect()
     }
 
+    /// Answers once a majority deleted the keys: the other nodes got the same request (all
+    /// are sent before any answer counts), and a key a minority node still holds cannot stop
+    /// a majority from granting; it expires with its TTL.
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        let replies = self.release_on_all(lease.key(), lease.owner()).await;
-        let released = replies
+        let keys = Keys::of(lease.key());
+        let quorum = self.quorum();
+        let released = |answers: &[Option<NodeResult<Value>>]| {
+            answers
+                .iter()
+                .filter(|a| matches!(a, Some(Ok(Value::Int(1)))))
+                .count()
+        };
+        let answers = self
+            .script_until(
+                &scripts::RELEASE,
+                &[&keys.lock],
+                &[lease.owner().expose_hex(), keys.channel.clone()],
+                |answers| released(answers) >= quorum,
+            )
+            .await;
+        let done = released(&answers);
+        if done >= quorum {
+            return Ok(true);
+        }
+        let unknown = answers
             .iter()
-            .filter(|r| matches!(r, Ok(Value::Int(1))))
+            .filter(|a| !matches!(a, Some(Ok(_))))
             .count();
-        let unknown = replies.iter().filter(|r| r.is_err()).count();
-        if released >= self.quorum() {
-            Ok(true)
-        } else if released + unknown >= self.quorum() {
-            Err(self.quorum_error("releasing", released, &replies))
+        if done + unknown >= quorum {
+            let errors: Vec<Option<&Error>> = answers
+                .iter()
+                .map(|a| a.as_ref().and_then(|r| r.as_ref().err()))
+                .collect();
+            Err(self.quorum_error_of("releasing", done, &errors))
         } else {
             Ok(false)
         }
