@@ -571,10 +571,7 @@ impl LockBackend for RedlockBackend {
         if done >= quorum {
             return Ok(true);
         }
-        let unknown = answers
-            .iter()
-            .filter(|a| !matches!(a, Some(Ok(_))))
-            .count();
+        let unknown = answers.iter().filter(|a| !matches!(a, Some(Ok(_)))).count();
         if done + unknown >= quorum {
             let errors: Vec<Option<&Error>> = answers
                 .iter()
