@@ -171,84 +171,13 @@ async fn wrong_password_is_an_auth_error_and_the_right_one_locks() {
     .await;
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("run openssl");
-    assert!(status.success(), "openssl {args:?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_connects_with_the_configured_ca_and_plaintext_is_refused() {
-    if Command::new("openssl").arg("version").output().is_err() {
-        testing::backend_missing("the openssl command (to make test certificates)");
-        return;
-    }
     let certs = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("lk-tls-certs-{}", std::process::id()));
-    std::fs::create_dir_all(&certs).expect("cert dir");
-    std::fs::write(
-        certs.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    openssl(
-        &certs,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=lockkit-test-ca",
-        ],
-    );
-    openssl(
-        &certs,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    openssl(
-        &certs,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-        ],
-    );
+    if testing::tls_certificates(&certs).is_none() {
+        return;
+    }
     let Some(etcd) = PrivateEtcd::start(
         "lk-tls",
         20950..21000,

@@ -12,99 +12,11 @@ use lockkit_core::testing::backend_missing;
 use lockkit_core::{ErrorKind, LockClient};
 use lockkit_redis::{RedisBackend, RedisConfig};
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("run openssl");
-    assert!(status.success(), "openssl {args:?}");
-}
-
-/// A CA, and a server certificate it signed for 127.0.0.1, in a fresh folder.
-fn certificates() -> PathBuf {
+/// A fresh folder with test certificates, or `None` without openssl.
+fn certificates() -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("lk-redis-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=lockkit-test-ca",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "other.key",
-            "-out",
-            "other.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=another-ca",
-        ],
-    );
-    dir
+    lockkit_core::testing::tls_certificates(&dir).map(|()| dir)
 }
 
 /// A redis-server with only a TLS port, stopped (by its PID) when dropped.
@@ -165,15 +77,17 @@ fn start(certs: &Path) -> TlsRedis {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_trusts_the_configured_ca_and_refuses_plaintext_and_unknown_cas() {
-    for tool in ["openssl", "redis-server"] {
-        if Command::new(tool).arg("--version").output().is_err()
-            && Command::new(tool).arg("version").output().is_err()
-        {
-            backend_missing(&format!("the {tool} command"));
-            return;
-        }
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        backend_missing("the redis-server command");
+        return;
     }
-    let certs = certificates();
+    let Some(certs) = certificates() else {
+        return;
+    };
     let server = start(&certs);
 
     let mut config = RedisConfig::from_url(&format!("rediss://127.0.0.1:{}", server.port)).unwrap();

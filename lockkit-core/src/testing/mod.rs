@@ -146,6 +146,99 @@ pub fn endpoint(var: &str) -> Option<String> {
         .map(|(_, value)| value.trim().trim_matches('"').to_owned())
 }
 
+/// Certificates for TLS tests, made with the `openssl` command in `dir`: a CA (`ca.pem`,
+/// `ca.key`), a server certificate it signed for `127.0.0.1` and `localhost` (`server.pem`,
+/// `server.key`), and `other.pem`, a CA that signed nothing. Nothing is committed: every run
+/// makes its own. `None`, after [`backend_missing`], when `openssl` is not installed.
+///
+/// # Panics
+/// When `dir` cannot be written or `openssl` fails.
+pub fn tls_certificates(dir: &std::path::Path) -> Option<()> {
+    use std::process::{Command, Stdio};
+    if Command::new("openssl").arg("version").output().is_err() {
+        backend_missing("the openssl command (to make test certificates)");
+        return None;
+    }
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let steps: [&[&str]; 4] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=lockkit-test-ca",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+        ],
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=another-ca",
+        ],
+    ];
+    for args in steps {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run openssl: {e}"));
+        assert!(status.success(), "openssl {args:?} failed");
+    }
+    Some(())
+}
+
 /// The longest one scenario may run before it counts as hung.
 pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
