@@ -181,6 +181,12 @@ impl RedisConfig {
                 "redis.min_replicas needs a Sentinel-managed primary (sentinel_master)",
             ));
         }
+        if self.db < 0 {
+            return Err(Error::invalid_config(format!(
+                "redis.db is {}: databases are numbered from 0",
+                self.db
+            )));
+        }
         if self.min_replicas > 0 && self.replica_timeout >= self.response_timeout {
             return Err(Error::invalid_config(format!(
                 "redis.replica_timeout ({:?}) must be shorter than redis.response_timeout ({:?}): the WAIT for replicas is part of one request",

@@ -92,6 +92,7 @@ async fn invalid_configurations_are_refused_before_connecting() {
         ("min_replicas without Sentinel", |c| c.min_replicas = 1),
         ("bad host", |c| c.hosts = vec!["no-port".into()]),
         ("zero timeout", |c| c.response_timeout = Duration::ZERO),
+        ("negative database", |c| c.db = -1),
     ];
     for (what, break_it) in cases {
         let mut config = RedisConfig::default();
@@ -134,17 +135,17 @@ fn passwords_stay_out_of_debug_output() {
     assert_eq!(sentinel.db, 3);
 }
 
-/// An ACL user limited to lockkit's keys and commands works; a wrong password is `Auth`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acl_user_works_and_wrong_password_is_auth() {
-    let Some(harness) = common::single().await else {
-        return;
-    };
-    let mut admin = harness.servers().await.unwrap().remove(0);
+/// Creates an ACL user limited to `namespace`'s keys, the release channels and the commands
+/// lockkit's scripts need, plus `extra`; returns its name and password.
+async fn acl_user(
+    admin: &mut redis::aio::MultiplexedConnection,
+    namespace: &str,
+    extra: &[&str],
+) -> (String, String) {
     let user = format!("lk-test-{:08x}", rand::random::<u32>());
-    let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
     let password = format!("pw-{:016x}", rand::random::<u64>());
-    let _: () = redis::cmd("ACL")
+    let mut setuser = redis::cmd("ACL");
+    setuser
         .arg("SETUSER")
         .arg(&user)
         .arg("on")
@@ -153,24 +154,39 @@ async fn acl_user_works_and_wrong_password_is_auth() {
         .arg(format!("~{{{namespace}/*"))
         .arg("resetchannels")
         .arg("&lockkit:released:*")
-        .arg("-@all")
-        .arg("+evalsha")
-        .arg("+script|load")
-        .arg("+ping")
-        .arg("+subscribe")
-        .arg("+unsubscribe")
-        .arg("+hello")
-        .arg("+get")
-        .arg("+set")
-        .arg("+incr")
-        .arg("+pexpire")
-        .arg("+pttl")
-        .arg("+time")
-        .arg("+del")
-        .arg("+publish")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+        .arg("-@all");
+    for command in [
+        "+evalsha",
+        "+script|load",
+        "+ping",
+        "+hello",
+        "+get",
+        "+set",
+        "+incr",
+        "+pexpire",
+        "+pttl",
+        "+time",
+        "+del",
+        "+publish",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        setuser.arg(*command);
+    }
+    let _: () = setuser.query_async(admin).await.unwrap();
+    (user, password)
+}
+
+/// An ACL user limited to lockkit's keys and commands works; a wrong password is `Auth`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_works_and_wrong_password_is_auth() {
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut admin = harness.servers().await.unwrap().remove(0);
+    let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
+    let (user, password) = acl_user(&mut admin, &namespace, &["+subscribe", "+unsubscribe"]).await;
 
     let Some(addr) = (match &harness.topology {
         common::Topology::Single(c) => c.hosts.first().cloned(),
@@ -236,37 +252,8 @@ async fn refused_subscriptions_fall_back_to_polling() {
         return;
     };
     let mut admin = harness.servers().await.unwrap().remove(0);
-    let user = format!("lk-test-{:08x}", rand::random::<u32>());
     let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
-    let password = format!("pw-{:016x}", rand::random::<u64>());
-    let mut setuser = redis::cmd("ACL");
-    setuser
-        .arg("SETUSER")
-        .arg(&user)
-        .arg("on")
-        .arg(format!(">{password}"))
-        .arg("resetkeys")
-        .arg(format!("~{{{namespace}/*"))
-        .arg("resetchannels")
-        .arg("&lockkit:released:*")
-        .arg("-@all");
-    for command in [
-        "+evalsha",
-        "+script|load",
-        "+ping",
-        "+hello",
-        "+get",
-        "+set",
-        "+incr",
-        "+pexpire",
-        "+pttl",
-        "+time",
-        "+del",
-        "+publish",
-    ] {
-        setuser.arg(command);
-    }
-    let _: () = setuser.query_async(&mut admin).await.unwrap();
+    let (user, password) = acl_user(&mut admin, &namespace, &[]).await;
 
     let common::Topology::Single(config) = &harness.topology else {
         panic!("the single harness runs on one server");
