@@ -19,9 +19,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockkit::{BackendKind, LockClient, LockkitConfig};
+use lockkit::{LockClient, LockkitConfig};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
+
+#[path = "compare/targets.rs"]
+mod targets;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -211,25 +214,7 @@ async fn main() -> Result<(), BoxError> {
     let con = ConnectionManager::new(redis::Client::open(redis_url.as_str())?).await?;
 
     let mut strategies = vec![Strategy::Naive];
-    for (target, var, kind) in [
-        ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
-        (
-            "redis-sentinel",
-            "LOCKKIT_TEST_SENTINEL_URL",
-            BackendKind::RedisSentinel,
-        ),
-        (
-            "redlock-5",
-            "LOCKKIT_TEST_REDLOCK_URL",
-            BackendKind::Redlock,
-        ),
-        ("etcd-3", "LOCKKIT_TEST_ETCD_URL", BackendKind::Etcd),
-        ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
-    ] {
-        let Some(url) = lockkit_core::testing::endpoint(var).filter(|_| kind.is_compiled_in())
-        else {
-            continue;
-        };
+    for (target, url) in targets::server_tiers() {
         let mut config = LockkitConfig::from_url(&url)?;
         config.namespace = format!("seckill-{:08x}", rand::random::<u32>());
         strategies.push(Strategy::Locked(

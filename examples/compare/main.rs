@@ -34,13 +34,14 @@
 //! servers are missing is skipped with a notice, or fails the run under
 //! `LOCKKIT_REQUIRE_BACKENDS=1`.
 
-use lockkit::{BackendKind, LockkitConfig};
+use lockkit::LockkitConfig;
 use serde::Serialize;
 
 mod faults;
 mod floors;
 mod report;
 mod speed;
+mod targets;
 
 use faults::{
     Failover, HolderCrash, HolderPause, failover, hold, hold_and_write, holder_crash, holder_pause,
@@ -111,29 +112,7 @@ async fn main() -> lockkit::Result<()> {
     };
 
     let mut targets = vec![("memory", "memory://".to_owned())];
-    for (name, var, kind) in [
-        ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
-        (
-            "redis-sentinel",
-            "LOCKKIT_TEST_SENTINEL_URL",
-            BackendKind::RedisSentinel,
-        ),
-        (
-            "redlock-5",
-            "LOCKKIT_TEST_REDLOCK_URL",
-            BackendKind::Redlock,
-        ),
-        ("etcd-3", "LOCKKIT_TEST_ETCD_URL", BackendKind::Etcd),
-        ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
-    ] {
-        if !kind.is_compiled_in() {
-            continue;
-        }
-        match lockkit_core::testing::endpoint(var) {
-            Some(url) => targets.push((name, url)),
-            None => lockkit_core::testing::backend_missing(&format!("{name} ({var})")),
-        }
-    }
+    targets.extend(targets::server_tiers());
     let mut reports = Vec::new();
     for (name, url) in targets {
         let locks = lockkit::connect(&LockkitConfig::from_url(&url)?).await?;

@@ -1,0 +1,37 @@
+//! The server tiers the examples run on: the compose topologies this build contains whose
+//! servers are up (URLs from `LOCKKIT_TEST_*_URL` or `compose/up.sh`'s endpoints file).
+
+use lockkit::BackendKind;
+
+/// Every server tier: its name in the tables, the variable naming its URL, its backend.
+const SERVER_TIERS: [(&str, &str, BackendKind); 5] = [
+    ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
+    (
+        "redis-sentinel",
+        "LOCKKIT_TEST_SENTINEL_URL",
+        BackendKind::RedisSentinel,
+    ),
+    (
+        "redlock-5",
+        "LOCKKIT_TEST_REDLOCK_URL",
+        BackendKind::Redlock,
+    ),
+    ("etcd-3", "LOCKKIT_TEST_ETCD_URL", BackendKind::Etcd),
+    ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
+];
+
+/// `(name, url)` of every server tier compiled in and reachable. A tier whose servers are
+/// missing is reported (a failure under `LOCKKIT_REQUIRE_BACKENDS=1`) and left out.
+pub(crate) fn server_tiers() -> Vec<(&'static str, String)> {
+    SERVER_TIERS
+        .into_iter()
+        .filter(|(_, _, kind)| kind.is_compiled_in())
+        .filter_map(|(name, var, _)| {
+            let url = lockkit_core::testing::endpoint(var);
+            if url.is_none() {
+                lockkit_core::testing::backend_missing(&format!("{name} ({var})"));
+            }
+            url.map(|url| (name, url))
+        })
+        .collect()
+}
