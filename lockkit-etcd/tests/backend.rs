@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, ErrorKind, Lease, LockBackend, LockClient,
     LockInfo, LockKey, LockOptions, OwnerToken, Renewal, Result, Tier, async_trait,
@@ -85,12 +86,11 @@ async fn holder_whose_keep_alive_is_cut_sees_lost_within_its_ttl() {
     };
     let ns = support::namespace("cut");
     let ttl = Duration::from_secs(3);
-    let mut proxies = Vec::new();
-    for endpoint in &config.endpoints {
-        proxies.push(support::Proxy::start(endpoint.clone()).await);
-    }
+    let proxy = FaultProxy::start(&config.endpoints)
+        .await
+        .expect("a fault proxy");
     let mut cut_config = config.clone();
-    cut_config.endpoints = proxies.iter().map(|p| p.addr.to_string()).collect();
+    cut_config.endpoints = proxy.hosts();
     cut_config.request_timeout = Duration::from_secs(1);
     let options = LockOptions::default().with_ttl(ttl);
     let holder = client(&cut_config, &ns, options.clone()).await;
@@ -114,9 +114,7 @@ async fn holder_whose_keep_alive_is_cut_sees_lost_within_its_ttl() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let cut_at = Instant::now();
-    for proxy in &proxies {
-        proxy.blackhole();
-    }
+    proxy.set(Direction::Both, Fault::Blackhole);
     // The lease was last confirmed before the cut, so lost() is due within the TTL; 100 ms
     // covers timer and scheduling delay on a loaded machine.
     tokio::time::timeout(ttl + Duration::from_millis(100), held.lost())

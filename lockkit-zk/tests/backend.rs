@@ -2,19 +2,17 @@
 //! blackholed connection, one wake-up per release, digest auth and ACLs, bounded connects.
 //! None of these disturb the ensemble, so they run in parallel.
 
-#[path = "support/proxy.rs"]
-mod proxy;
 mod support;
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use lockkit_core::{
     AcquireRequest, Attempt, ErrorKind, Lease, LockBackend, LockClient, LockKey, LockOptions,
     OwnerToken, Renewal,
 };
 use lockkit_zk::{ZkBackend, ZkConfig};
-use proxy::Proxy;
 use support::{TEST_CHROOT, admin, test_config, znodes_under};
 use zookeeper_client as zk;
 
@@ -136,7 +134,9 @@ async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let proxy = Proxy::start(&config.hosts).await;
+    let proxy = FaultProxy::start(&config.hosts)
+        .await
+        .expect("a fault proxy");
     let mut proxied = config.clone();
     proxied.hosts = proxy.hosts();
     let (_, holder) = client_with_ttl(&proxied, &ns, Duration::from_secs(60)).await;
@@ -157,7 +157,7 @@ async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cut_at = Instant::now();
-    proxy.set_blackholed(true);
+    proxy.set(Direction::Both, Fault::Blackhole);
     tokio::time::timeout(Duration::from_secs(20), held.lost())
         .await
         .expect("the cut-off holder's lost signal did not fire");
@@ -177,7 +177,7 @@ async fn blackholed_holder_reports_lost_before_anyone_else_is_granted() {
         lost_at - cut_at,
         granted_at - cut_at
     );
-    proxy.set_blackholed(false);
+    proxy.heal();
     assert!(!held.release().await.unwrap_or(false));
     assert!(new.release().await.unwrap());
     assert_no_znodes(&admin, &ns).await;
@@ -195,17 +195,19 @@ async fn a_disconnection_within_the_validity_keeps_the_lock() {
     };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let proxy = Proxy::start(&config.hosts).await;
+    let proxy = FaultProxy::start(&config.hosts)
+        .await
+        .expect("a fault proxy");
     let direct = config.clone();
     config.hosts = proxy.hosts();
     config.session_timeout = Duration::from_secs(10);
     let (_, holder) = client_with_ttl(&config, &ns, Duration::from_secs(10)).await;
     let (_, other) = client(&direct, &ns).await;
     let held = holder.mutex("flaky").unwrap().lock().await.unwrap();
-    proxy.set_blackholed(true);
+    proxy.set(Direction::Both, Fault::Blackhole);
     tokio::time::sleep(Duration::from_millis(800)).await;
-    proxy.set_blackholed(false);
-    proxy.reset_connections();
+    proxy.heal();
+    proxy.reset();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !held.is_held().await.unwrap_or(false) {
         assert!(Instant::now() < deadline, "the holder did not reconnect");
@@ -240,7 +242,9 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
     };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let proxy = Proxy::start(&config.hosts).await;
+    let proxy = FaultProxy::start(&config.hosts)
+        .await
+        .expect("a fault proxy");
     config.hosts = proxy.hosts();
     config.request_timeout = Duration::from_millis(500);
     let backend = ZkBackend::connect(config).await.unwrap();
@@ -266,7 +270,7 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
         )
         .await
         .unwrap();
-    proxy.set_replies_dropped(true);
+    proxy.set(Direction::Replies, Fault::Drop);
     let err = backend
         .try_acquire(&request)
         .await
@@ -287,7 +291,7 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    proxy.set_replies_dropped(false);
+    proxy.heal();
 
     let deadline = Instant::now() + Duration::from_secs(15);
     let grant = loop {
@@ -456,7 +460,9 @@ async fn a_failed_release_forgets_the_acquisition() {
     let Some(mut config) = test_config() else {
         return;
     };
-    let proxy = Proxy::start(&config.hosts).await;
+    let proxy = FaultProxy::start(&config.hosts)
+        .await
+        .expect("a fault proxy");
     config.hosts = proxy.hosts();
     config.request_timeout = Duration::from_millis(300);
     let ns = namespace();
@@ -466,7 +472,7 @@ async fn a_failed_release_forgets_the_acquisition() {
         format!("{backend:?}").contains("acquisitions: 1"),
         "{backend:?}"
     );
-    proxy.set_blackholed(true);
+    proxy.set(Direction::Both, Fault::Blackhole);
     guard
         .release()
         .await
@@ -624,7 +630,9 @@ async fn a_lost_create_is_swept_when_the_clean_up_fails() {
     };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let proxy = Proxy::start(&config.hosts).await;
+    let proxy = FaultProxy::start(&config.hosts)
+        .await
+        .expect("a fault proxy");
     config.hosts = proxy.hosts();
     config.request_timeout = Duration::from_millis(500);
     let backend = ZkBackend::connect(config).await.unwrap();
@@ -650,7 +658,7 @@ async fn a_lost_create_is_swept_when_the_clean_up_fails() {
         .await
         .unwrap();
 
-    proxy.set_replies_dropped(true);
+    proxy.set(Direction::Replies, Fault::Drop);
     backend
         .try_acquire(&request)
         .await
@@ -667,9 +675,9 @@ async fn a_lost_create_is_swept_when_the_clean_up_fails() {
         .abandon(&request)
         .await
         .expect_err("the clean-up's reply was dropped");
-    proxy.set_replies_dropped(false);
+    proxy.heal();
     // The proxy dropped bytes of the stream: make the client reconnect.
-    proxy.reset_connections();
+    proxy.reset();
 
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -1,16 +1,14 @@
 //! The core conformance suite against the ZooKeeper ensemble of `compose/up.sh zk`.
 
-#[path = "support/proxy.rs"]
-mod proxy;
 mod support;
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use lockkit_core::testing::Harness;
+use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use lockkit_core::{LockClient, LockKey, LockOptions, Result, async_trait};
 use lockkit_zk::{ZkBackend, ZkConfig};
-use proxy::Proxy;
 use support::{TEST_CHROOT, admin, test_config, znodes_under};
 use zookeeper_client as zk;
 
@@ -20,7 +18,7 @@ use zookeeper_client as zk;
 struct ZkHarness {
     config: ZkConfig,
     admin: zk::Client,
-    proxies: StdMutex<Vec<(usize, Proxy)>>,
+    proxies: StdMutex<Vec<(usize, FaultProxy)>>,
 }
 
 fn backend_id(client: &LockClient) -> usize {
@@ -30,7 +28,9 @@ fn backend_id(client: &LockClient) -> usize {
 #[async_trait]
 impl Harness for ZkHarness {
     async fn client(&self, namespace: &str, options: LockOptions) -> Result<LockClient> {
-        let proxy = Proxy::start(&self.config.hosts).await;
+        let proxy = FaultProxy::start(&self.config.hosts)
+            .await
+            .expect("a fault proxy");
         let mut config = self.config.clone();
         config.hosts = proxy.hosts();
         let client = LockClient::with_options(
@@ -71,7 +71,7 @@ impl Harness for ZkHarness {
             .iter()
             .find(|(p, _)| *p == id)
         {
-            proxy.set_blackholed(true);
+            proxy.set(Direction::Both, Fault::Blackhole);
         }
         drop(client);
     }

@@ -15,6 +15,10 @@
 //! Scenarios that depend on a capability run only where [`Capabilities`](crate::Capabilities)
 //! claims it.
 
+pub mod check;
+pub mod fenced;
+pub mod history;
+pub mod proxy;
 mod scenarios;
 
 use std::fmt;

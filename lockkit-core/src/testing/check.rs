@@ -1,0 +1,518 @@
+//! Checkers over a merged history (see [`history`](super::history)): what a run of lock
+//! workers, a fenced resource and a fault injector proves about a tier.
+//!
+//! Definitions, per key:
+//! - A grant's *critical section* runs from `Granted` to the first of its `Lost`, its
+//!   `Release` and its worker's `Killed` (or the end of the history), stretched to its last
+//!   write to the fenced resource: a worker that writes after its lock was lost was still
+//!   acting as the holder.
+//! - An *overlap* is a pair of critical sections of different grants that intersect.
+//! - A *token regression* is a grant whose token is lower than that of a grant completed
+//!   before it was asked for; a *duplicate* is a token handed out twice.
+//! - A *stale write accepted* is a write the resource stored although a grant with a higher
+//!   token had been handed out before it; a *stale write rejected* is one it refused.
+//! - A *foreign release* is a release that answered `ok` while a later grant was live, after
+//!   which that later holder found its lock gone (its own release answered `not_held`
+//!   without its lost signal having fired): the first release deleted the second's lock.
+//! - A *late grant* is one handed over with no validity left.
+//! - *Recovery* is the time from a fault to the next grant of a worker it did not hit;
+//!   *lost-signal lag* the time from a fault to the lost signal of the worker it hit.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::history::{Event, What};
+
+/// What a history shows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Verdict {
+    /// Grants handed out.
+    pub acquisitions: usize,
+    /// Acquires that failed or timed out.
+    pub failed_acquires: usize,
+    /// Pairs of overlapping critical sections.
+    pub overlaps: usize,
+    /// The summed length of those overlaps.
+    pub overlap_total: Duration,
+    /// The longest of them.
+    pub overlap_max: Duration,
+    /// Grants whose token was below an earlier completed grant's.
+    pub token_regressions: usize,
+    /// Tokens handed out more than once (each extra grant counts).
+    pub token_duplicates: usize,
+    /// Writes the fenced resource refused.
+    pub stale_rejected: usize,
+    /// Writes the fenced resource stored although a newer grant existed.
+    pub stale_accepted: usize,
+    /// Releases that deleted another holder's lock.
+    pub foreign_releases: usize,
+    /// Grants handed over with no validity left.
+    pub late_grants: usize,
+    /// Lost signals that fired.
+    pub lost_signals: usize,
+    /// Per fault: time to the next grant of a worker it did not hit (`None`: none came).
+    pub recovery: Vec<Option<Duration>>,
+    /// Per fault aimed at a worker: time to that worker's lost signal (`None`: it never
+    /// fired).
+    pub lost_lag: Vec<Option<Duration>>,
+    /// The first violations, described, for a failure message.
+    pub violations: Vec<String>,
+}
+
+impl Verdict {
+    const MAX_DESCRIBED: usize = 20;
+
+    fn violation(&mut self, description: String) {
+        if self.violations.len() < Self::MAX_DESCRIBED {
+            self.violations.push(description);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Grant {
+    process: String,
+    key: String,
+    token: u64,
+    invoked: u64,
+    start: u64,
+    end: Option<u64>,
+    last_write: Option<u64>,
+    lost: Option<u64>,
+    released: Option<(u64, String)>,
+}
+
+impl Grant {
+    fn end(&self, history_end: u64) -> u64 {
+        let end = self.end.unwrap_or(history_end);
+        end.max(self.last_write.unwrap_or(0))
+    }
+}
+
+/// Checks a merged history (ordered by time).
+pub fn check(events: &[Event]) -> Verdict {
+    let mut verdict = Verdict::default();
+    let mut grants: Vec<Grant> = Vec::new();
+    let mut open: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut invoked: HashMap<(&str, &str), u64> = HashMap::new();
+    let mut faults = Vec::new();
+    let history_end = events.last().map_or(0, |e| e.at_ns);
+    for event in events {
+        let who = (event.process.as_str(), event.key.as_str());
+        let current = open.get(&who).copied();
+        match &event.what {
+            What::Invoke => {
+                invoked.insert(who, event.at_ns);
+            }
+            What::Granted {
+                token,
+                remaining_ms,
+            } => {
+                verdict.acquisitions += 1;
+                if *remaining_ms == 0 {
+                    verdict.late_grants += 1;
+                    verdict.violation(format!(
+                        "{} was granted {} with no validity left",
+                        event.process, event.key
+                    ));
+                }
+                open.insert(who, grants.len());
+                grants.push(Grant {
+                    process: event.process.clone(),
+                    key: event.key.clone(),
+                    token: *token,
+                    invoked: invoked.get(&who).copied().unwrap_or(event.at_ns),
+                    start: event.at_ns,
+                    end: None,
+                    last_write: None,
+                    lost: None,
+                    released: None,
+                });
+            }
+            What::Failed { .. } => verdict.failed_acquires += 1,
+            What::Lost { token } => {
+                verdict.lost_signals += 1;
+                if let Some(grant) = current.map(|i| &mut grants[i])
+                    && grant.token == *token
+                {
+                    grant.lost.get_or_insert(event.at_ns);
+                    grant.end.get_or_insert(event.at_ns);
+                }
+            }
+            What::Release { token } => {
+                if let Some(grant) = current.map(|i| &mut grants[i])
+                    && grant.token == *token
+                {
+                    grant.end.get_or_insert(event.at_ns);
+                }
+            }
+            What::Released { token, outcome } => {
+                if let Some(i) = current
+                    && grants[i].token == *token
+                {
+                    grants[i].released = Some((event.at_ns, outcome.clone()));
+                    open.remove(&who);
+                }
+            }
+            What::Killed => {
+                for grant in grants.iter_mut().filter(|g| g.process == event.process) {
+                    grant.end.get_or_insert(event.at_ns);
+                }
+            }
+            What::Stored { token } | What::Refused { token, .. } => {
+                if matches!(event.what, What::Refused { .. }) {
+                    verdict.stale_rejected += 1;
+                }
+                if let Some(grant) = grants
+                    .iter_mut()
+                    .rev()
+                    .find(|g| g.process == event.process && g.key == event.key && g.token == *token)
+                {
+                    grant.last_write = Some(event.at_ns);
+                }
+            }
+            What::Fault { target, .. } => faults.push((event.at_ns, target.clone())),
+            What::Checked { .. } | What::Heal => {}
+        }
+    }
+
+    let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+    for grant in &grants {
+        by_key.entry(&grant.key).or_default().push(grant);
+    }
+    for (key, mut grants) in by_key {
+        grants.sort_by_key(|g| g.start);
+        overlaps(&mut verdict, key, &grants, history_end);
+        tokens(&mut verdict, key, &grants);
+        stale_writes(&mut verdict, key, &grants, events);
+        foreign_releases(&mut verdict, key, &grants);
+    }
+    for (at, target) in faults {
+        let next_grant = grants
+            .iter()
+            .filter(|g| g.start > at && Some(&g.process) != target.as_ref())
+            .map(|g| g.start)
+            .min();
+        verdict
+            .recovery
+            .push(next_grant.map(|g| Duration::from_nanos(g - at)));
+        if let Some(target) = target {
+            let lost = grants
+                .iter()
+                .filter(|g| g.process == target)
+                .filter_map(|g| g.lost)
+                .filter(|&lost| lost > at)
+                .min();
+            verdict
+                .lost_lag
+                .push(lost.map(|l| Duration::from_nanos(l - at)));
+        }
+    }
+    verdict
+}
+
+/// Grants sorted by start.
+fn overlaps(verdict: &mut Verdict, key: &str, grants: &[&Grant], history_end: u64) {
+    for (i, a) in grants.iter().enumerate() {
+        let a_end = a.end(history_end);
+        for b in &grants[i + 1..] {
+            if b.start >= a_end {
+                break;
+            }
+            let overlap = Duration::from_nanos(a_end.min(b.end(history_end)) - b.start);
+            verdict.overlaps += 1;
+            verdict.overlap_total += overlap;
+            verdict.overlap_max = verdict.overlap_max.max(overlap);
+            verdict.violation(format!(
+                "{key}: {} (token {}) and {} (token {}) held it together for {overlap:?}",
+                a.process, a.token, b.process, b.token
+            ));
+        }
+    }
+}
+
+/// Grants sorted by start.
+fn tokens(verdict: &mut Verdict, key: &str, grants: &[&Grant]) {
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for grant in grants {
+        let count = seen.entry(grant.token).or_default();
+        *count += 1;
+        if *count > 1 {
+            verdict.token_duplicates += 1;
+            verdict.violation(format!(
+                "{key}: token {} handed out again, to {}",
+                grant.token, grant.process
+            ));
+        }
+    }
+    for b in grants {
+        if let Some(a) = grants
+            .iter()
+            .take_while(|a| a.start < b.invoked)
+            .find(|a| a.token > b.token)
+        {
+            verdict.token_regressions += 1;
+            verdict.violation(format!(
+                "{key}: {} got token {} after {} had been granted {}",
+                b.process, b.token, a.process, a.token
+            ));
+        }
+    }
+}
+
+/// Grants sorted by start.
+fn stale_writes(verdict: &mut Verdict, key: &str, grants: &[&Grant], events: &[Event]) {
+    for event in events.iter().filter(|e| e.key == key) {
+        let What::Stored { token } = event.what else {
+            continue;
+        };
+        if let Some(newer) = grants
+            .iter()
+            .take_while(|g| g.start < event.at_ns)
+            .find(|g| g.token > token)
+        {
+            verdict.stale_accepted += 1;
+            verdict.violation(format!(
+                "{key}: a write by {} with token {token} was stored after {} had been granted {}",
+                event.process, newer.process, newer.token
+            ));
+        }
+    }
+}
+
+/// Grants sorted by start.
+fn foreign_releases(verdict: &mut Verdict, key: &str, grants: &[&Grant]) {
+    for (i, a) in grants.iter().enumerate() {
+        let Some((released_at, outcome)) = &a.released else {
+            continue;
+        };
+        if outcome != "ok" {
+            continue;
+        }
+        let victim = grants[i + 1..].iter().find(|b| {
+            b.start < *released_at
+                && b.lost.is_none()
+                && b.released
+                    .as_ref()
+                    .is_some_and(|(at, outcome)| at > released_at && outcome == "not_held")
+        });
+        if let Some(b) = victim {
+            verdict.foreign_releases += 1;
+            verdict.violation(format!(
+                "{key}: the release by {} (token {}) deleted the lock of {} (token {})",
+                a.process, a.token, b.process, b.token
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a history from `(ms, process, what)` on key `k`.
+    fn history(events: &[(u64, &str, What)]) -> Vec<Event> {
+        events
+            .iter()
+            .map(|(ms, process, what)| Event {
+                at_ns: ms * 1_000_000,
+                process: (*process).to_owned(),
+                key: "k".to_owned(),
+                what: what.clone(),
+            })
+            .collect()
+    }
+
+    fn granted(token: u64) -> What {
+        What::Granted {
+            token,
+            remaining_ms: 1000,
+        }
+    }
+
+    fn released(token: u64, outcome: &str) -> What {
+        What::Released {
+            token,
+            outcome: outcome.to_owned(),
+        }
+    }
+
+    fn clean() -> Vec<Event> {
+        history(&[
+            (0, "a", What::Invoke),
+            (1, "a", granted(1)),
+            (2, "b", What::Invoke),
+            (3, "a", What::Stored { token: 1 }),
+            (4, "a", What::Release { token: 1 }),
+            (5, "a", released(1, "ok")),
+            (6, "b", granted(2)),
+            (7, "b", What::Stored { token: 2 }),
+            (8, "b", What::Release { token: 2 }),
+            (9, "b", released(2, "ok")),
+        ])
+    }
+
+    #[test]
+    fn a_clean_history_shows_nothing() {
+        let verdict = check(&clean());
+        assert_eq!(verdict.acquisitions, 2);
+        assert_eq!(verdict.violations, Vec::<String>::new());
+        assert_eq!(
+            verdict,
+            Verdict {
+                acquisitions: 2,
+                ..Verdict::default()
+            }
+        );
+    }
+
+    #[test]
+    fn catches_an_overlap() {
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (10, "b", granted(2)),
+            (15, "a", What::Release { token: 1 }),
+            (20, "b", What::Release { token: 2 }),
+        ]));
+        assert_eq!(verdict.overlaps, 1);
+        assert_eq!(verdict.overlap_max, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn a_write_after_the_lost_signal_stretches_the_section() {
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (5, "a", What::Lost { token: 1 }),
+            (10, "b", granted(2)),
+            (11, "b", What::Stored { token: 2 }),
+            (
+                12,
+                "a",
+                What::Refused {
+                    token: 1,
+                    highest: 2,
+                },
+            ),
+            (20, "b", What::Release { token: 2 }),
+        ]));
+        assert_eq!(verdict.overlaps, 1);
+        assert_eq!(verdict.stale_rejected, 1);
+        assert_eq!(verdict.stale_accepted, 0);
+        assert_eq!(verdict.lost_signals, 1);
+    }
+
+    #[test]
+    fn a_lost_signal_before_the_next_grant_is_no_overlap() {
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (5, "a", What::Lost { token: 1 }),
+            (10, "b", granted(2)),
+            (20, "b", What::Release { token: 2 }),
+        ]));
+        assert_eq!(verdict.overlaps, 0);
+    }
+
+    #[test]
+    fn catches_a_token_regression_and_a_duplicate() {
+        let verdict = check(&history(&[
+            (0, "a", granted(5)),
+            (1, "a", What::Release { token: 5 }),
+            (2, "b", What::Invoke),
+            (3, "b", granted(4)),
+            (4, "b", What::Release { token: 4 }),
+            (5, "c", What::Invoke),
+            (6, "c", granted(5)),
+        ]));
+        assert_eq!(verdict.token_regressions, 1, "{:?}", verdict.violations);
+        assert_eq!(verdict.token_duplicates, 1);
+    }
+
+    #[test]
+    fn concurrent_acquires_may_finish_in_any_token_order() {
+        let verdict = check(&history(&[
+            (0, "a", What::Invoke),
+            (0, "b", What::Invoke),
+            (1, "b", granted(2)),
+            (2, "b", What::Release { token: 2 }),
+            (3, "a", granted(1)),
+        ]));
+        assert_eq!(verdict.token_regressions, 0);
+    }
+
+    #[test]
+    fn catches_a_stale_write_accepted() {
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (5, "a", What::Lost { token: 1 }),
+            (10, "b", granted(2)),
+            (11, "a", What::Stored { token: 1 }),
+            (12, "b", What::Stored { token: 2 }),
+        ]));
+        assert_eq!(verdict.stale_accepted, 1);
+    }
+
+    #[test]
+    fn catches_a_foreign_release() {
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (10, "b", granted(2)),
+            (12, "a", What::Release { token: 1 }),
+            (13, "a", released(1, "ok")),
+            (20, "b", What::Release { token: 2 }),
+            (21, "b", released(2, "not_held")),
+        ]));
+        assert_eq!(verdict.foreign_releases, 1);
+        let refused = check(&history(&[
+            (0, "a", granted(1)),
+            (10, "b", granted(2)),
+            (12, "a", What::Release { token: 1 }),
+            (13, "a", released(1, "not_held")),
+            (20, "b", What::Release { token: 2 }),
+            (21, "b", released(2, "ok")),
+        ]));
+        assert_eq!(refused.foreign_releases, 0);
+    }
+
+    #[test]
+    fn catches_a_late_grant() {
+        let verdict = check(&history(&[(
+            0,
+            "a",
+            What::Granted {
+                token: 1,
+                remaining_ms: 0,
+            },
+        )]));
+        assert_eq!(verdict.late_grants, 1);
+    }
+
+    #[test]
+    fn measures_recovery_and_lost_lag() {
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (
+                100,
+                "injector",
+                What::Fault {
+                    description: "partition".into(),
+                    target: Some("a".into()),
+                },
+            ),
+            (900, "a", What::Lost { token: 1 }),
+            (1100, "b", granted(2)),
+        ]));
+        assert_eq!(verdict.recovery, vec![Some(Duration::from_millis(1000))]);
+        assert_eq!(verdict.lost_lag, vec![Some(Duration::from_millis(800))]);
+        assert_eq!(verdict.overlaps, 0);
+    }
+
+    #[test]
+    fn a_killed_worker_holds_until_its_death() {
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (5, "a", What::Killed),
+            (10, "b", granted(2)),
+        ]));
+        assert_eq!(verdict.overlaps, 0);
+    }
+}
