@@ -1,0 +1,77 @@
+//! lockkit's fault-injection campaign (not published).
+//!
+//! Lock workers run as separate processes ([`worker`]), take a lock on one of the compose
+//! tiers, write under it to a fenced resource, and record every step with the machine's
+//! monotonic clock. A [`Scenario`] times a fault against them: a stopped or killed holder, a
+//! partition or delay through a fault proxy, a stopped or killed server. The histories are
+//! merged and checked ([`lockkit_core::testing::check`]), and [`expect::broken`] says which
+//! of the tier's guarantees, if any, the run broke.
+//!
+//! `cargo run --release -p lockkit-campaign` runs every scenario on every tier whose servers
+//! are up (`compose/campaign.sh` starts them first); `tests/smoke.rs` runs the subset CI
+//! runs.
+
+pub mod expect;
+pub mod report;
+pub mod run;
+pub mod scenarios;
+pub mod tiers;
+pub mod worker;
+
+pub use run::{Campaign, Outcome, Run};
+pub use scenarios::Scenario;
+pub use tiers::{Tier, Topology};
+pub use worker::{Worker, WorkerSpec};
+
+/// Why a scenario could not be carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignError(pub String);
+
+impl std::fmt::Display for CampaignError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CampaignError {}
+
+impl From<lockkit::Error> for CampaignError {
+    fn from(e: lockkit::Error) -> Self {
+        CampaignError(e.to_string())
+    }
+}
+
+/// Runs `scenarios` on every tier of `tiers` they apply to, one after the other, printing
+/// progress on stderr; each outcome comes with the criteria it broke.
+///
+/// # Errors
+/// When a scenario cannot be carried out.
+pub async fn run_all(
+    campaign: &Campaign,
+    tiers: &[Tier],
+    scenarios: &[Scenario],
+) -> Result<Vec<(Outcome, Vec<String>)>, CampaignError> {
+    let mut rows = Vec::new();
+    for tier in tiers {
+        for &scenario in scenarios {
+            if !scenario.applies_to(tier.topology) {
+                continue;
+            }
+            eprintln!("{} / {}...", tier.name(), scenario.name());
+            let outcome = scenario.run(campaign, tier).await.map_err(|e| {
+                CampaignError(format!("{} / {}: {e}", tier.name(), scenario.name()))
+            })?;
+            let broken = expect::broken(&outcome, tier.topology, scenario);
+            if !broken.is_empty() {
+                eprintln!(
+                    "  FAILED ({}): {:?}; histories in {}",
+                    broken.join("; "),
+                    outcome.verdict.violations,
+                    outcome.dir.display()
+                );
+            }
+            rows.push((outcome, broken));
+        }
+    }
+    Ok(rows)
+}

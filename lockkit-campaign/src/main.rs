@@ -1,0 +1,95 @@
+//! `lockkit-campaign`: the full fault-injection campaign, or one lock worker.
+//!
+//! ```sh
+//! compose/up.sh all
+//! cargo run --release -p lockkit-campaign -- [--tiers redis,etcd-3] [--scenarios partition] [--ttl-ms 2000]
+//! ```
+//! Prints one Markdown row per tier × scenario; exits 1 if a run broke a guarantee its tier
+//! makes (see `expect.rs`), 2 if a scenario could not be carried out.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockkit_campaign::worker::{self, WorkerSpec};
+use lockkit_campaign::{Campaign, Scenario, Tier, report, run_all};
+
+#[derive(Debug, Parser)]
+#[command(about = "lockkit's fault-injection campaign")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Tiers to run on (comma-separated names); all that are up by default.
+    #[arg(long, value_delimiter = ',')]
+    tiers: Vec<String>,
+    /// Scenarios to run (comma-separated names); all by default.
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// The TTL of every lock, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    ttl_ms: u64,
+    /// Where to keep the histories.
+    #[arg(long, default_value = "target/campaign")]
+    dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// One lock worker (started by the campaign itself).
+    Worker(WorkerSpec),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::Worker(spec)) = cli.command {
+        return match worker::run(spec).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("worker: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let scenarios: Vec<Scenario> = if cli.scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        let mut chosen = Vec::new();
+        for name in &cli.scenarios {
+            let Some(s) = Scenario::named(name) else {
+                eprintln!("unknown scenario {name}");
+                return ExitCode::from(2);
+            };
+            chosen.push(s);
+        }
+        chosen
+    };
+    let tiers: Vec<Tier> = Tier::available()
+        .into_iter()
+        .filter(|t| cli.tiers.is_empty() || cli.tiers.iter().any(|n| n == t.name()))
+        .collect();
+    let Ok(worker_exe) = std::env::current_exe() else {
+        eprintln!("cannot find my own executable");
+        return ExitCode::from(2);
+    };
+    let campaign = Campaign {
+        worker_exe,
+        dir: cli.dir,
+        ttl: Duration::from_millis(cli.ttl_ms),
+    };
+    match run_all(&campaign, &tiers, &scenarios).await {
+        Ok(rows) => {
+            println!("{}", report::markdown(&rows));
+            if rows.iter().all(|(_, broken)| broken.is_empty()) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! One run of a scenario on a tier: its directory, its fenced resource, the injector's own
+//! history, its workers, and the verdict at the end.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lockkit::{LockClient, LockkitConfig};
+use lockkit_core::testing::check::{Verdict, check};
+use lockkit_core::testing::fenced::FencedResource;
+use lockkit_core::testing::history::{HistoryWriter, What, merge, read_history};
+
+use crate::CampaignError;
+use crate::tiers::Tier;
+use crate::worker::{Worker, WorkerSpec};
+
+/// What a run found.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The tier's name.
+    pub tier: String,
+    /// The scenario's name.
+    pub scenario: &'static str,
+    /// What the checkers found in the merged history.
+    pub verdict: Verdict,
+    /// Faults injected.
+    pub faults: usize,
+    /// Lock records (keys, queue entries, znodes) still there once every live worker was idle
+    /// and every dead one's TTL had passed.
+    pub leaked: usize,
+    /// How long the run took.
+    pub took: Duration,
+    /// Where its histories are.
+    pub dir: PathBuf,
+}
+
+/// Shared settings of a campaign.
+#[derive(Debug, Clone)]
+pub struct Campaign {
+    /// The `lockkit-campaign` executable, run as `worker`.
+    pub worker_exe: PathBuf,
+    /// Where runs keep their histories.
+    pub dir: PathBuf,
+    /// The TTL of every lock.
+    pub ttl: Duration,
+}
+
+/// A scenario run in progress.
+#[derive(Debug)]
+pub struct Run {
+    /// The tier.
+    pub tier: Tier,
+    /// The lock's name.
+    pub key: String,
+    /// The TTL of every lock.
+    pub ttl: Duration,
+    scenario: &'static str,
+    worker_exe: PathBuf,
+    dir: PathBuf,
+    resource: FencedResource,
+    injector: HistoryWriter,
+    histories: Vec<PathBuf>,
+    faults: usize,
+    started: Instant,
+}
+
+impl Run {
+    /// Starts a run of `scenario` on `tier`: a fresh directory, key and fenced resource.
+    ///
+    /// # Errors
+    /// When the directory or the resource cannot be made.
+    pub async fn new(
+        campaign: &Campaign,
+        tier: &Tier,
+        scenario: &'static str,
+    ) -> Result<Run, CampaignError> {
+        let key = format!("{scenario}-{:08x}", rand::random::<u32>());
+        let dir = campaign.dir.join(format!("{}-{key}", tier.name()));
+        std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, &e))?;
+        let injector_path = dir.join("injector.jsonl");
+        Ok(Run {
+            tier: tier.clone(),
+            ttl: campaign.ttl,
+            scenario,
+            worker_exe: campaign.worker_exe.clone(),
+            resource: FencedResource::start()
+                .await
+                .map_err(|e| CampaignError(format!("the fenced resource: {e}")))?,
+            injector: HistoryWriter::create(&injector_path, "injector")
+                .map_err(|e| io_error(&injector_path, &e))?,
+            histories: vec![injector_path],
+            faults: 0,
+            started: Instant::now(),
+            key,
+            dir,
+        })
+    }
+
+    /// A worker spec for `name` on this run's key, TTL and resource, taking the lock once.
+    pub fn spec(&self, name: &str) -> WorkerSpec {
+        WorkerSpec {
+            name: name.to_owned(),
+            url: self.tier.url.clone(),
+            key: self.key.clone(),
+            ttl_ms: u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX),
+            history: self.dir.join(format!("{name}.jsonl")),
+            resource: self.resource.address().to_owned(),
+            iterations: 1,
+            deadline_ms: 120_000,
+            hold_ms: 0,
+            writes: 1,
+            naive: false,
+            stop_after_check: false,
+            acquire_timeout_ms: 30_000,
+            between_ms: 0,
+        }
+    }
+
+    /// Starts a worker.
+    ///
+    /// # Errors
+    /// When it cannot be started.
+    pub async fn start(&mut self, spec: &WorkerSpec) -> Result<Worker, CampaignError> {
+        self.histories.push(spec.history.clone());
+        Worker::spawn(&self.worker_exe, spec).await
+    }
+
+    fn record(&mut self, what: What) -> Result<(), CampaignError> {
+        self.injector
+            .record(&self.key, what)
+            .map(drop)
+            .map_err(|e| CampaignError(format!("the injector's history: {e}")))
+    }
+
+    /// Records that a fault starts now, aimed at `target` (a worker) if at one.
+    ///
+    /// # Errors
+    /// When the history cannot be written.
+    pub fn fault(
+        &mut self,
+        description: &str,
+        target: Option<&Worker>,
+    ) -> Result<(), CampaignError> {
+        self.faults += 1;
+        self.record(What::Fault {
+            description: description.to_owned(),
+            target: target.map(|w| w.name.clone()),
+        })
+    }
+
+    /// Records that the faults end now.
+    ///
+    /// # Errors
+    /// When the history cannot be written.
+    pub fn heal(&mut self) -> Result<(), CampaignError> {
+        self.record(What::Heal)
+    }
+
+    /// Kills `worker` (SIGKILL) and records it as a fault.
+    ///
+    /// # Errors
+    /// When the history cannot be written.
+    pub async fn kill(&mut self, worker: &mut Worker) -> Result<(), CampaignError> {
+        // No target: a dead worker has no lost signal to wait for.
+        self.fault(&format!("{} killed (SIGKILL)", worker.name), None)?;
+        worker.kill().await;
+        let event = lockkit_core::testing::history::Event {
+            at_ns: lockkit_core::testing::history::monotonic_ns(),
+            process: worker.name.clone(),
+            key: self.key.clone(),
+            what: What::Killed,
+        };
+        // Recorded in the injector's file, on the worker's behalf.
+        let line = serde_json::to_string(&event).map_err(|e| CampaignError(e.to_string()))?;
+        let path = self.dir.join(format!("{}-killed.jsonl", worker.name));
+        std::fs::write(&path, format!("{line}\n")).map_err(|e| io_error(&path, &e))?;
+        self.histories.push(path);
+        Ok(())
+    }
+
+    /// Waits for every worker to be idle, looks for leftovers while they are alive, lets them
+    /// exit, and checks the merged history.
+    ///
+    /// # Errors
+    /// When a worker does not finish, or a history cannot be read.
+    pub async fn finish(self, workers: Vec<Worker>) -> Result<Outcome, CampaignError> {
+        let mut workers = workers;
+        for worker in &mut workers {
+            worker.wait_idle(Duration::from_secs(120)).await?;
+        }
+        let leaked = self.leftovers().await?;
+        for worker in workers {
+            worker.finish().await;
+        }
+        let mut histories = vec![self.resource.events()];
+        for path in &self.histories {
+            histories.push(read_history(path).map_err(|e| io_error(path, &e))?);
+        }
+        let events = merge(histories);
+        let all = serde_json::to_string(&events).map_err(|e| CampaignError(e.to_string()))?;
+        let merged = self.dir.join("merged.json");
+        std::fs::write(&merged, all).map_err(|e| io_error(&merged, &e))?;
+        Ok(Outcome {
+            tier: self.tier.name().to_owned(),
+            scenario: self.scenario,
+            verdict: check(&events),
+            faults: self.faults,
+            leaked,
+            took: self.started.elapsed(),
+            dir: self.dir,
+        })
+    }
+
+    /// 1 if the lock still has a record on the servers once the TTL of any dead holder has
+    /// passed (every live worker is idle then, holding nothing and queued nowhere).
+    async fn leftovers(&self) -> Result<usize, CampaignError> {
+        let patience = self.ttl * 3 + Duration::from_secs(10);
+        let started = Instant::now();
+        let mut observer: Option<LockClient> = None;
+        loop {
+            // A cluster that has just lost or regained members may refuse for a moment.
+            let looked = match &observer {
+                Some(locks) => locks
+                    .inspect(&self.key)
+                    .await
+                    .map(|held| held.is_some())
+                    .map_err(CampaignError::from),
+                None => match self.observer().await {
+                    Ok(locks) => {
+                        observer = Some(locks);
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            let late = started.elapsed() > patience;
+            match looked {
+                Ok(false) => return Ok(0),
+                Ok(true) if late => return Ok(1),
+                Err(e) if late => {
+                    return Err(CampaignError(format!("cannot look for leftovers: {e}")));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// A client of the tier for the driver's own looks (not through any proxy).
+    ///
+    /// # Errors
+    /// When the tier cannot be reached.
+    pub async fn observer(&self) -> Result<LockClient, CampaignError> {
+        Ok(lockkit::connect(&LockkitConfig::from_url(&self.tier.url)?).await?)
+    }
+
+    /// The run's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> CampaignError {
+    CampaignError(format!("{}: {e}", path.display()))
+}

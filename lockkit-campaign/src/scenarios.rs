@@ -1,0 +1,469 @@
+//! The scenarios: each a fault timed against lock workers, run on every tier it applies to.
+
+use std::time::Duration;
+
+use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
+use nix::sys::signal::Signal;
+
+use crate::CampaignError;
+use crate::run::{Campaign, Outcome, Run};
+use crate::tiers::{Tier, Topology, member, restore};
+
+/// A fault scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scenario {
+    /// The holder is stopped (SIGSTOP) while it writes, naively, every 100 ms, until a second
+    /// worker has been granted the lock, and for at least 2 × TTL (ZooKeeper grants only
+    /// once the stopped holder's session has expired); the second worker holds the lock past
+    /// the first one's wake-up. The
+    /// woken holder writes (the fenced resource must refuse it) and releases (which must not
+    /// delete the new holder's lock).
+    HolderPause,
+    /// The holder checks that it still holds the lock, and is stopped right there, before the
+    /// write the check was for, until a second worker has been granted and has written (and
+    /// for at least 2 × TTL); then it writes.
+    PauseBeforeWrite,
+    /// One worker's replies are delayed by 0.25-1.25 × TTL while it contends with another: a
+    /// grant must never be reported once its validity has run out.
+    DelayedReplies,
+    /// The servers that decide (the Redis server, the Sentinel primary, 3 of 5 Redlock nodes,
+    /// the etcd or ZooKeeper leader) are stopped (SIGSTOP) for 2 × TTL while one worker holds
+    /// the lock and another waits.
+    ServerPause,
+    /// The deciding servers are killed (SIGKILL) while the lock is held and restarted at once
+    /// (Redis without persistence: the lock is forgotten).
+    ServerCrash,
+    /// As [`Scenario::ServerCrash`], with the Redlock nodes restarted only after the TTL.
+    DelayedRestart,
+    /// The holder is killed (SIGKILL); the time until the next worker is granted.
+    HolderCrash,
+    /// The holder's connections are blackholed for 3 × TTL while another worker waits: the
+    /// holder's lost signal must fire before anyone else is granted.
+    Partition,
+    /// Three workers contend while the servers' replies are dropped for 300 ms (then the
+    /// connections reset) every 700 ms: nothing may be left behind by the retries.
+    DroppedReplies,
+    /// A worker talks to the etcd or ZooKeeper leader only, and the two followers stop: the
+    /// minority side must not grant.
+    LeaderIsolation,
+    /// A waiter's connections are blackholed while it is queued, until its session (lease)
+    /// has expired; the holder then releases and a third worker queues: the expired waiter
+    /// must not be granted on its lost place in the queue.
+    QueuedWaiterExpires,
+}
+
+impl Scenario {
+    /// Every scenario, in the order of the tables.
+    pub const ALL: [Scenario; 11] = [
+        Scenario::HolderPause,
+        Scenario::PauseBeforeWrite,
+        Scenario::DelayedReplies,
+        Scenario::ServerPause,
+        Scenario::ServerCrash,
+        Scenario::DelayedRestart,
+        Scenario::HolderCrash,
+        Scenario::Partition,
+        Scenario::DroppedReplies,
+        Scenario::LeaderIsolation,
+        Scenario::QueuedWaiterExpires,
+    ];
+
+    /// Its name in the tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::HolderPause => "holder-pause",
+            Scenario::PauseBeforeWrite => "pause-before-write",
+            Scenario::DelayedReplies => "delayed-replies",
+            Scenario::ServerPause => "server-pause",
+            Scenario::ServerCrash => "server-crash",
+            Scenario::DelayedRestart => "delayed-restart",
+            Scenario::HolderCrash => "holder-crash",
+            Scenario::Partition => "partition",
+            Scenario::DroppedReplies => "dropped-replies",
+            Scenario::LeaderIsolation => "leader-isolation",
+            Scenario::QueuedWaiterExpires => "queued-waiter-expires",
+        }
+    }
+
+    /// The scenario called `name`.
+    pub fn named(name: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Whether the scenario means something on `topology`.
+    pub fn applies_to(self, topology: Topology) -> bool {
+        match self {
+            Scenario::DelayedReplies | Scenario::Partition | Scenario::DroppedReplies => {
+                topology.is_proxyable()
+            }
+            Scenario::DelayedRestart => topology == Topology::Redlock,
+            Scenario::LeaderIsolation | Scenario::QueuedWaiterExpires => topology.is_consensus(),
+            _ => true,
+        }
+    }
+
+    /// Runs the scenario on `tier`.
+    ///
+    /// # Errors
+    /// When the scenario cannot be carried out (a worker or server does not do its part);
+    /// safety findings are in the [`Outcome`], not errors.
+    pub async fn run(self, campaign: &Campaign, tier: &Tier) -> Result<Outcome, CampaignError> {
+        let run = Run::new(campaign, tier, self.name()).await?;
+        match self {
+            Scenario::HolderPause => holder_pause(run).await,
+            Scenario::PauseBeforeWrite => pause_before_write(run).await,
+            Scenario::DelayedReplies => delayed_replies(run).await,
+            Scenario::ServerPause => server_pause(run).await,
+            Scenario::ServerCrash => server_crash(run, Duration::ZERO).await,
+            Scenario::DelayedRestart => {
+                let ttl = run.ttl;
+                server_crash(run, ttl + Duration::from_secs(1)).await
+            }
+            Scenario::HolderCrash => holder_crash(run).await,
+            Scenario::Partition => partition(run).await,
+            Scenario::DroppedReplies => dropped_replies(run).await,
+            Scenario::LeaderIsolation => leader_isolation(run).await,
+            Scenario::QueuedWaiterExpires => queued_waiter_expires(run).await,
+        }
+    }
+}
+
+/// Generous bound for a step that should take about a TTL.
+fn patience(run: &Run) -> Duration {
+    run.ttl * 4 + Duration::from_secs(20)
+}
+
+/// Writes every 100 ms for `hold`.
+fn writes_over(hold: Duration) -> u32 {
+    u32::try_from(hold.as_millis() / 100)
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn holder_pause(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let mut spec = run.spec("holder");
+    spec.hold_ms = millis(ttl * 4);
+    spec.writes = writes_over(ttl * 4);
+    spec.naive = true;
+    let mut holder = run.start(&spec).await?;
+    holder.wait_for("stored", patience(&run)).await?;
+    run.fault(
+        "holder stopped (SIGSTOP) until another is granted",
+        Some(&holder),
+    )?;
+    holder.signal(Signal::SIGSTOP)?;
+    let stopped = tokio::time::Instant::now();
+    let mut next = run.spec("next");
+    next.hold_ms = millis(ttl * 3);
+    next.writes = writes_over(ttl * 3);
+    let mut next = run.start(&next).await?;
+    next.wait_for("granted", patience(&run)).await?;
+    tokio::time::sleep_until(stopped + ttl * 2).await;
+    holder.signal(Signal::SIGCONT)?;
+    run.heal()?;
+    run.finish(vec![holder, next]).await
+}
+
+async fn pause_before_write(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let mut spec = run.spec("holder");
+    spec.hold_ms = millis(ttl / 4);
+    spec.stop_after_check = true;
+    let mut holder = run.start(&spec).await?;
+    holder.wait_for("checked", patience(&run)).await?;
+    holder.wait_stopped(Duration::from_secs(10)).await?;
+    run.fault(
+        "holder stopped between its check and its write",
+        Some(&holder),
+    )?;
+    let stopped = tokio::time::Instant::now();
+    let mut next = run.spec("next");
+    next.hold_ms = millis(ttl * 2);
+    next.writes = writes_over(ttl * 2);
+    let mut next = run.start(&next).await?;
+    next.wait_for("stored", patience(&run)).await?;
+    tokio::time::sleep_until(stopped + ttl * 2).await;
+    holder.signal(Signal::SIGCONT)?;
+    run.heal()?;
+    run.finish(vec![holder, next]).await
+}
+
+async fn delayed_replies(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let proxy = proxy_for(&run).await?;
+    let mut slow = run.spec("slow");
+    slow.url = run.tier.url_through(&proxy.hosts());
+    slow.iterations = 4;
+    slow.hold_ms = millis(ttl / 4);
+    slow.acquire_timeout_ms = millis(ttl * 3);
+    let slow = run.start(&slow).await?;
+    let mut fast = run.spec("fast");
+    fast.iterations = 6;
+    fast.hold_ms = millis(ttl / 4);
+    fast.between_ms = millis(ttl / 4);
+    run.fault("slow's replies delayed by 0.25-1.25 x TTL", None)?;
+    proxy.set(
+        Direction::Replies,
+        Fault::Delay {
+            base: ttl / 4,
+            jitter: ttl,
+        },
+    );
+    let fast = run.start(&fast).await?;
+    let mut workers = vec![slow, fast];
+    for worker in &mut workers {
+        worker.wait_idle(patience(&run) * 3).await?;
+    }
+    proxy.heal();
+    run.heal()?;
+    run.finish(workers).await
+}
+
+async fn server_pause(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let (holder, waiter) = holder_and_waiter(&mut run).await?;
+    let deciders = run.tier.deciders()?;
+    run.fault(
+        &format!("{} stopped (SIGSTOP) for 2 x TTL", deciders.join(", ")),
+        Some(&holder),
+    )?;
+    for name in &deciders {
+        member(&["pause", name])?;
+    }
+    tokio::time::sleep(ttl * 2).await;
+    for name in &deciders {
+        member(&["resume", name])?;
+    }
+    run.heal()?;
+    let outcome = run.finish(vec![holder, waiter]).await;
+    settle(&deciders).await;
+    outcome
+}
+
+async fn server_crash(mut run: Run, restart_after: Duration) -> Result<Outcome, CampaignError> {
+    let (holder, waiter) = holder_and_waiter(&mut run).await?;
+    let deciders = run.tier.deciders()?;
+    run.fault(
+        &format!("{} killed (SIGKILL)", deciders.join(", ")),
+        Some(&holder),
+    )?;
+    for name in &deciders {
+        member(&["kill", name])?;
+    }
+    tokio::time::sleep(restart_after).await;
+    let clustered = run.tier.topology.is_consensus() || run.tier.topology == Topology::Sentinel;
+    if !clustered {
+        for name in &deciders {
+            restore(name).await?;
+        }
+        run.heal()?;
+    }
+    let outcome = run.finish(vec![holder, waiter]).await;
+    if clustered {
+        for name in &deciders {
+            restore(name).await?;
+        }
+    }
+    settle(&deciders).await;
+    outcome
+}
+
+/// Waits until restarted or resumed Sentinel members have settled (a resumed primary may
+/// have been replaced and must rejoin as a replica before the next scenario).
+async fn settle(deciders: &[String]) {
+    for name in deciders.iter().filter(|n| n.starts_with("sentinel-")) {
+        let _ = restore_if_replaced(name).await;
+    }
+}
+
+async fn restore_if_replaced(name: &str) -> Result<(), CampaignError> {
+    let port = Tier::port_of(name)?;
+    let by = std::time::Instant::now() + Duration::from_secs(40);
+    while std::time::Instant::now() < by {
+        let info = std::process::Command::new("redis-cli")
+            .args(["-p", &port, "info", "replication"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let leader = member(&["leader", "sentinel"]).unwrap_or_default();
+        if (leader == name && info.contains("role:master"))
+            || (leader != name && info.contains("master_link_status:up"))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(CampaignError(format!("{name} did not settle within 40 s")))
+}
+
+/// A holder writing carefully every 100 ms for 5 × TTL, and a waiter queued behind it.
+async fn holder_and_waiter(run: &mut Run) -> Result<(crate::Worker, crate::Worker), CampaignError> {
+    let ttl = run.ttl;
+    let mut spec = run.spec("holder");
+    spec.hold_ms = millis(ttl * 5);
+    spec.writes = writes_over(ttl * 5);
+    let mut holder = run.start(&spec).await?;
+    holder.wait_for("stored", patience(run)).await?;
+    let mut waiter = run.spec("waiter");
+    waiter.hold_ms = millis(ttl / 2);
+    waiter.writes = 5;
+    waiter.iterations = 2;
+    waiter.acquire_timeout_ms = millis(ttl * 10 + Duration::from_secs(30));
+    let waiter = run.start(&waiter).await?;
+    Ok((holder, waiter))
+}
+
+async fn holder_crash(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let mut spec = run.spec("holder");
+    spec.hold_ms = millis(ttl * 20);
+    spec.writes = writes_over(ttl * 20);
+    let mut holder = run.start(&spec).await?;
+    holder.wait_for("stored", patience(&run)).await?;
+    let mut next = run.spec("next");
+    next.acquire_timeout_ms = millis(patience(&run));
+    let mut next = run.start(&next).await?;
+    run.kill(&mut holder).await?;
+    next.wait_for("granted", patience(&run)).await?;
+    drop(holder);
+    run.finish(vec![next]).await
+}
+
+async fn partition(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let proxy = proxy_for(&run).await?;
+    let mut spec = run.spec("holder");
+    spec.url = run.tier.url_through(&proxy.hosts());
+    spec.hold_ms = millis(ttl * 6);
+    spec.writes = writes_over(ttl * 6);
+    let mut holder = run.start(&spec).await?;
+    holder.wait_for("stored", patience(&run)).await?;
+    let mut waiter = run.spec("waiter");
+    waiter.acquire_timeout_ms = millis(patience(&run));
+    waiter.hold_ms = millis(ttl / 2);
+    waiter.writes = 5;
+    let waiter = run.start(&waiter).await?;
+    run.fault("holder's connections blackholed for 3 x TTL", Some(&holder))?;
+    proxy.set(Direction::Both, Fault::Blackhole);
+    tokio::time::sleep(ttl * 3).await;
+    proxy.heal();
+    proxy.reset();
+    run.heal()?;
+    run.finish(vec![holder, waiter]).await
+}
+
+async fn dropped_replies(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let proxy = proxy_for(&run).await?;
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        let mut spec = run.spec(&format!("w{i}"));
+        spec.url = run.tier.url_through(&proxy.hosts());
+        spec.iterations = 8;
+        spec.hold_ms = 100;
+        spec.acquire_timeout_ms = millis(ttl * 2);
+        workers.push(run.start(&spec).await?);
+    }
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        run.fault("replies dropped for 300 ms, then connections reset", None)?;
+        proxy.set(Direction::Replies, Fault::Drop);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.reset();
+        proxy.heal();
+        run.heal()?;
+    }
+    run.finish(workers).await
+}
+
+async fn leader_isolation(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let followers = run.tier.followers()?;
+    let leader = member(&[
+        "leader",
+        if run.tier.topology == Topology::Etcd {
+            "etcd"
+        } else {
+            "zk"
+        },
+    ])?;
+    let leader_host = format!("127.0.0.1:{}", Tier::port_of(&leader)?);
+    let mut spec = run.spec("minority");
+    spec.url = run.tier.url_through(&[leader_host]);
+    spec.acquire_timeout_ms = millis(ttl);
+    spec.deadline_ms = millis(ttl * 3);
+    run.fault(
+        &format!("{} stopped: {leader} is alone", followers.join(", ")),
+        None,
+    )?;
+    for name in &followers {
+        member(&["pause", name])?;
+    }
+    let minority = run.start(&spec).await;
+    let outcome = match minority {
+        Ok(mut worker) => {
+            let idle = worker.wait_idle(patience(&run) * 2).await;
+            for name in &followers {
+                member(&["resume", name])?;
+            }
+            run.heal()?;
+            idle?;
+            run.finish(vec![worker]).await
+        }
+        Err(e) => {
+            for name in &followers {
+                member(&["resume", name])?;
+            }
+            Err(e)
+        }
+    };
+    // The cluster needs its quorum back before the next scenario.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    outcome
+}
+
+async fn queued_waiter_expires(mut run: Run) -> Result<Outcome, CampaignError> {
+    let ttl = run.ttl;
+    let proxy = proxy_for(&run).await?;
+    let cut = (ttl * 3).max(Duration::from_secs(12));
+    let mut spec = run.spec("holder");
+    spec.hold_ms = millis(cut);
+    spec.writes = writes_over(cut);
+    let mut holder = run.start(&spec).await?;
+    holder.wait_for("stored", patience(&run)).await?;
+    let mut queued = run.spec("queued");
+    queued.url = run.tier.url_through(&proxy.hosts());
+    queued.iterations = 2;
+    queued.hold_ms = millis(ttl / 2);
+    queued.writes = 5;
+    queued.acquire_timeout_ms = millis(cut * 4);
+    let queued = run.start(&queued).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    run.fault(
+        "queued waiter's connections blackholed past its session",
+        Some(&queued),
+    )?;
+    proxy.set(Direction::Both, Fault::Blackhole);
+    let mut third = run.spec("third");
+    third.hold_ms = millis(ttl);
+    third.writes = 10;
+    third.acquire_timeout_ms = millis(cut * 4);
+    tokio::time::sleep(cut / 2).await;
+    let third = run.start(&third).await?;
+    tokio::time::sleep(cut / 2 + ttl).await;
+    proxy.heal();
+    proxy.reset();
+    run.heal()?;
+    run.finish(vec![holder, queued, third]).await
+}
+
+async fn proxy_for(run: &Run) -> Result<FaultProxy, CampaignError> {
+    FaultProxy::start(&run.tier.hosts())
+        .await
+        .map_err(|e| CampaignError(format!("a fault proxy: {e}")))
+}

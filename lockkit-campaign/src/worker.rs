@@ -1,0 +1,403 @@
+//! Lock workers: separate OS processes (so that SIGSTOP freezes their renewals exactly as a
+//! GC pause would) that take a lock, write to the fenced resource under it, release it, and
+//! record every step to a history file.
+//!
+//! The worker side is [`run`], started as `lockkit-campaign worker ARGS`; the driver side is
+//! [`Worker`]. A worker also prints each step on stdout (`granted 42`, `checked`, `idle`...)
+//! so the driver can time its faults; once done it prints `idle` and keeps its sessions open
+//! until its stdin closes, so that leaks are looked for while every client is still alive.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use lockkit::LockkitConfig;
+use lockkit_core::testing::fenced::FencedClient;
+use lockkit_core::testing::history::{HistoryWriter, What};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+use crate::CampaignError;
+
+/// What one worker does.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerSpec {
+    /// The worker's name in the histories.
+    #[arg(long)]
+    pub name: String,
+    /// The lock service.
+    #[arg(long)]
+    pub url: String,
+    /// The lock's name.
+    #[arg(long)]
+    pub key: String,
+    /// The lock's TTL, in milliseconds.
+    #[arg(long)]
+    pub ttl_ms: u64,
+    /// Where the history goes.
+    #[arg(long)]
+    pub history: PathBuf,
+    /// The fenced resource's `host:port`.
+    #[arg(long)]
+    pub resource: String,
+    /// How many grants to get; a failed acquire is retried after 100 ms.
+    #[arg(long, default_value_t = 1)]
+    pub iterations: u32,
+    /// When to give up on the remaining grants, in milliseconds from the start.
+    #[arg(long, default_value_t = 120_000)]
+    pub deadline_ms: u64,
+    /// How long to hold the lock each time, in milliseconds, spread over the writes.
+    #[arg(long, default_value_t = 0)]
+    pub hold_ms: u64,
+    /// How many writes to make under each grant.
+    #[arg(long, default_value_t = 1)]
+    pub writes: u32,
+    /// Write without checking the lost signal first (as a careless service would).
+    #[arg(long)]
+    pub naive: bool,
+    /// Stop (SIGSTOP) itself right after the first check that it still holds the lock, before
+    /// the write that check was for.
+    #[arg(long)]
+    pub stop_after_check: bool,
+    /// How long one acquire may wait, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub acquire_timeout_ms: u64,
+    /// The pause between iterations, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub between_ms: u64,
+}
+
+impl WorkerSpec {
+    /// The command-line arguments that make a worker do this.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "worker".to_owned(),
+            format!("--name={}", self.name),
+            format!("--url={}", self.url),
+            format!("--key={}", self.key),
+            format!("--ttl-ms={}", self.ttl_ms),
+            format!("--history={}", self.history.display()),
+            format!("--resource={}", self.resource),
+            format!("--iterations={}", self.iterations),
+            format!("--deadline-ms={}", self.deadline_ms),
+            format!("--hold-ms={}", self.hold_ms),
+            format!("--writes={}", self.writes),
+            format!("--acquire-timeout-ms={}", self.acquire_timeout_ms),
+            format!("--between-ms={}", self.between_ms),
+        ];
+        if self.naive {
+            args.push("--naive".to_owned());
+        }
+        if self.stop_after_check {
+            args.push("--stop-after-check".to_owned());
+        }
+        args
+    }
+}
+
+type Shared = Arc<Mutex<HistoryWriter>>;
+
+fn record(history: &Shared, key: &str, what: What) -> Result<(), CampaignError> {
+    history
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .record(key, what)
+        .map(drop)
+        .map_err(|e| CampaignError(format!("cannot write the history: {e}")))
+}
+
+fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// The worker process: does what `spec` says, then waits for its stdin to close.
+///
+/// # Errors
+/// When the history cannot be written, the URL is not a lock service, or the resource
+/// cannot be reached. Lock errors are recorded, not returned.
+pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
+    let history: Shared = Arc::new(Mutex::new(
+        HistoryWriter::create(&spec.history, &spec.name)
+            .map_err(|e| CampaignError(format!("{}: {e}", spec.history.display())))?,
+    ));
+    let config = LockkitConfig::from_url(&spec.url)?;
+    let mut resource = FencedClient::connect(&spec.resource, &spec.name)
+        .await
+        .map_err(|e| CampaignError(format!("the fenced resource: {e}")))?;
+    let key = spec.key.as_str();
+    let pause = Duration::from_millis(spec.hold_ms) / spec.writes.max(1);
+    let mut stop_pending = spec.stop_after_check;
+    say("ready");
+    let deadline = Instant::now() + Duration::from_millis(spec.deadline_ms);
+    // A server that cannot be reached at the start is a failed acquire too.
+    let locks = loop {
+        match lockkit::connect(&config).await {
+            Ok(locks) => break Some(locks),
+            Err(_) if Instant::now() >= deadline => break None,
+            Err(e) => {
+                record(&history, key, What::Invoke)?;
+                record(
+                    &history,
+                    key,
+                    What::Failed {
+                        error: format!("{:?}", e.kind()),
+                    },
+                )?;
+                say("failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let mutex = match &locks {
+        Some(locks) => Some(
+            locks
+                .mutex(&spec.key)?
+                .with_ttl(Duration::from_millis(spec.ttl_ms)),
+        ),
+        None => None,
+    };
+    let mut grants = 0;
+    while let Some(mutex) = &mutex
+        && grants < spec.iterations
+        && Instant::now() < deadline
+    {
+        record(&history, key, What::Invoke)?;
+        let guard = match mutex
+            .lock_timeout(Duration::from_millis(spec.acquire_timeout_ms))
+            .await
+        {
+            Ok(guard) => guard,
+            Err(e) => {
+                record(
+                    &history,
+                    key,
+                    What::Failed {
+                        error: format!("{:?}", e.kind()),
+                    },
+                )?;
+                say("failed");
+                tokio::time::sleep(Duration::from_millis(spec.between_ms.max(100))).await;
+                continue;
+            }
+        };
+        grants += 1;
+        let token = guard.fencing_token().get();
+        let remaining_ms = u64::try_from(guard.remaining().as_millis()).unwrap_or(u64::MAX);
+        record(
+            &history,
+            key,
+            What::Granted {
+                token,
+                remaining_ms,
+            },
+        )?;
+        say(&format!("granted {token}"));
+        let watcher = {
+            let (lost, history, key) = (guard.lost(), history.clone(), key.to_owned());
+            tokio::spawn(async move {
+                lost.await;
+                let _ = record(&history, &key, What::Lost { token });
+                say("lost");
+            })
+        };
+        // The first write goes out at once: presenting the new token to the resource is what
+        // fences the previous holder off.
+        for i in 0..spec.writes {
+            if i > 0 {
+                tokio::time::sleep(pause).await;
+            }
+            if !spec.naive && guard.is_lost() {
+                break;
+            }
+            if stop_pending {
+                stop_pending = false;
+                record(&history, key, What::Checked { token })?;
+                say("checked");
+                nix::sys::signal::raise(Signal::SIGSTOP)
+                    .map_err(|e| CampaignError(format!("cannot stop myself: {e}")))?;
+            }
+            let stored = resource
+                .write(key, token)
+                .await
+                .map_err(|e| CampaignError(format!("the fenced resource: {e}")))?;
+            say(if stored { "stored" } else { "refused" });
+        }
+        tokio::time::sleep(pause).await;
+        record(&history, key, What::Release { token })?;
+        let outcome = match guard.release().await {
+            Ok(true) => "ok".to_owned(),
+            Ok(false) => "not_held".to_owned(),
+            Err(e) => format!("{:?}", e.kind()),
+        };
+        watcher.abort();
+        record(&history, key, What::Released { token, outcome })?;
+        say("released");
+        tokio::time::sleep(Duration::from_millis(spec.between_ms)).await;
+    }
+    say("idle");
+    let mut rest = Vec::new();
+    let _ = tokio::io::stdin().read_to_end(&mut rest).await;
+    Ok(())
+}
+
+/// The driver's handle on a worker process. Dropping it kills the process.
+#[derive(Debug)]
+pub struct Worker {
+    /// The worker's name.
+    pub name: String,
+    /// Its history file.
+    pub history: PathBuf,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    said: mpsc::UnboundedReceiver<String>,
+    pid: Pid,
+    idle: bool,
+}
+
+impl Worker {
+    /// Starts `exe worker ...` doing `spec`, and waits until it is connected.
+    ///
+    /// # Errors
+    /// When it cannot be started or does not get ready within 30 s.
+    pub async fn spawn(exe: &Path, spec: &WorkerSpec) -> Result<Worker, CampaignError> {
+        let mut child = Command::new(exe)
+            .args(spec.to_args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| CampaignError(format!("cannot start {}: {e}", exe.display())))?;
+        let pid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
+            .ok_or_else(|| CampaignError("the worker exited at once".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| CampaignError("the worker has no stdout".into()))?;
+        let (tx, said) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut worker = Worker {
+            name: spec.name.clone(),
+            history: spec.history.clone(),
+            stdin: child.stdin.take(),
+            child,
+            said,
+            pid,
+            idle: false,
+        };
+        worker.wait_for("ready", Duration::from_secs(30)).await?;
+        Ok(worker)
+    }
+
+    /// Waits until the worker says a line starting with `prefix`, and returns it.
+    ///
+    /// # Errors
+    /// When it does not within `within`, or exits first.
+    pub async fn wait_for(
+        &mut self,
+        prefix: &str,
+        within: Duration,
+    ) -> Result<String, CampaignError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.said.recv()).await {
+                Ok(Some(line)) => {
+                    self.idle |= line == "idle";
+                    if line.starts_with(prefix) {
+                        return Ok(line);
+                    }
+                }
+                Ok(None) => {
+                    return Err(CampaignError(format!(
+                        "{} exited before saying {prefix:?}",
+                        self.name
+                    )));
+                }
+                Err(_) => {
+                    return Err(CampaignError(format!(
+                        "{} did not say {prefix:?} within {within:?}",
+                        self.name
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Waits until the worker is done with its iterations (at once if it already said so).
+    ///
+    /// # Errors
+    /// When it is not within `within`, or exits first.
+    pub async fn wait_idle(&mut self, within: Duration) -> Result<(), CampaignError> {
+        if !self.idle {
+            self.wait_for("idle", within).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` to the worker.
+    ///
+    /// # Errors
+    /// When it is gone.
+    pub fn signal(&self, signal: Signal) -> Result<(), CampaignError> {
+        nix::sys::signal::kill(self.pid, signal)
+            .map_err(|e| CampaignError(format!("cannot signal {}: {e}", self.name)))
+    }
+
+    /// Waits until the worker has stopped itself (SIGSTOP).
+    ///
+    /// # Errors
+    /// When it has not within `within`.
+    pub async fn wait_stopped(&self, within: Duration) -> Result<(), CampaignError> {
+        let stat = format!("/proc/{}/stat", self.pid);
+        let started = Instant::now();
+        while started.elapsed() < within {
+            let state = std::fs::read_to_string(&stat).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            if state
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Err(CampaignError(format!(
+            "{} did not stop within {within:?}",
+            self.name
+        )))
+    }
+
+    /// Kills the worker (SIGKILL) and reaps it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    /// Lets an idle worker exit (closes its stdin) and reaps it; kills it if it does not exit
+    /// within 10 s.
+    pub async fn finish(mut self) {
+        self.stdin = None;
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.kill().await;
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The campaign's CI subset: on each tier, the scenarios that prove its guarantees, checked
+//! against the pass criteria of `src/expect.rs`:
+//!
+//! | tier | scenarios | must show |
+//! |---|---|---|
+//! | every tier | holder pause | an overlap (the pause outlasts the TTL), the stale write refused, none accepted, no foreign release, nothing leaked |
+//! | every tier but Sentinel | partition | the cut-off holder's lost signal before anyone else's grant: no overlap |
+//! | redis, redlock-5 | delayed replies | no grant after its validity, no overlap |
+//! | redlock-5 | delayed restart | no overlap when 3 of 5 nodes crash and come back after the TTL |
+//! | etcd-3, zk-3 | leader isolation, server crash, queued waiter expires | no grant on the minority side; no overlap, no stale write, no token regression when the leader dies; an expired waiter is not granted |
+//!
+//! One test per tier; tiers run in parallel (different servers), scenarios of a tier one
+//! after the other. Every run's histories stay in `target/tmp/campaign-smoke/`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lockkit_campaign::{Campaign, Scenario, Tier, Topology, report, run_all};
+
+fn smoke(topology: Topology, scenarios: &[Scenario]) {
+    let Some(tier) = Tier::of(topology) else {
+        return;
+    };
+    let campaign = Campaign {
+        worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-campaign")),
+        dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("campaign-smoke"),
+        ttl: Duration::from_secs(2),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let rows = runtime
+        .block_on(run_all(&campaign, &[tier], scenarios))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let table = report::markdown(&rows);
+    println!("{table}");
+    let broken: Vec<String> = rows
+        .iter()
+        .filter(|(_, broken)| !broken.is_empty())
+        .map(|(o, broken)| {
+            format!(
+                "{} / {}: {} ({:?}; histories in {})",
+                o.tier,
+                o.scenario,
+                broken.join("; "),
+                o.verdict.violations,
+                o.dir.display()
+            )
+        })
+        .collect();
+    assert!(broken.is_empty(), "{}\n{table}", broken.join("\n"));
+}
+
+#[test]
+fn redis() {
+    smoke(
+        Topology::Redis,
+        &[
+            Scenario::HolderPause,
+            Scenario::Partition,
+            Scenario::DelayedReplies,
+        ],
+    );
+}
+
+#[test]
+fn redis_sentinel() {
+    smoke(Topology::Sentinel, &[Scenario::HolderPause]);
+}
+
+#[test]
+fn redlock() {
+    smoke(
+        Topology::Redlock,
+        &[
+            Scenario::HolderPause,
+            Scenario::Partition,
+            Scenario::DelayedReplies,
+            Scenario::DelayedRestart,
+        ],
+    );
+}
+
+#[test]
+fn etcd() {
+    smoke(
+        Topology::Etcd,
+        &[
+            Scenario::HolderPause,
+            Scenario::Partition,
+            Scenario::LeaderIsolation,
+            Scenario::ServerCrash,
+            Scenario::QueuedWaiterExpires,
+        ],
+    );
+}
+
+#[test]
+fn zk() {
+    smoke(
+        Topology::Zk,
+        &[
+            Scenario::HolderPause,
+            Scenario::Partition,
+            Scenario::LeaderIsolation,
+            Scenario::ServerCrash,
+            Scenario::QueuedWaiterExpires,
+        ],
+    );
+}
