@@ -12,6 +12,7 @@
 //! runs.
 
 pub mod expect;
+pub mod private;
 pub mod report;
 pub mod run;
 pub mod scenarios;

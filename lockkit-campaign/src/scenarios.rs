@@ -6,6 +6,7 @@ use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use nix::sys::signal::Signal;
 
 use crate::CampaignError;
+use crate::private::{SplitSentinel, persistent_redis};
 use crate::run::{Campaign, Outcome, Run};
 use crate::tiers::{Tier, Topology, member, restore};
 
@@ -35,6 +36,13 @@ pub enum Scenario {
     ServerCrash,
     /// As [`Scenario::ServerCrash`], with the Redlock nodes restarted only after the TTL.
     DelayedRestart,
+    /// As [`Scenario::ServerCrash`], on a Redis of its own that fsyncs every write to its
+    /// append-only file before answering: the lock survives the crash.
+    PersistentCrash,
+    /// A Sentinel topology of its own whose primary is cut off from its replica and its
+    /// Sentinels while the holder, on the primary's side, still reaches it; the Sentinels
+    /// promote the replica and a waiter that asks them is granted there: split brain.
+    SplitBrain,
     /// The holder is killed (SIGKILL); the time until the next worker is granted.
     HolderCrash,
     /// The holder's connections are blackholed for 3 × TTL while another worker waits: the
@@ -54,13 +62,15 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in the order of the tables.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::HolderPause,
         Scenario::PauseBeforeWrite,
         Scenario::DelayedReplies,
         Scenario::ServerPause,
         Scenario::ServerCrash,
         Scenario::DelayedRestart,
+        Scenario::PersistentCrash,
+        Scenario::SplitBrain,
         Scenario::HolderCrash,
         Scenario::Partition,
         Scenario::DroppedReplies,
@@ -77,6 +87,8 @@ impl Scenario {
             Scenario::ServerPause => "server-pause",
             Scenario::ServerCrash => "server-crash",
             Scenario::DelayedRestart => "delayed-restart",
+            Scenario::PersistentCrash => "persistent-crash",
+            Scenario::SplitBrain => "split-brain",
             Scenario::HolderCrash => "holder-crash",
             Scenario::Partition => "partition",
             Scenario::DroppedReplies => "dropped-replies",
@@ -97,6 +109,8 @@ impl Scenario {
                 topology.is_proxyable()
             }
             Scenario::DelayedRestart => topology == Topology::Redlock,
+            Scenario::PersistentCrash => topology == Topology::Redis,
+            Scenario::SplitBrain => topology == Topology::Sentinel,
             Scenario::LeaderIsolation | Scenario::QueuedWaiterExpires => topology.is_consensus(),
             _ => true,
         }
@@ -108,6 +122,11 @@ impl Scenario {
     /// When the scenario cannot be carried out (a worker or server does not do its part);
     /// safety findings are in the [`Outcome`], not errors.
     pub async fn run(self, campaign: &Campaign, tier: &Tier) -> Result<Outcome, CampaignError> {
+        match self {
+            Scenario::PersistentCrash => return persistent_crash(campaign).await,
+            Scenario::SplitBrain => return split_brain(campaign).await,
+            _ => {}
+        }
         let run = Run::new(campaign, tier, self.name()).await?;
         match self {
             Scenario::HolderPause => holder_pause(run).await,
@@ -119,6 +138,7 @@ impl Scenario {
                 let ttl = run.ttl;
                 server_crash(run, ttl + Duration::from_secs(1)).await
             }
+            Scenario::PersistentCrash | Scenario::SplitBrain => unreachable!("run above"),
             Scenario::HolderCrash => holder_crash(run).await,
             Scenario::Partition => partition(run).await,
             Scenario::DroppedReplies => dropped_replies(run).await,
@@ -466,4 +486,64 @@ async fn proxy_for(run: &Run) -> Result<FaultProxy, CampaignError> {
     FaultProxy::start(&run.tier.hosts())
         .await
         .map_err(|e| CampaignError(format!("a fault proxy: {e}")))
+}
+
+async fn persistent_crash(campaign: &Campaign) -> Result<Outcome, CampaignError> {
+    let dir = campaign
+        .dir
+        .join(format!("redis-aof-{:08x}", rand::random::<u32>()));
+    let mut server = persistent_redis(&dir)?;
+    let tier = Tier {
+        topology: Topology::Redis,
+        url: format!("redis://127.0.0.1:{}", server.port),
+    };
+    let mut run = Run::new(campaign, &tier, Scenario::PersistentCrash.name()).await?;
+    let (holder, waiter) = holder_and_waiter(&mut run).await?;
+    run.fault(
+        "the Redis server (appendfsync always) killed (SIGKILL) and restarted",
+        Some(&holder),
+    )?;
+    server.kill();
+    server.restart()?;
+    run.heal()?;
+    run.finish(vec![holder, waiter]).await
+}
+
+async fn split_brain(campaign: &Campaign) -> Result<Outcome, CampaignError> {
+    let dir = campaign
+        .dir
+        .join(format!("split-{:08x}", rand::random::<u32>()));
+    let topology = SplitSentinel::start(&dir).await?;
+    let tier = Tier {
+        topology: Topology::Sentinel,
+        url: topology.sentinel_url(),
+    };
+    let mut run = Run::new(campaign, &tier, Scenario::SplitBrain.name()).await?;
+    let ttl = run.ttl;
+    let mut spec = run.spec("holder");
+    spec.url = topology.primary_url();
+    spec.hold_ms = millis(ttl * 8);
+    spec.writes = writes_over(ttl * 8);
+    let mut holder = run.start(&spec).await?;
+    holder.wait_for("stored", patience(&run)).await?;
+    let mut waiter = run.spec("waiter");
+    waiter.hold_ms = millis(ttl);
+    waiter.writes = 10;
+    let mut waiter = run.start(&waiter).await?;
+    // Let the replica receive the holder's key before the cut.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    run.fault(
+        "primary cut off from its replica and Sentinels (the holder still reaches it)",
+        Some(&holder),
+    )?;
+    topology.proxy.set(Direction::Both, Fault::Blackhole);
+    topology.wait_promoted(Duration::from_secs(20)).await?;
+    waiter.wait_for("granted", patience(&run)).await?;
+    tokio::time::sleep(ttl).await;
+    topology.proxy.heal();
+    topology.proxy.reset();
+    run.heal()?;
+    let outcome = run.finish(vec![holder, waiter]).await;
+    drop(topology);
+    outcome
 }
