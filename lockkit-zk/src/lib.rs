@@ -32,6 +32,8 @@ mod backend;
 mod config;
 mod error;
 mod session;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use backend::ZkBackend;
 pub use config::{ZkAcl, ZkConfig};

@@ -91,10 +91,34 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
     if let (Some(user), Some(password)) = (&config.username, &config.password) {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
-    let client = connector
-        .connect(&config.connect_string())
-        .await
-        .map_err(|e| map("connect", e))?;
+    let hosts = config.connect_string();
+    #[cfg(feature = "tls")]
+    let connected = if config.tls {
+        // Bare hosts in the connect string use TLS with secure_connect.
+        let options = crate::tls::options(config)?;
+        connector.with_tls(options).secure_connect(&hosts).await
+    } else {
+        connector.connect(&hosts).await
+    };
+    #[cfg(not(feature = "tls"))]
+    let connected = if config.tls {
+        // `validate` refuses this already; never fall back to plaintext.
+        return Err(Error::invalid_config(
+            "[zk] tls = true needs the cargo feature `tls` of lockkit-zk",
+        ));
+    } else {
+        connector.connect(&hosts).await
+    };
+    let client = connected.map_err(|e| {
+        // The client logs why a handshake failed (at debug level) and then reports only
+        // that no server took the session.
+        let what = if config.tls {
+            "connect over TLS (is each host a secureClientPort with a certificate for its name from ca_file's CA, and are cert_file/key_file set if the servers need a client certificate?)"
+        } else {
+            "connect"
+        };
+        map(what, e)
+    })?;
     let acls = acls(config);
     client
         .mkdir(&config.chroot, &zk::CreateMode::Persistent.with_acls(acls))
