@@ -361,8 +361,10 @@ mod tests {
     #[cfg(feature = "tls")]
     #[test]
     fn zks_url_sets_tls_and_zk_url_keeps_the_tables_choice() {
-        let mut config = ZkConfig::default();
-        config.ca_file = Some("/etc/zk-ca.pem".into());
+        let mut config = ZkConfig {
+            ca_file: Some("/etc/zk-ca.pem".into()),
+            ..ZkConfig::default()
+        };
         config
             .apply_url(&ConnectionUrl::parse("zks://z1:2281,z2:2281/x").expect("url"))
             .expect("zks:// with a ca_file");
@@ -383,8 +385,10 @@ mod tests {
     #[cfg(not(feature = "tls"))]
     #[test]
     fn tls_without_the_feature_is_invalid_config_naming_the_feature() {
-        let mut with_ca = ZkConfig::default();
-        with_ca.ca_file = Some("ca.pem".into());
+        let mut with_ca = ZkConfig {
+            ca_file: Some("ca.pem".into()),
+            ..ZkConfig::default()
+        };
         for err in [
             ZkConfig::from_url("zks://a:1").expect_err("zks:// without the feature"),
             with_ca
@@ -398,14 +402,20 @@ mod tests {
 
     #[test]
     fn tls_fields_must_be_consistent() {
-        let mut needs_ca = ZkConfig::default();
-        needs_ca.tls = true;
-        let mut key_alone = ZkConfig::default();
-        key_alone.tls = true;
-        key_alone.ca_file = Some("ca.pem".into());
-        key_alone.key_file = Some("client.key".into());
-        let mut ca_without_tls = ZkConfig::default();
-        ca_without_tls.ca_file = Some("ca.pem".into());
+        let needs_ca = ZkConfig {
+            tls: true,
+            ..ZkConfig::default()
+        };
+        let key_alone = ZkConfig {
+            tls: true,
+            ca_file: Some("ca.pem".into()),
+            key_file: Some("client.key".into()),
+            ..ZkConfig::default()
+        };
+        let ca_without_tls = ZkConfig {
+            ca_file: Some("ca.pem".into()),
+            ..ZkConfig::default()
+        };
         for (config, needle) in [
             (
                 needs_ca,

@@ -279,7 +279,9 @@ async fn unreadable_malformed_or_mismatched_tls_files_are_invalid_config() {
     good.apply_url(&ConnectionUrl::parse("zks://127.0.0.1:21199").expect("url"))
         .expect("valid");
     good.connect_timeout = Duration::from_secs(30);
-    let cases: [(&str, fn(&mut ZkConfig, &Path), &str); 4] = [
+    /// Makes one file of a valid configuration unusable.
+    type Break = fn(&mut ZkConfig, &Path);
+    let cases: [(&str, Break, &str); 4] = [
         (
             "a missing CA file",
             |c, d| c.ca_file = Some(d.join("no-such-ca.pem")),
