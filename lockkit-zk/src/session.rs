@@ -91,6 +91,32 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
     if let (Some(user), Some(password)) = (&config.username, &config.password) {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
+    let client = connect(connector, config, "connect").await?;
+    let acls = acls(config);
+    client
+        .mkdir(&config.chroot, &zk::CreateMode::Persistent.with_acls(acls))
+        .await
+        .map_err(|e| map("create the chroot", e))?;
+    // Digest credentials are not checked at connect time; reading the chroot is.
+    client
+        .list_children(&config.chroot)
+        .await
+        .map_err(|e| map("read the chroot", e))?;
+    client.chroot(config.chroot.as_str()).map_err(|_| {
+        Error::invalid_config(format!(
+            "[zk] chroot {:?} is not a valid path",
+            config.chroot
+        ))
+    })
+}
+
+/// Connects `connector` to the configured hosts, over TLS when the configuration says so
+/// (the `what` of a failure names the operation).
+pub(crate) async fn connect(
+    connector: zk::Connector,
+    config: &ZkConfig,
+    what: &str,
+) -> Result<zk::Client> {
     let hosts = config.connect_string();
     #[cfg(feature = "tls")]
     let connected = if config.tls {
@@ -109,31 +135,19 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
     } else {
         connector.connect(&hosts).await
     };
-    let client = connected.map_err(|e| {
-        // The client logs why a handshake failed (at debug level) and then reports only
-        // that no server took the session.
-        let what = if config.tls {
-            "connect over TLS (is each host a secureClientPort with a certificate for its name from ca_file's CA, and are cert_file/key_file set if the servers need a client certificate?)"
+    connected.map_err(|e| {
+        if config.tls {
+            // The client logs why a handshake failed (at debug level), then reports only
+            // that no server took the session.
+            map(
+                &format!(
+                    "{what} over TLS (is each host a secureClientPort with a certificate for its name from ca_file's CA, and are cert_file/key_file set if the servers need a client certificate?)"
+                ),
+                e,
+            )
         } else {
-            "connect"
-        };
-        map(what, e)
-    })?;
-    let acls = acls(config);
-    client
-        .mkdir(&config.chroot, &zk::CreateMode::Persistent.with_acls(acls))
-        .await
-        .map_err(|e| map("create the chroot", e))?;
-    // Digest credentials are not checked at connect time; reading the chroot is.
-    client
-        .list_children(&config.chroot)
-        .await
-        .map_err(|e| map("read the chroot", e))?;
-    client.chroot(config.chroot.as_str()).map_err(|_| {
-        Error::invalid_config(format!(
-            "[zk] chroot {:?} is not a valid path",
-            config.chroot
-        ))
+            map(what, e)
+        }
     })
 }
 

@@ -2,7 +2,8 @@
 //! `secureClientPort`, with a CA and a server certificate made at test time. It listens on a
 //! free port in 21100-21199 and is stopped by its PID. ZooKeeper's default
 //! `ssl.clientAuth=need` is kept, so a client also needs a certificate from the CA.
-//! The configured CA and a client certificate give working locks; an unknown CA, a missing
+//! The configured CA and a client certificate give working locks, also on the new session
+//! that replaces an expired one; an unknown CA, a missing
 //! client certificate and a plaintext client are refused with `Unavailable` within the
 //! connect timeout; bad files are `InvalidConfig` before any connection is tried.
 #![cfg(feature = "tls")]
@@ -10,10 +11,11 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit_core::url::ConnectionUrl;
-use lockkit_core::{ErrorKind, LockClient, testing};
+use lockkit_core::{ErrorKind, LockClient, LockOptions, testing};
 use lockkit_zk::{ZkBackend, ZkConfig};
 
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -241,6 +243,32 @@ async fn tls_with_the_ca_and_a_client_certificate_locks_and_everything_else_is_r
         second.fencing_token()
     );
     assert!(second.release().await.expect("release over TLS"));
+
+    // An expired session is replaced by a new one, over TLS again.
+    let backend = Arc::new(
+        ZkBackend::connect(config.clone())
+            .await
+            .expect("TLS session"),
+    );
+    let locks = LockClient::with_options(backend.clone(), "expiry", LockOptions::default())
+        .expect("client");
+    let held = locks.mutex("tls").expect("key").lock().await.expect("lock");
+    backend
+        .expire_session()
+        .await
+        .expect("expire the session over TLS");
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("lost fires after the session expired");
+    drop(held);
+    let again = locks
+        .mutex("tls")
+        .expect("key")
+        .lock_timeout(Duration::from_secs(15))
+        .await
+        .expect("a lock on the new TLS session");
+    assert!(again.release().await.expect("release"));
+    drop(locks);
 
     let mut unknown_ca = config.clone();
     unknown_ca.ca_file = Some(certs.join("other.pem"));
