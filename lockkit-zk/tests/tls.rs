@@ -195,6 +195,7 @@ async fn tls_with_the_ca_and_a_client_certificate_locks_and_everything_else_is_r
         return;
     };
     let Some(server) = TlsZooKeeper::start(&certs) else {
+        let _ = std::fs::remove_dir_all(&certs);
         return;
     };
     let config = server.config(&certs);
