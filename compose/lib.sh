@@ -94,9 +94,11 @@ lk_ports() { # NAME -> every port it listens on
 }
 
 # ---- packages ----------------------------------------------------------------------------------------
-lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever is missing; protoc always
+lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever is missing; protoc, openssl always
   local t need=() guard=/usr/sbin/policy-rc.d made_guard='' rc=0
   command -v protoc >/dev/null || need+=(protobuf-compiler)
+  # The TLS tests (Redis, etcd, ZooKeeper) make their certificates with the openssl command.
+  command -v openssl >/dev/null || need+=(openssl)
   # shellcheck disable=SC2086  # a word list
   (($#)) || set -- $LK_TOPOLOGIES
   for t; do

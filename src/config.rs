@@ -96,9 +96,9 @@ impl BackendKind {
             "redis+sentinel" => Ok(BackendKind::RedisSentinel),
             "redlock" => Ok(BackendKind::Redlock),
             "etcd" => Ok(BackendKind::Etcd),
-            "zk" => Ok(BackendKind::Zk),
+            "zk" | "zks" => Ok(BackendKind::Zk),
             other => Err(Error::invalid_config(format!(
-                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redlock://, etcd://, zk://"
+                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redlock://, etcd://, zk://, zks://"
             ))),
         }
     }
@@ -194,7 +194,7 @@ pub struct LockkitConfig {
     #[serde(default)]
     pub redlock: lockkit_redis::RedlockConfig,
     /// The ZooKeeper backend's options (`[zk]`); `url` overrides its hosts, credentials and
-    /// chroot.
+    /// chroot, and `zks://` turns on TLS (the CA file comes from this table).
     #[cfg(feature = "zk")]
     #[serde(default)]
     pub zk: lockkit_zk::ZkConfig,
@@ -237,6 +237,10 @@ const ZK_FIELDS: &[&str] = &[
     "username",
     "password",
     "acl",
+    "tls",
+    "ca_file",
+    "cert_file",
+    "key_file",
 ];
 /// Fields of the `[lock]` table.
 const LOCK_FIELDS: &[&str] = &[

@@ -424,3 +424,57 @@ fn zk_table_takes_env_overrides_and_its_url_is_checked_at_load() {
     .expect_err("unknown field");
     assert!(err.message().contains("session_timeout"), "{err}");
 }
+
+#[cfg(feature = "zk")]
+#[test]
+fn zks_url_turns_on_zk_tls_with_the_ca_file_from_the_table_or_names_the_missing_feature() {
+    let loaded = LockkitConfig::load_from([
+        (
+            "LOCKKIT_URL".to_owned(),
+            "zks://z1:2281,z2:2281/locks".to_owned(),
+        ),
+        (
+            "LOCKKIT_ZK_CA_FILE".to_owned(),
+            "/etc/lockkit/zk-ca.pem".to_owned(),
+        ),
+    ]);
+    if cfg!(feature = "tls") {
+        let config = loaded.expect("zks:// with a CA file");
+        assert_eq!(config.backend, BackendKind::Zk);
+        assert_eq!(
+            config.zk.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/lockkit/zk-ca.pem"))
+        );
+        let err = LockkitConfig::from_url("zks://z1:2281").expect_err("no CA file");
+        assert!(err.message().contains("ca_file"), "{err}");
+    } else {
+        let err = loaded.expect_err("TLS without the feature");
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+        assert!(err.message().contains("cargo feature `tls`"), "{err}");
+    }
+    let err = LockkitConfig::from_toml("backend = \"zk\"\n[zk]\nca_file = \"ca.pem\"")
+        .expect_err("a CA file without tls");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+}
+
+#[cfg(feature = "zk")]
+#[test]
+fn every_zk_field_has_an_environment_override() {
+    let mut every_field_set = lockkit::zk::ZkConfig::default();
+    every_field_set.username = Some("u".into());
+    every_field_set.password = Some("p".into());
+    every_field_set.ca_file = Some("ca.pem".into());
+    every_field_set.cert_file = Some("c.pem".into());
+    every_field_set.key_file = Some("k.pem".into());
+    let table = toml::Table::try_from(every_field_set).expect("serialize");
+    for (field, value) in table {
+        let var = format!("LOCKKIT_ZK_{}", field.to_ascii_uppercase());
+        let result = LockkitConfig::load_from([
+            ("LOCKKIT_BACKEND".to_owned(), "zk".to_owned()),
+            (var.clone(), value.to_string()),
+        ]);
+        if let Err(e) = result {
+            assert!(!e.to_string().contains("has no field"), "{var}: {e}");
+        }
+    }
+}

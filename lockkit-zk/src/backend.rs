@@ -358,12 +358,10 @@ impl ZkBackend {
         let session = self.inner.sessions.current().client.session().clone();
         let config = self.inner.config.clone();
         runtime::run(async move {
-            let twin = zk::Client::connector()
+            let connector = zk::Client::connector()
                 .with_session(session)
-                .with_session_timeout(config.session_timeout)
-                .connect(&config.connect_string())
-                .await
-                .map_err(|e| map("attach to the session", e))?;
+                .with_session_timeout(config.session_timeout);
+            let twin = session::connect(connector, &config, "attach to the session").await?;
             drop(twin);
             Ok(())
         })

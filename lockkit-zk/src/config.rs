@@ -2,6 +2,7 @@
 //! the facade's configuration.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockkit_core::url::ConnectionUrl;
@@ -27,7 +28,8 @@ pub enum ZkAcl {
 /// Configuration of a [`ZkBackend`](crate::ZkBackend).
 ///
 /// Every field has a default (listed on the field and in the facade's `reference.toml`).
-/// `Debug` never shows the password.
+/// `Debug` never shows the password; the TLS fields are file paths, so no key material is
+/// ever held in the configuration.
 ///
 /// ```
 /// use lockkit_zk::ZkConfig;
@@ -36,6 +38,21 @@ pub enum ZkAcl {
 /// assert_eq!(config.hosts, ["z1:2181", "z2:2181", "z3:2181"]);
 /// assert_eq!(config.chroot, "/locks");
 /// assert!(!format!("{config:?}").contains("secret"));
+/// ```
+///
+/// TLS (cargo feature `tls`) to the servers' `secureClientPort`: `zks://` (or `tls = true`)
+/// plus the CA that signed the servers' certificates, which a URL cannot carry:
+///
+/// ```
+/// # #[cfg(feature = "tls")] {
+/// use lockkit_core::url::ConnectionUrl;
+/// use lockkit_zk::ZkConfig;
+///
+/// let mut config = ZkConfig::default();
+/// config.ca_file = Some("/etc/lockkit/zk-ca.pem".into());
+/// config.apply_url(&ConnectionUrl::parse("zks://z1:2281,z2:2281,z3:2281/locks").unwrap()).unwrap();
+/// assert!(config.tls);
+/// # }
 /// ```
 #[non_exhaustive]
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +99,24 @@ pub struct ZkConfig {
     /// Who may touch the lock nodes and their parents. Default: `auto` (creator-only with
     /// credentials, open without).
     pub acl: ZkAcl,
+    /// Connect over TLS, to the servers' `secureClientPort` (list those ports in `hosts`).
+    /// Needs the cargo feature `tls`; without it, `true` is an `InvalidConfig` error, never a
+    /// plaintext connection. A `zks://` URL sets it. Each server's certificate must be valid
+    /// for its host as written in `hosts` (a DNS name or IP address in its subject
+    /// alternative names). Default: `false`.
+    pub tls: bool,
+    /// A PEM file with the CA certificate(s) that signed the servers' certificates (and any
+    /// CRLs to check them against). Required with `tls = true`: no public trust roots are
+    /// built in, as ZooKeeper ensembles run on private CAs. Read at every session start, so
+    /// a replaced file applies to the next session. Default: none.
+    pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate (chain), for servers that ask for one (ZooKeeper's
+    /// `ssl.clientAuth` is `need` by default); with `key_file`. The server also authenticates
+    /// the client as its certificate's subject (scheme `x509`). Default: none.
+    pub cert_file: Option<PathBuf>,
+    /// The PEM private key of `cert_file` (PKCS#8, PKCS#1 or SEC1). Only its path is kept in
+    /// the configuration. Default: none.
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for ZkConfig {
@@ -97,6 +132,10 @@ impl Default for ZkConfig {
             username: None,
             password: None,
             acl: ZkAcl::Auto,
+            tls: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
         }
     }
 }
@@ -114,13 +153,18 @@ impl fmt::Debug for ZkConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("acl", &self.acl)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .finish()
     }
 }
 
 impl ZkConfig {
     /// A configuration from a `zk://[user:password@]host1:port,host2:port[/chroot]` URL, with
-    /// defaults for everything the URL does not say.
+    /// defaults for everything the URL does not say. `zks://` is the same over TLS, which
+    /// also needs `ca_file`: use [`ZkConfig::apply_url`] on a configuration that has it.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for a malformed
@@ -133,16 +177,21 @@ impl ZkConfig {
 
     /// Takes the hosts, the credentials and the chroot (the URL's path) from `url`; the
     /// other fields keep their values. A URL without a path keeps the configured chroot.
+    /// `zks://` sets `tls` (like `rediss://`); `zk://` leaves it as configured.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for a scheme other
-    /// than `zk`, a URL without hosts, query parameters, or an invalid result.
+    /// than `zk` or `zks`, a URL without hosts, query parameters, or an invalid result (such
+    /// as `zks://` without `ca_file`, or without the cargo feature `tls`).
     pub fn apply_url(&mut self, url: &ConnectionUrl) -> Result<()> {
-        if url.scheme != "zk" {
-            return Err(Error::invalid_config(format!(
-                "the zk backend takes zk:// URLs, not {}://",
-                url.scheme
-            )));
+        match url.scheme.as_str() {
+            "zk" => {}
+            "zks" => self.tls = true,
+            other => {
+                return Err(Error::invalid_config(format!(
+                    "the zk backend takes zk:// (or zks:// for TLS) URLs, not {other}://"
+                )));
+            }
         }
         if url.hosts.is_empty() {
             return Err(Error::invalid_config(format!(
@@ -151,7 +200,7 @@ impl ZkConfig {
         }
         if let Some((key, _)) = url.query.first() {
             return Err(Error::invalid_config(format!(
-                "zk:// URLs take no query parameters (got {key:?}); set options in the [zk] table"
+                "zk:// URLs take no query parameters (got {key:?}); set options in the [zk] table (zks:// for TLS)"
             )));
         }
         self.hosts = url
@@ -237,6 +286,29 @@ impl ZkConfig {
         if self.acl == ZkAcl::Creator && self.username.is_none() {
             return bad("acl = \"creator\" needs username and password".into());
         }
+        self.validate_tls()
+    }
+
+    fn validate_tls(&self) -> Result<()> {
+        let bad = |why: &str| Err(Error::invalid_config(format!("[zk] {why}")));
+        if self.tls && !cfg!(feature = "tls") {
+            return bad(
+                "tls = true (or a zks:// URL) needs the cargo feature `tls` of lockkit-zk (the `tls` feature of lockkit); refusing to connect in plaintext",
+            );
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return bad("cert_file and key_file go together: set both or neither");
+        }
+        if !self.tls && (self.ca_file.is_some() || self.cert_file.is_some()) {
+            return bad("ca_file, cert_file or key_file is set, but tls = false (zks:// sets it)");
+        }
+        if self.tls && self.ca_file.is_none() {
+            return bad("tls = true needs ca_file (the CA that signed the servers' certificates)");
+        }
+        #[cfg(feature = "tls")]
+        if self.tls {
+            crate::tls::check_hosts(&self.hosts)?;
+        }
         Ok(())
     }
 
@@ -286,6 +358,89 @@ mod tests {
         assert!(!config.creator_only());
     }
 
+    #[cfg(feature = "tls")]
+    #[test]
+    fn zks_url_sets_tls_and_zk_url_keeps_the_tables_choice() {
+        let mut config = ZkConfig {
+            ca_file: Some("/etc/zk-ca.pem".into()),
+            ..ZkConfig::default()
+        };
+        config
+            .apply_url(&ConnectionUrl::parse("zks://z1:2281,z2:2281/x").expect("url"))
+            .expect("zks:// with a ca_file");
+        assert!(config.tls);
+        assert_eq!(config.hosts, ["z1:2281", "z2:2281"]);
+        let mut plain_url = config.clone();
+        plain_url
+            .apply_url(&ConnectionUrl::parse("zk://z3:2281").expect("url"))
+            .expect("zk:// on a tls table");
+        assert!(plain_url.tls, "zk:// does not switch TLS off");
+        let debug = format!("{config:?}");
+        assert!(
+            debug.contains("tls: true") && debug.contains("zk-ca.pem"),
+            "{debug}"
+        );
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_without_the_feature_is_invalid_config_naming_the_feature() {
+        let mut with_ca = ZkConfig {
+            ca_file: Some("ca.pem".into()),
+            ..ZkConfig::default()
+        };
+        for err in [
+            ZkConfig::from_url("zks://a:1").expect_err("zks:// without the feature"),
+            with_ca
+                .apply_url(&ConnectionUrl::parse("zks://a:1").expect("url"))
+                .expect_err("zks:// without the feature"),
+        ] {
+            assert_eq!(err.kind(), lockkit_core::ErrorKind::InvalidConfig);
+            assert!(err.message().contains("cargo feature `tls`"), "{err}");
+        }
+    }
+
+    #[test]
+    fn tls_fields_must_be_consistent() {
+        let needs_ca = ZkConfig {
+            tls: true,
+            ..ZkConfig::default()
+        };
+        let key_alone = ZkConfig {
+            tls: true,
+            ca_file: Some("ca.pem".into()),
+            key_file: Some("client.key".into()),
+            ..ZkConfig::default()
+        };
+        let ca_without_tls = ZkConfig {
+            ca_file: Some("ca.pem".into()),
+            ..ZkConfig::default()
+        };
+        for (config, needle) in [
+            (
+                needs_ca,
+                if cfg!(feature = "tls") {
+                    "needs ca_file"
+                } else {
+                    "feature `tls`"
+                },
+            ),
+            (
+                key_alone,
+                if cfg!(feature = "tls") {
+                    "go together"
+                } else {
+                    "feature `tls`"
+                },
+            ),
+            (ca_without_tls, "tls = false"),
+        ] {
+            let err = config.validate().expect_err(needle);
+            assert_eq!(err.kind(), lockkit_core::ErrorKind::InvalidConfig);
+            assert!(err.message().contains(needle), "{err} lacks {needle:?}");
+        }
+    }
+
     #[test]
     fn bad_values_are_invalid_config() {
         for url in [
@@ -295,6 +450,8 @@ mod tests {
             "zk://a:1/zookeeper",
             "zk://a:1/a//b",
             "zk://user@a:1",
+            "zks://a:1",
+            "zk+tls://a:1",
         ] {
             let err = ZkConfig::from_url(url).expect_err(url);
             assert_eq!(

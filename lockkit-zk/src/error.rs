@@ -25,8 +25,9 @@ pub(crate) fn map(what: &str, err: zk::Error) -> Error {
         | zk::Error::NotReadOnly => (ErrorKind::Unavailable, true),
         zk::Error::Throttled => (ErrorKind::Backend, true),
         // A connection that breaks under a request (reset, refused) comes back as a custom
-        // error wrapping the socket's I/O error (the client's only other custom errors are
-        // TLS and SASL set-up, which this backend does not enable): a lost connection.
+        // error wrapping the socket's I/O error: a lost connection. The client's other custom
+        // errors are TLS and SASL set-up; SASL is not enabled, and the TLS files are checked
+        // before connecting (`tls::options`).
         zk::Error::Custom(_) => (ErrorKind::Unavailable, true),
         _ => (ErrorKind::Backend, false),
     };

@@ -91,10 +91,7 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
     if let (Some(user), Some(password)) = (&config.username, &config.password) {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
-    let client = connector
-        .connect(&config.connect_string())
-        .await
-        .map_err(|e| map("connect", e))?;
+    let client = connect(connector, config, "connect").await?;
     let acls = acls(config);
     client
         .mkdir(&config.chroot, &zk::CreateMode::Persistent.with_acls(acls))
@@ -110,6 +107,47 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
             "[zk] chroot {:?} is not a valid path",
             config.chroot
         ))
+    })
+}
+
+/// Connects `connector` to the configured hosts, over TLS when the configuration says so
+/// (the `what` of a failure names the operation).
+pub(crate) async fn connect(
+    connector: zk::Connector,
+    config: &ZkConfig,
+    what: &str,
+) -> Result<zk::Client> {
+    let hosts = config.connect_string();
+    #[cfg(feature = "tls")]
+    let connected = if config.tls {
+        // Bare hosts in the connect string use TLS with secure_connect.
+        let options = crate::tls::options(config)?;
+        connector.with_tls(options).secure_connect(&hosts).await
+    } else {
+        connector.connect(&hosts).await
+    };
+    #[cfg(not(feature = "tls"))]
+    let connected = if config.tls {
+        // `validate` refuses this already; never fall back to plaintext.
+        return Err(Error::invalid_config(
+            "[zk] tls = true needs the cargo feature `tls` of lockkit-zk",
+        ));
+    } else {
+        connector.connect(&hosts).await
+    };
+    connected.map_err(|e| {
+        if config.tls {
+            // The client logs why a handshake failed (at debug level), then reports only
+            // that no server took the session.
+            map(
+                &format!(
+                    "{what} over TLS (is each host a secureClientPort with a certificate for its name from ca_file's CA, and are cert_file/key_file set if the servers need a client certificate?)"
+                ),
+                e,
+            )
+        } else {
+            map(what, e)
+        }
     })
 }
 
