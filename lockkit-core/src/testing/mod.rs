@@ -16,6 +16,7 @@
 //! claims it.
 
 mod scenarios;
+mod secrets;
 
 use std::fmt;
 use std::future::Future;
@@ -30,6 +31,7 @@ use crate::key::LockKey;
 use crate::options::LockOptions;
 
 pub use scenarios::SCENARIOS;
+pub use secrets::{TraceCapture, assert_no_secret, owner_token_spellings};
 
 /// What a backend provides to run the conformance suite against it.
 #[async_trait]
