@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit_core::testing::{TraceCapture, assert_no_secret, owner_token_spellings};
+use lockkit_core::testing::{
+    TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings,
+};
 use lockkit_core::{ErrorKind, LockClient, LockOptions, testing};
 use lockkit_etcd::etcd_client::{self, ConnectOptions, GetOptions, Permission};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
@@ -496,11 +498,13 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
     assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
     shown.push(format!("{err} {err:?}"));
 
-    secrets.extend([
-        rbac.locker_password.clone(),
-        rbac.root_password.clone(),
-        wrong.password.clone().unwrap(),
-    ]);
+    for password in [
+        &rbac.locker_password,
+        &rbac.root_password,
+        wrong.password.as_ref().unwrap(),
+    ] {
+        secrets.extend(secret_spellings(password));
+    }
     for text in &shown {
         assert_no_secret("Debug/Display output", text, &secrets);
     }

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{AclUser, LOCKKIT_COMMANDS, NOTIFY_COMMANDS, SENTINEL_COMMANDS, Topology};
-use lockkit_core::testing::{TraceCapture, assert_no_secret, owner_token_spellings};
+use lockkit_core::testing::{
+    TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings,
+};
 use lockkit_core::{ErrorKind, LockBackend, LockClient, LockOptions, WaitStrategy};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 
@@ -475,7 +477,7 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
     passwords.push(redlock_config.password.clone().unwrap());
     passwords.push(wrong.password.clone().unwrap());
 
-    secrets.extend(passwords);
+    secrets.extend(passwords.iter().flat_map(|p| secret_spellings(p)));
     for text in &shown {
         assert_no_secret("Debug/Display output", text, &secrets);
     }

@@ -31,7 +31,7 @@ use crate::key::LockKey;
 use crate::options::LockOptions;
 
 pub use scenarios::SCENARIOS;
-pub use secrets::{TraceCapture, assert_no_secret, owner_token_spellings};
+pub use secrets::{TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings};
 
 /// What a backend provides to run the conformance suite against it.
 #[async_trait]

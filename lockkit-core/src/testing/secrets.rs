@@ -115,6 +115,22 @@ pub fn owner_token_spellings(token: &OwnerToken) -> Vec<String> {
     ]
 }
 
+/// The ways a password (or any secret string) could be printed by mistake: as written, as
+/// the `Debug` of its bytes (`112, 119, ...`, the form a byte buffer holding it takes) and as
+/// lowercase hex.
+pub fn secret_spellings(secret: &str) -> Vec<String> {
+    let bytes = format!("{:?}", secret.as_bytes());
+    let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
+    vec![
+        secret.to_owned(),
+        bytes
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+        hex,
+    ]
+}
+
 /// Panics, naming `what` and quoting the place, if `text` contains any of `secrets`.
 ///
 /// # Panics
