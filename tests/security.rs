@@ -312,3 +312,45 @@ async fn every_backend_refuses_hostile_names() {
         }
     }
 }
+
+/// The TLS tests make their CA and keys at run time (`lockkit_core::testing::tls_certificates`):
+/// no private key is ever committed.
+#[test]
+fn no_private_key_is_committed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Ok(listed) = std::process::Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+    else {
+        backend_missing("the git command");
+        return;
+    };
+    assert!(listed.status.success(), "git ls-files failed");
+    let marker = ["-----BEGIN", " PRIVATE KEY-----"];
+    let files: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .split('\0')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(files.iter().any(|f| f == "Cargo.toml"), "{files:?}");
+    for file in files {
+        let lower = file.to_ascii_lowercase();
+        assert!(
+            ![".pem", ".key", ".p12", ".pfx"]
+                .iter()
+                .any(|ext| lower.ends_with(ext)),
+            "{file} looks like key material"
+        );
+        let Ok(bytes) = std::fs::read(root.join(&file)) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.lines().any(|line| line.starts_with(marker[0])
+                && line.ends_with(marker[1].trim_start())
+                && line.contains("PRIVATE KEY")),
+            "{file} holds a private key"
+        );
+    }
+}

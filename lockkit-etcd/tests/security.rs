@@ -203,6 +203,19 @@ async fn tls_connects_with_the_configured_ca_and_plaintext_is_refused() {
         .expect_err("plaintext to a TLS member connects");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 
+    let mut unknown_ca = tls.clone();
+    unknown_ca.ca_file = Some(certs.join("other.pem"));
+    let started = Instant::now();
+    let err = EtcdBackend::connect(unknown_ca)
+        .await
+        .expect_err("a member certificate from an unknown CA connects");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
     let mut missing = tls.clone();
     missing.ca_file = Some(certs.join("no-such-ca.pem"));
     let err = EtcdBackend::connect(missing)
