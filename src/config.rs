@@ -157,7 +157,9 @@ impl FromStr for BackendKind {
 /// 3. `LOCKKIT_*` environment variables: `LOCKKIT_<FIELD>` for a top-level field
 ///    (`LOCKKIT_BACKEND`, `LOCKKIT_URL`, `LOCKKIT_NAMESPACE`, `LOCKKIT_REQUIRE_TIER`) and
 ///    `LOCKKIT_<SECTION>_<FIELD>` for a field of a table (`LOCKKIT_LOCK_TTL=5s`). Values are
-///    read as TOML values when they parse as one (`false`, `3`, `0.02`), as strings otherwise.
+///    read as TOML values when they parse as one (`false`, `3`, `0.02`), as strings otherwise;
+///    user names and passwords are always taken as they are (`LOCKKIT_REDIS_PASSWORD=123456`
+///    is the password `123456`, not a number).
 ///    A variable naming a known table but an unknown field is an error; variables that name no
 ///    table or field (`LOCKKIT_TEST_*`, `LOCKKIT_REQUIRE_BACKENDS`) are not configuration and
 ///    are ignored.
@@ -222,6 +224,8 @@ const SECTIONS: &[(&str, &[&str])] = &[
     #[cfg(feature = "etcd")]
     ("etcd", ETCD_FIELDS),
 ];
+/// Fields that `LOCKKIT_*` variables set to their text as it is, never parsed as TOML.
+const VERBATIM_FIELDS: &[&str] = &["username", "user", "password"];
 /// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
 const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
 /// Fields of the `[zk]` table.
@@ -440,6 +444,10 @@ impl LockkitConfig {
                 let path = e.path().to_string();
                 let inner = e.into_inner();
                 match path.as_str() {
+                    // serde quotes the offending value ("invalid type: integer `123456`").
+                    path if path.ends_with("password") => Error::invalid_config(format!(
+                        "{path} must be a string (the value is not shown)"
+                    )),
                     "." | "" => Error::invalid_config(inner.message().to_owned()),
                     path => Error::invalid_config(format!("{path}: {}", inner.message())),
                 }
@@ -563,9 +571,8 @@ fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<(
             continue;
         };
         let rest = rest.to_ascii_lowercase();
-        let value = parse_env_value(raw);
         if TOP_LEVEL.contains(&rest.as_str()) {
-            table.insert(rest, value);
+            table.insert(rest, parse_env_value(raw));
             continue;
         }
         let Some((section, field, known)) = SECTIONS.iter().find_map(|(s, fields)| {
@@ -586,6 +593,13 @@ fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<(
             .or_insert_with(|| Value::Table(Table::new()));
         let Value::Table(section_table) = entry else {
             return Err(Error::invalid_config(format!("{section} must be a table")));
+        };
+        // A credential is a string whatever it looks like: read as TOML, the password
+        // `123456` would be a number, refused with an error that shows it.
+        let value = if VERBATIM_FIELDS.contains(&field) {
+            Value::String(raw.clone())
+        } else {
+            parse_env_value(raw)
         };
         section_table.insert(field.to_owned(), value);
     }

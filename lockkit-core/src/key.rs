@@ -13,9 +13,20 @@ pub const DEFAULT_NAMESPACE: &str = "lockkit";
 
 /// A validated lock name joined with the namespace it lives in.
 ///
-/// Both parts are checked by the same rules: non-empty, at most [`MAX_KEY_LEN`] bytes, no
-/// control characters (NUL included), no `/`, and neither `.` nor `..`. That keeps a name one
-/// segment of an etcd prefix or a ZooKeeper path, so no name can escape its namespace.
+/// Both parts are checked by the same rules: non-empty, at most [`MAX_KEY_LEN`] bytes, neither
+/// `.` nor `..`, and none of these characters:
+///
+/// - `/`, so a name stays one segment of an etcd prefix or a ZooKeeper path and no name can
+///   escape its namespace;
+/// - control characters (NUL, C0 and C1, DEL), the bidirectional controls (U+061C, U+200E,
+///   U+200F, U+202A-U+202E, U+2066-U+2069) and the line and paragraph separators (U+2028,
+///   U+2029), so a name cannot forge or reorder log lines or display as another name;
+/// - what ZooKeeper cannot store in a path: the private-use block U+E000-U+F8FF,
+///   U+FFF0-U+FFFF, and every character above U+FFFF (emoji among them: ZooKeeper checks
+///   paths as UTF-16 and refuses surrogates). The rule is the same on every backend, so a
+///   name that works on one works on all of them and switching backends by configuration
+///   never turns a valid name into a server error.
+///
 /// Each backend maps the key to its own key space (see the backend's docs).
 ///
 /// ```
@@ -93,10 +104,31 @@ pub fn validate_segment(what: &str, segment: &str) -> Result<()> {
     if segment == "." || segment == ".." {
         return fail(format!("may not be {segment:?}"));
     }
-    if let Some(c) = segment.chars().find(|c| *c == '/' || c.is_control()) {
-        return fail(format!("contains the forbidden character {c:?}"));
+    if let Some((c, why)) = segment
+        .chars()
+        .find_map(|c| forbidden(c).map(|why| (c, why)))
+    {
+        return fail(format!("contains the forbidden character {c:?} ({why})"));
     }
     Ok(())
+}
+
+/// Why `c` may not occur in a namespace or lock name, if it may not (see [`LockKey`]).
+fn forbidden(c: char) -> Option<&'static str> {
+    match c {
+        '/' => Some("the path separator"),
+        c if c.is_control() => Some("a control character"),
+        '\u{061C}'
+        | '\u{200E}'
+        | '\u{200F}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2066}'..='\u{2069}' => Some("a bidirectional control character"),
+        '\u{2028}' | '\u{2029}' => Some("a line or paragraph separator"),
+        '\u{E000}'..='\u{F8FF}' | '\u{FFF0}'..='\u{FFFF}' | '\u{10000}'.. => {
+            Some("ZooKeeper cannot store it in a path")
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +171,43 @@ mod tests {
         assert!(rejects("new\nline").contains("\\n"));
         assert!(rejects("esc\u{1b}").contains("forbidden"));
         assert!(rejects("del\u{7f}").contains("forbidden"));
+        assert!(rejects("c1\u{85}").contains("control character"));
+        assert!(rejects("tab\tname").contains("control character"));
+    }
+
+    #[test]
+    fn rejects_names_that_display_as_others_or_break_log_lines() {
+        for name in [
+            "invoice-\u{202e}24",
+            "a\u{2066}b\u{2069}",
+            "rlm\u{200f}",
+            "alm\u{61c}",
+            "line\u{2028}sep",
+            "para\u{2029}sep",
+        ] {
+            let why = rejects(name);
+            assert!(
+                why.contains("bidirectional") || why.contains("separator"),
+                "{name:?}: {why}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_what_zookeeper_cannot_store_on_every_backend() {
+        for name in [
+            "emoji-\u{1f600}",
+            "\u{e000}",
+            "\u{f8ff}",
+            "\u{fff0}",
+            "\u{fffd}",
+            "\u{10ffff}",
+        ] {
+            assert!(rejects(name).contains("ZooKeeper"), "{name:?}");
+        }
+        for name in ["\u{d7ff}", "\u{f900}", "\u{ffef}", "\u{feff}x"] {
+            LockKey::new("ns", name).expect(name);
+        }
     }
 
     #[test]

@@ -77,6 +77,14 @@ impl ConnectionUrl {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
         };
+        // An `@` after the hosts almost always ends a password holding an unencoded `/` or
+        // `?`: parsed as written, pieces of the password would become a host or a path and
+        // show up in later messages. Refuse it; a literal `@` there is written `%40`.
+        if path.contains('@') || query.is_some_and(|q| q.contains('@')) {
+            return Err(bad(
+                "'@' after the hosts: percent-encode '/', '?' and '@' in a user or password (%2F, %3F, %40)",
+            ));
+        }
         let (userinfo, hosts) = match authority.rfind('@') {
             Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
             None => (None, authority),
@@ -174,12 +182,16 @@ fn parse_host(h: &str) -> std::result::Result<HostPort, String> {
 }
 
 /// `url` with any password replaced by `***`, for messages.
+///
+/// Everything between `://` and the *last* `@` counts as user and password, even past a `/`
+/// or `?`: a password with an unencoded `/`, `?` or `@` (common in generated passwords) must
+/// not show up in the message that reports the URL malformed. That over-redacts the rare
+/// URL with an `@` in its path, which is harmless in a message.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
+    match rest.rfind('@') {
         Some(at) => match rest[..at].split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
             None => url.to_owned(),
@@ -254,6 +266,35 @@ mod tests {
         let err = ConnectionUrl::parse("redis://u:hunter2@h:notaport").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert_eq!(redact("redis://u:hunter2@h:1/0"), "redis://u:***@h:1/0");
+    }
+
+    #[test]
+    fn unencoded_slash_question_mark_or_at_in_a_password_never_reaches_a_message() {
+        for url in [
+            "redis://:Zm9v/YmFy+cXV4@h:6379/0",
+            "redis://u:1234/5678@h",
+            "etcd://u:qwer?tyui@h1,h2",
+            "redis://u:zxcv@bnml/poiu@h",
+            "zk://u:lkjh?x=1@h/chroot",
+        ] {
+            let secret = &url[url.find(':').map_or(0, |i| i + 3)..url.rfind('@').unwrap_or(0)];
+            let secret = secret.split_once(':').map_or(secret, |(_, p)| p);
+            let err = ConnectionUrl::parse(url).expect_err(url);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig, "{url}");
+            for shown in [err.to_string(), format!("{err:?}"), redact(url)] {
+                assert!(!shown.contains(secret), "{url}: {shown}");
+                for piece in secret.split(['/', '?', '@']).filter(|p| p.len() > 3) {
+                    assert!(!shown.contains(piece), "{url}: {piece:?} in {shown}");
+                }
+            }
+        }
+        let url = ConnectionUrl::parse("redis://:Zm9v%2FYmFy%3F%40@h/0").expect("encoded");
+        assert_eq!(url.password.as_deref(), Some("Zm9v/YmFy?@"));
+        assert_eq!(url.path, "0");
+        assert_eq!(
+            ConnectionUrl::parse("etcd://h/pre%40fix").expect("ok").path,
+            "pre@fix"
+        );
     }
 
     #[test]

@@ -135,98 +135,6 @@ fn passwords_stay_out_of_debug_output() {
     assert_eq!(sentinel.db, 3);
 }
 
-/// Creates an ACL user limited to `namespace`'s keys, the release channels and the commands
-/// lockkit's scripts need, plus `extra`; returns its name and password.
-async fn acl_user(
-    admin: &mut redis::aio::MultiplexedConnection,
-    namespace: &str,
-    extra: &[&str],
-) -> (String, String) {
-    let user = format!("lk-test-{:08x}", rand::random::<u32>());
-    let password = format!("pw-{:016x}", rand::random::<u64>());
-    let mut setuser = redis::cmd("ACL");
-    setuser
-        .arg("SETUSER")
-        .arg(&user)
-        .arg("on")
-        .arg(format!(">{password}"))
-        .arg("resetkeys")
-        .arg(format!("~{{{namespace}/*"))
-        .arg("resetchannels")
-        .arg("&lockkit:released:*")
-        .arg("-@all");
-    for command in [
-        "+evalsha",
-        "+script|load",
-        "+ping",
-        "+hello",
-        "+get",
-        "+set",
-        "+incr",
-        "+pexpire",
-        "+pttl",
-        "+time",
-        "+del",
-        "+publish",
-    ]
-    .iter()
-    .chain(extra)
-    {
-        setuser.arg(*command);
-    }
-    let _: () = setuser.query_async(admin).await.unwrap();
-    (user, password)
-}
-
-/// An ACL user limited to lockkit's keys and commands works; a wrong password is `Auth`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acl_user_works_and_wrong_password_is_auth() {
-    let Some(harness) = common::single().await else {
-        return;
-    };
-    let mut admin = harness.servers().await.unwrap().remove(0);
-    let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
-    let (user, password) = acl_user(&mut admin, &namespace, &["+subscribe", "+unsubscribe"]).await;
-
-    let Some(addr) = (match &harness.topology {
-        common::Topology::Single(c) => c.hosts.first().cloned(),
-        _ => None,
-    }) else {
-        panic!("the single topology has a host");
-    };
-    let mut config = RedisConfig::from_url(&format!("redis://{addr}")).unwrap();
-    config.username = Some(user.clone());
-    config.password = Some(password.clone());
-    let outcome = async {
-        let backend = RedisBackend::connect(config.clone()).await?;
-        let locks = LockClient::with_options(
-            std::sync::Arc::new(backend),
-            &namespace,
-            lockkit_core::LockOptions::default(),
-        )?;
-        let guard = locks.mutex("acl")?.lock().await?;
-        let second = locks.mutex("acl")?.try_lock().await?;
-        assert!(second.is_none());
-        guard.release().await
-    }
-    .await;
-
-    let mut wrong = config.clone();
-    wrong.password = Some("not-the-password".into());
-    let wrong_err = RedisBackend::connect(wrong).await.unwrap_err();
-
-    let _: i64 = redis::cmd("ACL")
-        .arg("DELUSER")
-        .arg(&user)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert!(outcome.expect("lockkit works as a restricted ACL user"));
-    assert_eq!(wrong_err.kind(), ErrorKind::Auth, "{wrong_err}");
-    assert!(!wrong_err.is_retryable());
-    assert!(!format!("{wrong_err} {wrong_err:?}").contains("not-the-password"));
-}
-
 /// A Sentinel group that does not know the master name is a configuration error, not an
 /// outage to retry.
 #[tokio::test]
@@ -251,16 +159,15 @@ async fn refused_subscriptions_fall_back_to_polling() {
     let Some(harness) = common::single().await else {
         return;
     };
-    let mut admin = harness.servers().await.unwrap().remove(0);
     let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
-    let (user, password) = acl_user(&mut admin, &namespace, &[]).await;
-
     let common::Topology::Single(config) = &harness.topology else {
         panic!("the single harness runs on one server");
     };
+    let user =
+        common::AclUser::create(&config.hosts[0], &namespace, common::LOCKKIT_COMMANDS).await;
     let mut config = config.clone();
-    config.username = Some(user.clone());
-    config.password = Some(password);
+    config.username = Some(user.name.clone());
+    config.password = Some(user.password.clone());
     let outcome: lockkit_core::Result<(lockkit_core::WaitStrategy, Duration)> = async {
         let backend: std::sync::Arc<RedisBackend> =
             std::sync::Arc::new(RedisBackend::connect(config).await?);
@@ -288,12 +195,7 @@ async fn refused_subscriptions_fall_back_to_polling() {
         lockkit_core::Result::Ok((polls, waited))
     }
     .await;
-    let _: i64 = redis::cmd("ACL")
-        .arg("DELUSER")
-        .arg(&user)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    drop(user);
     let (polls, waited) = outcome.expect("locks work without SUBSCRIBE");
     assert_eq!(polls, lockkit_core::WaitStrategy::Poll);
     assert!(

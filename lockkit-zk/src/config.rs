@@ -245,12 +245,9 @@ impl ZkConfig {
         let chroot_ok = self.chroot.starts_with('/')
             && self.chroot.len() > 1
             && !self.chroot.ends_with('/')
-            && self.chroot[1..].split('/').all(|segment| {
-                !segment.is_empty()
-                    && segment != "."
-                    && segment != ".."
-                    && !segment.chars().any(char::is_control)
-            })
+            && self.chroot[1..]
+                .split('/')
+                .all(|segment| lockkit_core::validate_segment("chroot", segment).is_ok())
             && self.chroot != "/zookeeper"
             && !self.chroot.starts_with("/zookeeper/");
         if !chroot_ok {

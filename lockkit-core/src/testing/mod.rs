@@ -20,6 +20,7 @@ pub mod fenced;
 pub mod history;
 pub mod proxy;
 mod scenarios;
+mod secrets;
 
 use std::fmt;
 use std::future::Future;
@@ -34,6 +35,7 @@ use crate::key::LockKey;
 use crate::options::LockOptions;
 
 pub use scenarios::SCENARIOS;
+pub use secrets::{TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings};
 
 /// What a backend provides to run the conformance suite against it.
 #[async_trait]
