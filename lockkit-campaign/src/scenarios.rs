@@ -24,8 +24,9 @@ pub enum Scenario {
     /// write the check was for, until a second worker has been granted and has written (and
     /// for at least 2 × TTL); then it writes.
     PauseBeforeWrite,
-    /// One worker's replies are delayed by 0.25-1.25 × TTL while it contends with another: a
-    /// grant must never be reported once its validity has run out.
+    /// One worker, whose locks have a TTL of a quarter of the others', has its replies
+    /// delayed by 0.5-1.5 × that TTL while it contends with another: a grant must never be
+    /// reported once its validity has run out.
     DelayedReplies,
     /// The servers that decide (the Redis server, the Sentinel primary, 3 of 5 Redlock nodes,
     /// the etcd or ZooKeeper leader) are stopped (SIGSTOP) for 2 × TTL while one worker holds
@@ -215,23 +216,29 @@ async fn pause_before_write(mut run: Run) -> Result<Outcome, CampaignError> {
 
 async fn delayed_replies(mut run: Run) -> Result<Outcome, CampaignError> {
     let ttl = run.ttl;
+    // The slow worker's own TTL is short enough that some delayed grants arrive within the
+    // backend's request timeout but after their validity: those the core must refuse.
+    let slow_ttl = ttl / 4;
     let proxy = proxy_for(&run).await?;
     let mut slow = run.spec("slow");
     slow.url = run.tier.url_through(&proxy.hosts());
+    slow.ttl_ms = millis(slow_ttl);
     slow.iterations = 4;
-    slow.hold_ms = millis(ttl / 4);
+    slow.hold_ms = millis(slow_ttl / 2);
     slow.acquire_timeout_ms = millis(ttl * 3);
+    // Grants may never come through such delays; the run is about those that do.
+    slow.deadline_ms = millis(ttl * 10);
     let slow = run.start(&slow).await?;
     let mut fast = run.spec("fast");
     fast.iterations = 6;
     fast.hold_ms = millis(ttl / 4);
     fast.between_ms = millis(ttl / 4);
-    run.fault("slow's replies delayed by 0.25-1.25 x TTL", None)?;
+    run.fault("slow's replies delayed by 0.5-1.5 x its TTL", None)?;
     proxy.set(
         Direction::Replies,
         Fault::Delay {
-            base: ttl / 4,
-            jitter: ttl,
+            base: slow_ttl / 2,
+            jitter: slow_ttl,
         },
     );
     let fast = run.start(&fast).await?;

@@ -110,3 +110,37 @@ fn zk() {
         ],
     );
 }
+
+/// The leftover check catches a lock nobody released: a run whose only lock is held by a
+/// client that never lets go reports it as leaked.
+#[test]
+fn a_lock_left_behind_is_reported_as_leaked() {
+    let Some(tier) = Tier::of(Topology::Redis) else {
+        return;
+    };
+    let campaign = Campaign {
+        worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-campaign")),
+        dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("campaign-smoke"),
+        ttl: Duration::from_secs(1),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let run = lockkit_campaign::Run::new(&campaign, &tier, "leak-check")
+            .await
+            .expect("a run");
+        let holder = run.observer().await.expect("a client");
+        let guard = holder
+            .mutex(&run.key)
+            .expect("a key")
+            .lock()
+            .await
+            .expect("the lock");
+        let outcome = run.finish(Vec::new()).await.expect("an outcome");
+        assert_eq!(outcome.leaked, 1, "the held lock was not found");
+        guard.release().await.expect("release");
+    });
+}
