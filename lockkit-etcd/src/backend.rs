@@ -904,9 +904,11 @@ impl LockBackend for EtcdBackend {
                 Ok(Err(e)) => return Err(e),
             },
         };
-        let options = WatchOptions::new()
-            .with_start_revision(revision + 1)
-            .with_filters([WatchFilterType::NoPut]);
+        // The watch starts now, not at `revision + 1`: a watch from a past revision joins
+        // the server's unsynced watchers, which it catches up only every 100 ms
+        // (`syncWatchersLoop`), so under steady writes every handoff would wait for that tick.
+        // A delete between the attempt and the watch is found by the read below instead.
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let opening = self.send(|mut client| {
             let (predecessor, options) = (predecessor.clone(), options.clone());
             async move { client.watch(predecessor, Some(options)).await }
@@ -922,6 +924,46 @@ impl LockBackend for EtcdBackend {
             }
             Err(_) => return Ok(()),
         };
+        let created = async {
+            while let Some(response) = watch.message().await? {
+                if response.canceled() {
+                    break;
+                }
+                if response.created() {
+                    return Ok(Some(response.header().map_or(i64::MAX, |h| h.revision())));
+                }
+            }
+            Ok::<_, etcd_client::Error>(None)
+        };
+        let watched_from = match tokio::time::timeout_at(deadline, created).await {
+            Ok(Ok(Some(watched_from))) => watched_from,
+            Ok(Ok(None)) | Err(_) => return Ok(()),
+            Ok(Err(e)) => return Err(error::map("watching the predecessor", e)),
+        };
+        // Nothing was written between the attempt's read and the watch: the predecessor was
+        // there when the watch started. Otherwise the watch sees a delete only if the
+        // predecessor is still there now (a linearizable read, after the watch started).
+        if watched_from > revision {
+            let reading = self.send(|mut client| {
+                let predecessor = predecessor.clone();
+                async move {
+                    client
+                        .get(predecessor, Some(GetOptions::new().with_count_only()))
+                        .await
+                }
+            });
+            match tokio::time::timeout_at(deadline, reading).await {
+                Ok(Some(Ok(found))) if found.count() > 0 => {}
+                Ok(Some(Ok(_))) | Err(_) => return Ok(()),
+                Ok(Some(Err(e))) => return Err(error::map("reading the predecessor", e)),
+                Ok(None) => {
+                    return Err(error::timed_out(
+                        "reading the predecessor",
+                        self.inner.config.request_timeout,
+                    ));
+                }
+            }
+        }
         let deleted = async {
             while let Some(response) = watch.message().await? {
                 let gone = response
