@@ -802,35 +802,57 @@ impl LockBackend for EtcdBackend {
             // try_lock queues only on a free lock, so contention leaves nothing behind.
             Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
         };
-        let txn = Txn::new()
+        // After a wait the own key is normally still there, and then only reads decide: a
+        // read-only txn of the same reads answers at one revision, linearizably, without the
+        // raft write (a disk sync on a majority) that a txn holding a put costs even when the
+        // put is not taken. Without the own key, the full txn queues it again.
+        let mut read_only = own_revision.is_some() && request.wait;
+        let full = Txn::new()
             .when([put_if])
             .and_then([put, newest_two])
-            .or_else(otherwise);
-        let response = match self.send(txn_of(&txn)).await {
-            Some(Ok(response)) => response,
-            Some(Err(e)) if error::is_lease_gone(&e) => {
-                session.lose("the server says the session lease is gone");
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    NAME,
-                    "the session lease expired; the next attempt starts a new session",
-                )
-                .with_source(e));
+            .or_else(otherwise.clone());
+        let response = loop {
+            let txn = if read_only {
+                Txn::new().and_then(otherwise.clone())
+            } else {
+                full.clone()
+            };
+            let response = match self.send(txn_of(&txn)).await {
+                Some(Ok(response)) => response,
+                Some(Err(e)) if error::is_lease_gone(&e) => {
+                    session.lose("the server says the session lease is gone");
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        NAME,
+                        "the session lease expired; the next attempt starts a new session",
+                    )
+                    .with_source(e));
+                }
+                Some(Err(e)) => return Err(error::map("acquiring", e)),
+                None => {
+                    return Err(error::timed_out(
+                        "acquiring",
+                        self.inner.config.request_timeout,
+                    ));
+                }
+            };
+            let own_missing = || match response.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Get(get)) => get.kvs().is_empty(),
+                _ => true,
+            };
+            if read_only && own_missing() {
+                read_only = false;
+                continue;
             }
-            Some(Err(e)) => return Err(error::map("acquiring", e)),
-            None => {
-                return Err(error::timed_out(
-                    "acquiring",
-                    self.inner.config.request_timeout,
-                ));
-            }
+            break response;
         };
+        let put_taken = !read_only && response.succeeded();
         let revision = response.header().map_or(0, |h| h.revision());
         let mut reads = response.op_responses().into_iter().map(|op| match op {
             TxnOpResponse::Get(mut get) => get.take_kvs(),
             _ => Vec::new(),
         });
-        let (own_revision, ours, predecessor) = if response.succeeded() {
+        let (own_revision, ours, predecessor) = if put_taken {
             let _put = reads.next();
             let mut newest = reads.next().unwrap_or_default().into_iter();
             let newest_is_own = newest.next().is_some_and(|kv| kv.key() == own.as_bytes());
