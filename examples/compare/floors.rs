@@ -11,17 +11,18 @@
 //!   `release.lua`. Each worker subscribes once, up front, to the release channel that
 //!   `release.lua` publishes on; a contended attempt waits for the next release message, or
 //!   for the holder's remaining TTL (the `PTTL` the script returns) if the holder dies
-//!   without releasing, and then retries at once, without jitter. This beats the usual
-//!   `SET NX PX` loop with a fixed sleep, which hands over one sleep late.
+//!   without releasing, and then retries at once, without jitter: Redisson's waiting. It
+//!   beats the usual `SET NX PX` loop with a fixed sleep, which hands over one sleep late.
 //! - Redlock-5: the same two scripts sent to the five nodes in parallel, granted when a
-//!   majority grants, otherwise released everywhere and retried after a short random pause
-//!   ([`REDLOCK_RETRY`]), the retry loop of the Redlock clients (redsync, node-redlock) with
-//!   their 50-250 ms pauses scaled down to a local network. Like the W1 floor it waits for
-//!   the answers of all five nodes. Redlock has no release notification across nodes: every
-//!   client polls.
+//!   majority grants, otherwise released (where any node granted) and retried after a pause of
+//!   [`REDLOCK_RETRY`]: the retry loop of the Redlock clients (redsync pauses 50-250 ms),
+//!   scaled down to a local network. Like the W1 floor it waits for the answers of all five
+//!   nodes. Redlock clients have no release notification across nodes: they poll.
 //! - etcd: etcd's own lock, the `Lock` / `Unlock` RPCs of the v3lock service (the server runs
 //!   the `concurrency.Mutex` recipe: a key per waiter on its lease, each waiting for the
-//!   deletion of its predecessor), one lease per worker as the RPC requires.
+//!   deletion of its predecessor), one lease per worker as the RPC requires. The recipe
+//!   watches the predecessor from a past revision, which etcd serves from its 100 ms resync
+//!   loop rather than at once: lockkit-etcd avoids that, so it can beat this floor.
 //! - ZooKeeper: the lock recipe of the zookeeper-client crate (`Client::lock`, a
 //!   Curator-style ephemeral sequential node per waiter, each watching its predecessor), used
 //!   as its docs show: the lock is released by dropping it, which deletes the node in the
