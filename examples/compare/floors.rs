@@ -423,16 +423,22 @@ impl ContendedFloor {
 
     /// Removes what the floor created.
     pub(crate) async fn clean_up(self) {
-        if let ContendedFloor::Zk { client, dir } = self {
-            // The last releases are deletes in the background: wait for them a little.
-            for _ in 0..20 {
-                match client.delete(&dir, None).await {
-                    Err(zookeeper_client::Error::NotEmpty) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+        match self {
+            ContendedFloor::Redis { con, key, .. } => delete_keys(&[con], &key).await,
+            ContendedFloor::Redlock { nodes, key } => delete_keys(&nodes, &key).await,
+            ContendedFloor::Zk { client, dir } => {
+                // The last releases are deletes in the background: wait for them a little.
+                for _ in 0..20 {
+                    match client.delete(&dir, None).await {
+                        Err(zookeeper_client::Error::NotEmpty) => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        _ => return,
                     }
-                    _ => return,
                 }
             }
+            #[cfg(feature = "etcd")]
+            ContendedFloor::Etcd { .. } => {}
         }
     }
 }
@@ -559,6 +565,18 @@ impl Contender {
         {
             let _ = client.lease_revoke(lease).await;
         }
+    }
+}
+
+/// Deletes the lock and fence keys of a run's floor (the fence key would stay for an hour).
+async fn delete_keys(nodes: &[ConnectionManager], key: &str) {
+    for con in nodes {
+        let mut con = con.clone();
+        let _: redis::RedisResult<i64> = redis::cmd("DEL")
+            .arg(key)
+            .arg(format!("{key}:fence"))
+            .query_async(&mut con)
+            .await;
     }
 }
 
