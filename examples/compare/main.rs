@@ -1,13 +1,18 @@
 //! The comparison suite: the same workloads on every tier this build can reach, side by side.
 //!
 //! ```sh
-//! cargo run --release --example compare -- [--quick] [--json FILE] [--svg FILE]
+//! cargo run --release --example compare -- [--quick] [--speed-only] [--json FILE] [--svg FILE]
 //! ```
 //!
+//! `--speed-only` runs W1 and W2 alone: no child processes, no server killed.
+//!
 //! Workloads (DESIGN.md §6):
-//! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99.
+//! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99,
+//!   against the backend's raw-protocol floor (`floors.rs`), in alternating rounds.
 //! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
 //!   → release; the final value must be 8 × M, a shortfall is reported as lost updates.
+//!   Throughput and wait p50/p99, against a contended lock written by hand over the same
+//!   protocol (`floors.rs` says which per backend), in alternating rounds.
 //! - W3 holder crash: another process (this program, re-run with `--hold`) takes the lock with
 //!   a 2 s TTL and is killed with SIGKILL; the time until this process is granted the lock.
 //!   Not run on the memory tier, which cannot be shared between processes.
@@ -87,6 +92,7 @@ async fn main() -> lockkit::Result<()> {
         };
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let speed_only = args.iter().any(|a| a == "--speed-only");
     let svg_path = args
         .iter()
         .position(|a| a == "--svg")
@@ -130,18 +136,31 @@ async fn main() -> lockkit::Result<()> {
                 }
                 w1
             },
-            contended: contended(&locks, sizes.workers, sizes.iterations).await?,
-            holder_crash: if name == "memory" {
+            contended: {
+                let floor = floors::ContendedFloor::connect(name, &url)
+                    .await
+                    .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
+                let w2 = contended(&locks, floor.as_ref(), sizes.workers, sizes.iterations).await?;
+                if let Some(floor) = floor {
+                    floor.clean_up().await;
+                }
+                w2
+            },
+            holder_crash: if name == "memory" || speed_only {
                 None
             } else {
                 Some(holder_crash(&url, &locks).await?)
             },
-            holder_pause: if name == "memory" {
+            holder_pause: if name == "memory" || speed_only {
                 None
             } else {
                 Some(holder_pause(&url, &locks).await?)
             },
-            failover: failover(name, &url).await?,
+            failover: if speed_only {
+                None
+            } else {
+                failover(name, &url).await?
+            },
         });
     }
 

@@ -64,13 +64,13 @@ pub(crate) fn svg(reports: &[TierReport]) -> String {
 
 pub(crate) fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
-        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (x lockkit) | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (x lockkit) | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W2 raw floor incr/s (x lockkit) | W2 raw floor wait p50 µs (x lockkit) | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for r in reports {
         let (u, c) = (&r.uncontended, &r.contended);
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.target,
             r.tier,
             u.cycles_per_sec,
@@ -85,6 +85,16 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
             c.increments_per_sec,
             c.wait_p50_us,
             c.wait_p99_us,
+            match (c.floor_increments_per_sec, c.vs_floor, c.floor_lost_updates) {
+                (Some(floor), Some(ratio), Some(0)) => format!("{floor:.0} ({ratio:.2}x)"),
+                (Some(floor), Some(ratio), Some(lost)) =>
+                    format!("{floor:.0} ({ratio:.2}x; the floor lost {lost} updates)"),
+                _ => "n/a".to_owned(),
+            },
+            match (c.floor_wait_p50_us, c.wait_p50_vs_floor) {
+                (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
+                _ => "n/a".to_owned(),
+            },
             r.holder_crash
                 .as_ref()
                 .map_or("n/a".to_owned(), |w| format!("{:.0}", w.recovery_ms)),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lockkit::LockClient;
 
-use crate::floors::Floor;
+use crate::floors::{BoxError, ContendedFloor, Contender, Floor};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -31,6 +31,18 @@ pub(crate) struct Contended {
     pub(crate) increments_per_sec: f64,
     pub(crate) wait_p50_us: f64,
     pub(crate) wait_p99_us: f64,
+    /// What the raw floor does, if the backend has one.
+    pub(crate) floor: Option<String>,
+    /// The floor's shortfall from the expected final value (a broken floor, if not 0).
+    pub(crate) floor_lost_updates: Option<u64>,
+    pub(crate) floor_increments_per_sec: Option<f64>,
+    pub(crate) floor_wait_p50_us: Option<f64>,
+    pub(crate) floor_wait_p99_us: Option<f64>,
+    /// The floor's increments per second over lockkit's: lockkit's time per increment over
+    /// the floor's, so that above 1 lockkit is slower, as for W1.
+    pub(crate) vs_floor: Option<f64>,
+    /// lockkit's wait p50 over the floor's.
+    pub(crate) wait_p50_vs_floor: Option<f64>,
 }
 
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -89,16 +101,102 @@ pub(crate) async fn uncontended(
     })
 }
 
+/// W2, in rounds that alternate with the backend's raw floor (when it has one), as W1 does.
+/// Each side keeps its own shared value across its rounds.
 pub(crate) async fn contended(
     locks: &LockClient,
+    floor: Option<&ContendedFloor>,
     workers: usize,
     iterations: usize,
 ) -> lockkit::Result<Contended> {
-    let shared = Arc::new(AtomicU64::new(0));
+    const ROUNDS: usize = 4;
+    let floor_error = |e| crate::compare_error(format!("floor: {e}"));
+    let mut contenders = Vec::new();
+    if let Some(floor) = floor {
+        for _ in 0..workers {
+            contenders.push(floor.contender().await.map_err(floor_error)?);
+        }
+    }
+    let (mut ours, mut theirs) = (Side::default(), Side::default());
+    for round in 0..ROUNDS {
+        let chunk = iterations / ROUNDS + usize::from(round < iterations % ROUNDS);
+        lockkit_round(locks, workers, chunk, &mut ours).await?;
+        if floor.is_some() {
+            contenders = floor_round(contenders, chunk, &mut theirs)
+                .await
+                .map_err(floor_error)?;
+        }
+    }
+    for contender in contenders {
+        contender.clean_up().await;
+    }
+    let expected = (workers * iterations) as u64;
+    let ours = ours.summary();
+    let floor = floor.map(|floor| (floor.describe(), theirs.summary()));
+    Ok(Contended {
+        workers,
+        iterations,
+        final_value: ours.final_value,
+        lost_updates: expected.saturating_sub(ours.final_value),
+        increments_per_sec: ours.increments_per_sec,
+        wait_p50_us: ours.wait_p50_us,
+        wait_p99_us: ours.wait_p99_us,
+        floor: floor.map(|(what, _)| what.to_owned()),
+        floor_lost_updates: floor.map(|(_, f)| expected.saturating_sub(f.final_value)),
+        floor_increments_per_sec: floor.map(|(_, f)| f.increments_per_sec),
+        floor_wait_p50_us: floor.map(|(_, f)| f.wait_p50_us),
+        floor_wait_p99_us: floor.map(|(_, f)| f.wait_p99_us),
+        vs_floor: floor.map(|(_, f)| f.increments_per_sec / ours.increments_per_sec),
+        wait_p50_vs_floor: floor.map(|(_, f)| ours.wait_p50_us / f.wait_p50_us),
+    })
+}
+
+/// One side of W2 (lockkit or its floor) over the rounds.
+#[derive(Default)]
+struct Side {
+    shared: Arc<AtomicU64>,
+    waits: Vec<Duration>,
+    busy: Duration,
+}
+
+#[derive(Clone, Copy)]
+struct Summary {
+    final_value: u64,
+    increments_per_sec: f64,
+    wait_p50_us: f64,
+    wait_p99_us: f64,
+}
+
+impl Side {
+    fn summary(mut self) -> Summary {
+        self.waits.sort();
+        let final_value = self.shared.load(Ordering::SeqCst);
+        Summary {
+            final_value,
+            increments_per_sec: final_value as f64 / self.busy.as_secs_f64(),
+            wait_p50_us: percentile(&self.waits, 0.50),
+            wait_p99_us: percentile(&self.waits, 0.99),
+        }
+    }
+}
+
+/// The critical section: read the shared value, yield, write it plus one.
+async fn increment(shared: &AtomicU64) {
+    let seen = shared.load(Ordering::SeqCst);
+    tokio::task::yield_now().await;
+    shared.store(seen + 1, Ordering::SeqCst);
+}
+
+async fn lockkit_round(
+    locks: &LockClient,
+    workers: usize,
+    iterations: usize,
+    side: &mut Side,
+) -> lockkit::Result<()> {
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let (locks, shared) = (locks.clone(), shared.clone());
+        let (locks, shared) = (locks.clone(), side.shared.clone());
         tasks.spawn(async move {
             let mutex = locks.mutex("w2-counter")?;
             let mut waits = Vec::with_capacity(iterations);
@@ -106,32 +204,55 @@ pub(crate) async fn contended(
                 let t = Instant::now();
                 let guard = mutex.lock().await?;
                 waits.push(t.elapsed());
-                let seen = shared.load(Ordering::SeqCst);
-                tokio::task::yield_now().await;
-                shared.store(seen + 1, Ordering::SeqCst);
+                increment(&shared).await;
                 guard.release().await?;
             }
             lockkit::Result::Ok(waits)
         });
     }
-    let mut waits = Vec::with_capacity(workers * iterations);
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok(worker) => waits.extend(worker?),
+            Ok(worker) => side.waits.extend(worker?),
             Err(e) => panic!("a worker panicked: {e}"),
         }
     }
-    let total = started.elapsed();
-    waits.sort();
-    let expected = (workers * iterations) as u64;
-    let final_value = shared.load(Ordering::SeqCst);
-    Ok(Contended {
-        workers,
-        iterations,
-        final_value,
-        lost_updates: expected.saturating_sub(final_value),
-        increments_per_sec: final_value as f64 / total.as_secs_f64(),
-        wait_p50_us: percentile(&waits, 0.50),
-        wait_p99_us: percentile(&waits, 0.99),
-    })
+    side.busy += started.elapsed();
+    Ok(())
+}
+
+/// A round of the floor; gives the workers back for the next one.
+async fn floor_round(
+    contenders: Vec<Contender>,
+    iterations: usize,
+    side: &mut Side,
+) -> Result<Vec<Contender>, BoxError> {
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut contender in contenders {
+        let shared = side.shared.clone();
+        tasks.spawn(async move {
+            let mut waits = Vec::with_capacity(iterations);
+            for _ in 0..iterations {
+                let t = Instant::now();
+                contender.lock().await?;
+                waits.push(t.elapsed());
+                increment(&shared).await;
+                contender.unlock().await?;
+            }
+            Ok::<_, BoxError>((contender, waits))
+        });
+    }
+    let mut contenders = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(worker) => {
+                let (contender, waits) = worker?;
+                contenders.push(contender);
+                side.waits.extend(waits);
+            }
+            Err(e) => panic!("a floor worker panicked: {e}"),
+        }
+    }
+    side.busy += started.elapsed();
+    Ok(contenders)
 }

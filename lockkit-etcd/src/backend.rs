@@ -802,35 +802,57 @@ impl LockBackend for EtcdBackend {
             // try_lock queues only on a free lock, so contention leaves nothing behind.
             Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
         };
-        let txn = Txn::new()
+        // After a wait the own key is normally still there, and then only reads decide: a
+        // read-only txn of the same reads answers at one revision, linearizably, without the
+        // raft write (a disk sync on a majority) that a txn holding a put costs even when the
+        // put is not taken. Without the own key, the full txn queues it again.
+        let mut read_only = own_revision.is_some() && request.wait;
+        let full = Txn::new()
             .when([put_if])
             .and_then([put, newest_two])
-            .or_else(otherwise);
-        let response = match self.send(txn_of(&txn)).await {
-            Some(Ok(response)) => response,
-            Some(Err(e)) if error::is_lease_gone(&e) => {
-                session.lose("the server says the session lease is gone");
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    NAME,
-                    "the session lease expired; the next attempt starts a new session",
-                )
-                .with_source(e));
+            .or_else(otherwise.clone());
+        let response = loop {
+            let txn = if read_only {
+                Txn::new().and_then(otherwise.clone())
+            } else {
+                full.clone()
+            };
+            let response = match self.send(txn_of(&txn)).await {
+                Some(Ok(response)) => response,
+                Some(Err(e)) if error::is_lease_gone(&e) => {
+                    session.lose("the server says the session lease is gone");
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        NAME,
+                        "the session lease expired; the next attempt starts a new session",
+                    )
+                    .with_source(e));
+                }
+                Some(Err(e)) => return Err(error::map("acquiring", e)),
+                None => {
+                    return Err(error::timed_out(
+                        "acquiring",
+                        self.inner.config.request_timeout,
+                    ));
+                }
+            };
+            let own_missing = || match response.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Get(get)) => get.kvs().is_empty(),
+                _ => true,
+            };
+            if read_only && own_missing() {
+                read_only = false;
+                continue;
             }
-            Some(Err(e)) => return Err(error::map("acquiring", e)),
-            None => {
-                return Err(error::timed_out(
-                    "acquiring",
-                    self.inner.config.request_timeout,
-                ));
-            }
+            break response;
         };
+        let put_taken = !read_only && response.succeeded();
         let revision = response.header().map_or(0, |h| h.revision());
         let mut reads = response.op_responses().into_iter().map(|op| match op {
             TxnOpResponse::Get(mut get) => get.take_kvs(),
             _ => Vec::new(),
         });
-        let (own_revision, ours, predecessor) = if response.succeeded() {
+        let (own_revision, ours, predecessor) = if put_taken {
             let _put = reads.next();
             let mut newest = reads.next().unwrap_or_default().into_iter();
             let newest_is_own = newest.next().is_some_and(|kv| kv.key() == own.as_bytes());
@@ -904,9 +926,11 @@ impl LockBackend for EtcdBackend {
                 Ok(Err(e)) => return Err(e),
             },
         };
-        let options = WatchOptions::new()
-            .with_start_revision(revision + 1)
-            .with_filters([WatchFilterType::NoPut]);
+        // The watch starts now, not at `revision + 1`: a watch from a past revision joins
+        // the server's unsynced watchers, which it catches up only every 100 ms
+        // (`syncWatchersLoop`), so under steady writes every handoff would wait for that tick.
+        // A delete between the attempt and the watch is found by the read below instead.
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let opening = self.send(|mut client| {
             let (predecessor, options) = (predecessor.clone(), options.clone());
             async move { client.watch(predecessor, Some(options)).await }
@@ -922,6 +946,46 @@ impl LockBackend for EtcdBackend {
             }
             Err(_) => return Ok(()),
         };
+        let created = async {
+            while let Some(response) = watch.message().await? {
+                if response.canceled() {
+                    break;
+                }
+                if response.created() {
+                    return Ok(Some(response.header().map_or(i64::MAX, |h| h.revision())));
+                }
+            }
+            Ok::<_, etcd_client::Error>(None)
+        };
+        let watched_from = match tokio::time::timeout_at(deadline, created).await {
+            Ok(Ok(Some(watched_from))) => watched_from,
+            Ok(Ok(None)) | Err(_) => return Ok(()),
+            Ok(Err(e)) => return Err(error::map("watching the predecessor", e)),
+        };
+        // Nothing was written between the attempt's read and the watch: the predecessor was
+        // there when the watch started. Otherwise the watch sees a delete only if the
+        // predecessor is still there now (a linearizable read, after the watch started).
+        if watched_from > revision {
+            let reading = self.send(|mut client| {
+                let predecessor = predecessor.clone();
+                async move {
+                    client
+                        .get(predecessor, Some(GetOptions::new().with_count_only()))
+                        .await
+                }
+            });
+            match tokio::time::timeout_at(deadline, reading).await {
+                Ok(Some(Ok(found))) if found.count() > 0 => {}
+                Ok(Some(Ok(_))) | Err(_) => return Ok(()),
+                Ok(Some(Err(e))) => return Err(error::map("reading the predecessor", e)),
+                Ok(None) => {
+                    return Err(error::timed_out(
+                        "reading the predecessor",
+                        self.inner.config.request_timeout,
+                    ));
+                }
+            }
+        }
         let deleted = async {
             while let Some(response) = watch.message().await? {
                 let gone = response

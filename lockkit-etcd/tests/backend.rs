@@ -13,7 +13,7 @@ use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, ErrorKind, Lease, LockBackend, LockClient,
     LockInfo, LockKey, LockOptions, OwnerToken, Renewal, Result, Tier, async_trait,
 };
-use lockkit_etcd::etcd_client::TxnOp;
+use lockkit_etcd::etcd_client::{DeleteOptions, TxnOp};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 
 async fn client(config: &EtcdConfig, namespace: &str, options: LockOptions) -> LockClient {
@@ -291,6 +291,74 @@ async fn each_release_wakes_only_the_next_of_fifty_waiters() {
         "some waiters tried more than once after queueing: {woken_more_than_once:?}"
     );
     assert_eq!(attempts.values().sum::<usize>(), 2 * WAITERS + 1);
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+/// A waiter retries after a wait with reads alone; if its queue key was deleted meanwhile
+/// (by an operator, say), the retry queues a new key rather than deciding on the missing one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_was_deleted_queues_again_and_is_granted() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("requeue");
+    let options = LockOptions::default().with_ttl(Duration::from_secs(10));
+    let holder = client(&config, &ns, options.clone()).await;
+    let waiter = client(&config, &ns, options).await;
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+
+    let held = holder
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    let holder_key = held
+        .lease()
+        .handle()
+        .expect("etcd grants carry their key")
+        .to_owned();
+    let holder_token = held.fencing_token();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .mutex("job")?
+            .lock_timeout(Duration::from_secs(20))
+            .await
+    });
+    let queued_by = Instant::now() + Duration::from_secs(10);
+    let waiter_key = loop {
+        let keys = support::keys_under(&admin, &ns).await.expect("list keys");
+        if let Some(key) = keys.into_iter().find(|k| *k != holder_key) {
+            break key;
+        }
+        assert!(Instant::now() < queued_by, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let deleted = admin
+        .client()
+        .delete(
+            waiter_key.as_str(),
+            Some(DeleteOptions::new().with_prev_key()),
+        )
+        .await
+        .expect("delete the waiter's key");
+    let first_queued_at = deleted
+        .prev_kvs()
+        .first()
+        .expect("the waiter's key was there")
+        .create_revision();
+
+    assert!(held.release().await.expect("release"));
+    let next = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the waiter was not granted")
+        .expect("join")
+        .expect("the waiter is granted");
+    assert!(next.fencing_token() > holder_token);
+    // Granted on a key queued again (its name is reused), not on the deleted one.
+    assert!(next.fencing_token().get() > first_queued_at as u64);
+    assert!(next.is_held().await.expect("is_held"));
+    assert!(next.release().await.expect("release"));
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
 

@@ -852,6 +852,39 @@ impl ZkBackend {
         Ok(synced.and(read))
     }
 
+    /// The queue and our node `name`'s czxid, both read after a `sync` with the leader, in
+    /// one round trip (the three requests are sent back to back and applied in order). This
+    /// is the check [`Self::evaluate`] would otherwise make through the leader after a plain
+    /// listing, one round trip later, when our node comes first: the listing is now at least
+    /// as recent as that check. The czxid is `None` when the node is not ours on this
+    /// session, which leaves the decision to `evaluate`.
+    async fn queue_via_leader(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        name: &str,
+    ) -> Result<(Vec<String>, Option<i64>)> {
+        let path = paths.child(name);
+        let synced = session.client.sync(&paths.parent);
+        let listed = session.client.list_children(&paths.parent);
+        let read = session.client.check_stat(&path);
+        let (synced, listed, read) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, listed, read) })
+                .await
+                .map_err(|_| timed_out("read the lock queue through the leader"))?;
+        let children = match synced.and(listed) {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map("read the lock queue through the leader", e)),
+        };
+        let czxid = match read {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id() => Some(stat.czxid),
+            Ok(_) => None,
+            Err(e) => return Err(map("read the lock node through the leader", e)),
+        };
+        Ok((children, czxid))
+    }
+
     /// How long a grant or renewal is trusted: see [`trusted_for`].
     fn trusted_for(&self, ttl: Duration) -> Duration {
         trusted_for(
@@ -952,10 +985,10 @@ impl LockBackend for ZkBackend {
                 .map(|p| p.node.clone());
             let (name, czxid, children) = match known {
                 // Nodes found again, rather than created by this call, are verified through
-                // the leader before a grant: no czxid is passed on.
+                // the leader before a grant: a czxid is passed on only when read after a sync.
                 Some(PendingNode::Created { name }) => {
-                    let children = self.children(&session, &paths.parent).await?;
-                    (name, None, children)
+                    let (children, czxid) = self.queue_via_leader(&session, &paths, &name).await?;
+                    (name, czxid, children)
                 }
                 Some(PendingNode::InFlight) => {
                     let children = self.children(&session, &paths.parent).await?;
