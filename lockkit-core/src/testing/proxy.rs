@@ -195,6 +195,12 @@ async fn pump(mut from: OwnedReadHalf, to: OwnedWriteHalf, mut fault: watch::Rec
                 // A pause set while waiting for bytes must stop this read.
                 _ = fault.changed() => continue,
             };
+            // Bytes read just as a pause began are held back with the rest.
+            while *fault.borrow_and_update() == Fault::Pause {
+                if fault.changed().await.is_err() {
+                    return;
+                }
+            }
             let now = Instant::now();
             let due = match *fault.borrow() {
                 Fault::Pass | Fault::Pause => now,
