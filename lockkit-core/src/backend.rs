@@ -108,6 +108,9 @@ pub struct Contention {
     pub predecessor: Option<String>,
     /// The store revision the attempt observed, so a watch can start there and miss nothing.
     pub revision: Option<i64>,
+    /// A marker the backend took just before sending the attempt (for example how many
+    /// notifications it had received), so its wait can tell whether a change came in since.
+    pub marker: Option<u64>,
 }
 
 impl Contention {
@@ -132,6 +135,12 @@ impl Contention {
     ) -> Self {
         self.predecessor = Some(predecessor.into());
         self.revision = revision;
+        self
+    }
+    /// Sets the marker taken before the attempt.
+    #[must_use]
+    pub fn with_marker(mut self, marker: u64) -> Self {
+        self.marker = Some(marker);
         self
     }
 }

@@ -95,8 +95,8 @@ pub enum FencingGuarantee {
 pub enum WaitStrategy {
     /// The backend cannot notify: waiters poll with jittered backoff.
     Poll,
-    /// The backend broadcasts releases; every waiter of the key retries once (with jitter),
-    /// and polls when a notification could have been missed.
+    /// The backend notifies releases and wakes a waiter of the key, which retries at once;
+    /// waiters poll when a notification could have been missed.
     Notify,
     /// Waiters queue in order and each watches only its predecessor: a release wakes exactly
     /// one waiter.

@@ -375,10 +375,6 @@ impl Acquisition<'_> {
                 .unwrap_or(Ok(())),
             None => waiting.await,
         };
-        if strategy == WaitStrategy::Notify {
-            // Every waiter of the key was woken: spread their retries.
-            tokio::time::sleep(jitter(Duration::ZERO, self.options.backoff_min)).await;
-        }
         self.waited += wait_started.elapsed();
         outcome
     }

@@ -303,6 +303,10 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         let keys = Keys::of(&request.key);
+        let marker = request
+            .wait
+            .then(|| self.primary.epoch().notifier.marker(&keys.channel))
+            .flatten();
         let reply = if self.config.min_replicas > 0 {
             self.acquire_replicated(&keys, request).await?
         } else {
@@ -326,7 +330,10 @@ impl LockBackend for RedisBackend {
         match reply {
             AcquireReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
             AcquireReply::Contended(remaining) => {
-                let contention = Contention::new();
+                let contention = match marker {
+                    Some(marker) => Contention::new().with_marker(marker),
+                    None => Contention::new(),
+                };
                 Ok(Attempt::Contended(match remaining {
                     Some(remaining) => contention.with_retry_after(remaining),
                     None => contention,
@@ -338,7 +345,7 @@ impl LockBackend for RedisBackend {
     async fn wait_for_change(
         &self,
         request: &AcquireRequest,
-        _contention: &Contention,
+        contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
         if !self.notifies() {
@@ -348,24 +355,37 @@ impl LockBackend for RedisBackend {
         }
         let keys = Keys::of(&request.key);
         let epoch = self.primary.epoch();
-        let mut subscription = match epoch.notifier.subscribe(&keys.channel).await {
+        let mut subscription = match epoch
+            .notifier
+            .subscribe(&keys.channel, contention.marker)
+            .await
+        {
             Ok(subscription) => subscription,
             Err(e) => {
                 self.poll_for_a_while(&e);
                 return Ok(());
             }
         };
-        // A release between the attempt and the subscription published nothing we saw.
-        let remaining = match self.holder(&request.key).await? {
-            None => return Ok(()),
-            Some(holder) => holder.info.remaining_ttl.unwrap_or(max_wait),
+        // Subscribed since before the attempt with nothing received since: the holder the
+        // attempt saw (for `retry_after`) still holds, and its release will be seen. Otherwise
+        // a release between the attempt and the subscription published nothing we saw.
+        let remaining = if subscription.changed_since_marker() {
+            match self.holder(&request.key).await? {
+                None => return Ok(()),
+                Some(holder) => holder.info.remaining_ttl.unwrap_or(max_wait),
+            }
+        } else {
+            contention.retry_after.unwrap_or(max_wait)
         };
         let _ = tokio::time::timeout(max_wait.min(remaining), subscription.released()).await;
         Ok(())
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.release_keys(&Keys::of(&request.key), request.owner.expose_hex())
+        let keys = Keys::of(&request.key);
+        // This acquisition may have taken the wake-up of a release: another waiter retries.
+        self.primary.epoch().notifier.pass_on(&keys.channel);
+        self.release_keys(&keys, request.owner.expose_hex())
             .await
             .map(drop)
     }

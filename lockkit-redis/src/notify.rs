@@ -1,14 +1,21 @@
 //! Release notifications: every waiter of a backend listens through ONE shared pub/sub
 //! connection, subscribed to the release channel of each key that has waiters.
+//!
+//! A release wakes ONE waiter of the key in this process (it retries at once; the others
+//! would only lose the race to it), or stores a wake-up for the next waiter when none is
+//! waiting at that moment. Every channel also records when it last changed on a
+//! notifier-wide sequence, so a waiter that took a [`Notifier::marker`] before its attempt
+//! knows without asking the server whether a release came in since.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use lockkit_core::Result;
 use redis::aio::ConnectionManager;
 use redis::{ConnectionInfo, PushInfo, PushKind, Value};
-use tokio::sync::{OnceCell, mpsc, watch};
+use tokio::sync::{Notify, OnceCell, mpsc};
 
 use crate::connection::Dialer;
 
@@ -26,13 +33,18 @@ struct Inner {
     info: ConnectionInfo,
     connection: OnceCell<ConnectionManager>,
     channels: StdMutex<HashMap<String, Channel>>,
+    /// Counts changes of any channel: releases, (re)subscriptions, disconnections (shared
+    /// by the notifiers of one Redlock backend, so that one marker speaks for all nodes).
+    sequence: Arc<AtomicU64>,
     /// Serializes SUBSCRIBE and UNSUBSCRIBE, so an unsubscribe of an idle channel cannot
     /// overtake a new waiter's subscribe.
     changes: tokio::sync::Mutex<()>,
 }
 
 struct Channel {
-    releases: watch::Sender<u64>,
+    releases: Arc<Notify>,
+    /// The [`Inner::sequence`] value of the channel's last change.
+    changed_at: u64,
     waiters: usize,
     /// The server confirmed the subscription.
     confirmed: bool,
@@ -42,19 +54,27 @@ struct Channel {
 pub(crate) struct Subscription {
     inner: Arc<Inner>,
     channel: String,
-    releases: watch::Receiver<u64>,
+    releases: Arc<Notify>,
+    /// Whether the channel changed after the marker the caller passed, when it joined.
+    changed_since: bool,
     /// Counted among the channel's waiters (false after a failed subscribe).
     joined: bool,
 }
 
 impl Notifier {
     pub(crate) fn new(dialer: Dialer, info: ConnectionInfo) -> Self {
+        Notifier::sharing(dialer, info, Arc::default())
+    }
+
+    /// A notifier whose changes count on `sequence`, shared with other notifiers.
+    pub(crate) fn sharing(dialer: Dialer, info: ConnectionInfo, sequence: Arc<AtomicU64>) -> Self {
         Notifier {
             inner: Arc::new(Inner {
                 dialer,
                 info,
                 connection: OnceCell::new(),
                 channels: StdMutex::new(HashMap::new()),
+                sequence,
                 changes: tokio::sync::Mutex::new(()),
             }),
         }
@@ -65,28 +85,55 @@ impl Notifier {
         self.inner.wake(None);
     }
 
+    /// Hands a wake-up to another waiter of `channel`: called when an acquisition ends
+    /// without the lock, since it may have been the waiter a release woke.
+    pub(crate) fn pass_on(&self, channel: &str) {
+        if let Some(entry) = self.inner.channels().get(channel) {
+            entry.releases.notify_one();
+        }
+    }
+
+    /// A marker of what this notifier has seen on `channel`, if the channel is subscribed
+    /// now: taken before an attempt, it lets [`Notifier::subscribe`] tell whether a release
+    /// (or anything that may have hidden one) came in after the attempt.
+    pub(crate) fn marker(&self, channel: &str) -> Option<u64> {
+        let channels = self.inner.channels();
+        let entry = channels.get(channel).filter(|entry| entry.confirmed)?;
+        Some(
+            entry
+                .changed_at
+                .max(self.inner.sequence.load(Ordering::SeqCst)),
+        )
+    }
+
     /// Subscribes to `channel` (or joins its subscription) and returns once the server has
     /// confirmed it: every release published after this returns is seen.
+    /// [`Subscription::changed_since_marker`] says whether the channel changed after `marker`
+    /// (always true for a new subscription, or without a marker).
     ///
     /// # Errors
     /// When the pub/sub connection cannot be opened or the server refuses the subscription;
     /// the caller then polls.
-    pub(crate) async fn subscribe(&self, channel: &str) -> Result<Subscription> {
-        if let Some(subscription) = self.inner.join(channel) {
+    pub(crate) async fn subscribe(
+        &self,
+        channel: &str,
+        marker: Option<u64>,
+    ) -> Result<Subscription> {
+        if let Some(subscription) = self.inner.join(channel, marker) {
             return Ok(subscription);
         }
         let _changes = self.inner.changes.lock().await;
-        if let Some(subscription) = self.inner.join(channel) {
+        if let Some(subscription) = self.inner.join(channel, marker) {
             return Ok(subscription);
         }
         // The channel is registered before SUBSCRIBE is sent: a release published right after
         // the confirmation must find it when its push is dispatched.
-        let (releases, mut receiver) = watch::channel(0);
-        receiver.mark_unchanged();
+        let releases = Arc::new(Notify::new());
         self.inner.channels().insert(
             channel.to_owned(),
             Channel {
-                releases,
+                releases: releases.clone(),
+                changed_at: self.inner.next(),
                 waiters: 1,
                 confirmed: false,
             },
@@ -94,7 +141,8 @@ impl Notifier {
         let mut subscription = Subscription {
             inner: self.inner.clone(),
             channel: channel.to_owned(),
-            releases: receiver,
+            releases,
+            changed_since: true,
             joined: true,
         };
         match self.inner.send_subscribe(channel).await {
@@ -135,16 +183,20 @@ impl Inner {
         self.channels.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn join(self: &Arc<Self>, channel: &str) -> Option<Subscription> {
+    /// The next value of the sequence.
+    fn next(&self) -> u64 {
+        self.sequence.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn join(self: &Arc<Self>, channel: &str, marker: Option<u64>) -> Option<Subscription> {
         let mut channels = self.channels();
         let entry = channels.get_mut(channel).filter(|entry| entry.confirmed)?;
         entry.waiters += 1;
-        let mut releases = entry.releases.subscribe();
-        releases.mark_unchanged();
         Some(Subscription {
             inner: self.clone(),
             channel: channel.to_owned(),
-            releases,
+            releases: entry.releases.clone(),
+            changed_since: marker.is_none_or(|marker| entry.changed_at > marker),
             joined: true,
         })
     }
@@ -221,14 +273,26 @@ impl Inner {
         }
     }
 
-    /// Wakes the waiters of `channel`, or of every channel (after a disconnection, when
-    /// releases may have been missed).
+    /// Wakes one waiter of `channel` after a release, or every waiter of every channel
+    /// (after a disconnection, when releases may have been missed).
     fn wake(&self, channel: Option<&str>) {
-        let channels = self.channels();
-        let bump = |entry: &Channel| entry.releases.send_modify(|n| *n = n.wrapping_add(1));
+        let mut channels = self.channels();
+        let changed_at = self.next();
         match channel {
-            Some(channel) => channels.get(channel).into_iter().for_each(bump),
-            None => channels.values().for_each(bump),
+            Some(channel) => {
+                if let Some(entry) = channels.get_mut(channel) {
+                    entry.changed_at = changed_at;
+                    entry.releases.notify_one();
+                }
+            }
+            None => {
+                for entry in channels.values_mut() {
+                    entry.changed_at = changed_at;
+                    entry.releases.notify_waiters();
+                    // And one for a waiter that is between its attempt and its wait.
+                    entry.releases.notify_one();
+                }
+            }
         }
     }
 }
@@ -253,12 +317,16 @@ async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedRe
 }
 
 impl Subscription {
-    /// Waits for the next release on the channel (or a disconnection of the pub/sub
-    /// connection, after which a release may have been missed).
+    /// Whether the channel may have changed after the marker passed to
+    /// [`Notifier::subscribe`]: then the caller must look at the lock before waiting.
+    pub(crate) fn changed_since_marker(&self) -> bool {
+        self.changed_since
+    }
+
+    /// Waits until this waiter is the one woken by a release on the channel (or by a
+    /// disconnection of the pub/sub connection, after which a release may have been missed).
     pub(crate) async fn released(&mut self) {
-        if self.releases.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        self.releases.notified().await;
     }
 }
 
