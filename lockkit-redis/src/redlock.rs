@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
@@ -20,6 +21,7 @@ use redis::{ProtocolVersion, Value};
 use crate::config::{RedlockConfig, parse_host};
 use crate::connection::Dialer;
 use crate::error::{from_redis, timed_out, unexpected};
+use crate::notify::Notifier;
 use crate::scripts::{self, AcquireReply, Holder, Keys, millis};
 
 const BACKEND: &str = "redlock";
@@ -69,6 +71,8 @@ const BACKEND: &str = "redlock";
 pub struct RedlockBackend {
     nodes: Arc<[Node]>,
     config: Arc<RedlockConfig>,
+    /// The change count all nodes' notifiers share (see `notify.rs`).
+    notifications: Arc<AtomicU64>,
 }
 
 struct Node {
@@ -77,6 +81,30 @@ struct Node {
     connection: ConnectionManager,
     /// For renewals only, used on lockkit's runtime (see `RedisBackend`).
     renewals: ConnectionManager,
+    /// Release notifications from this node.
+    notifier: Notifier,
+    /// After a failed subscription, waiters do not ask this node again until then.
+    unheard_until: StdMutex<Option<Instant>>,
+}
+
+/// How long waiters leave a node alone after it refused or missed a subscription.
+const UNHEARD_FOR: Duration = Duration::from_secs(30);
+
+impl Node {
+    fn heard(&self, now: Instant) -> bool {
+        let until = self
+            .unheard_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        until.is_none_or(|until| now >= until)
+    }
+
+    fn unheard(&self) {
+        *self
+            .unheard_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + UNHEARD_FOR);
+    }
 }
 
 /// One node's answer, or why it gave none.
@@ -102,16 +130,21 @@ impl RedlockBackend {
             response_timeout: config.node_timeout,
         };
         let addrs = config.nodes.clone();
+        let notifications = Arc::new(AtomicU64::new(0));
+        let sequence = notifications.clone();
         let nodes = lockkit_core::runtime::run(async move {
             addrs
                 .into_iter()
                 .map(|addr| {
                     let (host, port) = parse_host(&addr)?;
                     let info = dialer.info(&host, port, ProtocolVersion::RESP2)?;
+                    let pushes = dialer.info(&host, port, ProtocolVersion::RESP3)?;
                     Ok(Node {
                         addr,
                         connection: dialer.lazy(info.clone())?,
                         renewals: dialer.lazy(info)?,
+                        notifier: Notifier::sharing(dialer.clone(), pushes, sequence.clone()),
+                        unheard_until: StdMutex::new(None),
                     })
                 })
                 .collect::<Result<Vec<_>>>()
@@ -120,6 +153,7 @@ impl RedlockBackend {
         let backend = RedlockBackend {
             nodes: nodes.into(),
             config: Arc::new(config),
+            notifications,
         };
         let connecting = backend.clone();
         let loaded = lockkit_core::runtime::run(async move {
@@ -300,7 +334,7 @@ impl RedlockBackend {
         self.script_on_all(
             &scripts::RELEASE,
             &[&keys.lock],
-            &[owner.expose_hex(), keys.channel.clone()],
+            &[owner.expose_hex(), keys.channel.clone(), "1".to_owned()],
         )
         .await
     }
@@ -415,13 +449,14 @@ impl LockBackend for RedlockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::BestEffort, WaitStrategy::Poll)
+        Capabilities::new(FencingGuarantee::BestEffort, WaitStrategy::Notify)
             .with_min_ttl(self.config.node_timeout * 4)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         let keys = Keys::of(&request.key);
         let quorum = self.quorum();
+        let marker = self.notifications.load(Ordering::SeqCst);
         let granted = |answers: &[Option<NodeResult<Value>>]| {
             answers
                 .iter()
@@ -501,14 +536,72 @@ impl LockBackend for RedlockBackend {
             .copied()
             .unwrap_or(request.ttl);
         Ok(Attempt::Contended(
-            Contention::new().with_retry_after(frees_up),
+            Contention::new()
+                .with_retry_after(frees_up)
+                .with_marker(marker),
         ))
+    }
+
+    /// Listens for releases on ONE node, the first (in configuration order) that takes the
+    /// subscription, so that a release wakes one waiter of this process, not one per node:
+    /// every node is sent every release, and tells its waiters when the key is gone (see
+    /// `release.lua`). A node that refuses or does not answer is left alone for a while; with
+    /// none left, waiters poll at about `node_timeout`.
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let keys = Keys::of(&request.key);
+        let now = Instant::now();
+        let mut subscription = None;
+        for node in self.nodes.iter().filter(|node| node.heard(now)) {
+            let subscribing = tokio::time::timeout(
+                self.config.node_timeout,
+                node.notifier.subscribe(&keys.channel, contention.marker),
+            );
+            match subscribing.await {
+                Ok(Ok(subscribed)) => {
+                    subscription = Some(subscribed);
+                    break;
+                }
+                Ok(Err(_)) | Err(_) => node.unheard(),
+            }
+        }
+        let Some(mut subscription) = subscription else {
+            let poll = self
+                .config
+                .node_timeout
+                .mul_f64(0.5 + rand::random::<f64>());
+            tokio::time::sleep(max_wait.min(poll)).await;
+            return Ok(());
+        };
+        // A release between the attempt and a new subscription published nothing we saw.
+        if subscription.changed_since_marker() {
+            let held = self
+                .holders(&request.key)
+                .await
+                .iter()
+                .filter(|holder| matches!(holder, Ok(Some(_))))
+                .count();
+            if held < self.quorum() {
+                return Ok(());
+            }
+        }
+        let _ = tokio::time::timeout(max_wait, subscription.released()).await;
+        Ok(())
     }
 
     /// Deletes the request's keys on every node that answers. A node that is down keeps its
     /// key until the TTL, which is only an error (logged by the core) when no majority
     /// answered: with a minority down, that is the expected state of a working quorum.
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        let channel = Keys::of(&request.key).channel;
+        // This acquisition may have taken the wake-up of a release: another waiter retries.
+        for node in self.nodes.iter() {
+            node.notifier.pass_on(&channel);
+        }
         let replies = self.release_on_all(&request.key, &request.owner).await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         if answered >= self.quorum() {
@@ -563,7 +656,11 @@ impl LockBackend for RedlockBackend {
             .script_until(
                 &scripts::RELEASE,
                 &[&keys.lock],
-                &[lease.owner().expose_hex(), keys.channel.clone()],
+                &[
+                    lease.owner().expose_hex(),
+                    keys.channel.clone(),
+                    "1".to_owned(),
+                ],
                 |answers| released(answers) >= quorum,
             )
             .await;

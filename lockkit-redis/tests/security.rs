@@ -326,7 +326,14 @@ async fn redlock_users(config: &RedlockConfig, ns: &str) -> (Vec<AclUser>, Redlo
     let mut users = Vec::new();
     for node in &config.nodes {
         users.push(
-            AclUser::create_as(node, name.clone(), password.clone(), ns, LOCKKIT_COMMANDS).await,
+            AclUser::create_as(
+                node,
+                name.clone(),
+                password.clone(),
+                ns,
+                &commands(&[NOTIFY_COMMANDS]),
+            )
+            .await,
         );
     }
     let mut config = config.clone();
