@@ -1,7 +1,7 @@
 //! What each scenario must show on each tier: the campaign's pass criteria.
 //!
-//! On every tier: no release deletes another holder's lock, nothing is left on the servers,
-//! no grant is handed over with its validity gone. On the consensus tiers (etcd, ZooKeeper)
+//! On every tier: no release deletes another holder's lock and no extend takes it back,
+//! nothing is left on the servers, no grant is handed over with its validity gone. On the consensus tiers (etcd, ZooKeeper)
 //! also: no stale write accepted, no fencing token regression or duplicate, and no overlap
 //! under server faults. Per scenario:
 //! - holder pause, pause before write: the pause outlasts the TTL, so every tier shows an
@@ -33,6 +33,7 @@ pub fn broken(outcome: &Outcome, topology: Topology, scenario: Scenario) -> Vec<
         }
     };
     require(v.foreign_releases == 0, "no foreign release");
+    require(v.foreign_extends == 0, "no foreign extend");
     require(outcome.leaked == 0, "nothing left on the servers");
     require(v.late_grants == 0, "no grant after its validity");
     if topology.is_consensus() {

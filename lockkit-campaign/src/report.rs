@@ -26,7 +26,7 @@ fn quantile(values: &[Option<Duration>], q: f64) -> String {
 /// The Markdown table of `rows` (outcome, broken criteria).
 pub fn markdown(rows: &[(Outcome, Vec<String>)]) -> String {
     let mut out = String::from(
-        "| tier | scenario | grants | faults | overlaps (max ms) | stale refused / accepted | token regressions | foreign releases | recovery p50 / p95 ms | lost-signal lag ms | leaked | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| tier | scenario | grants | faults | overlaps (max ms) | stale refused / accepted | token regressions | foreign releases + extends | recovery p50 / p95 ms | lost-signal lag ms | leaked | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (o, broken) in rows {
         let v = &o.verdict;
@@ -42,7 +42,7 @@ pub fn markdown(rows: &[(Outcome, Vec<String>)]) -> String {
             v.stale_rejected,
             v.stale_accepted,
             v.token_regressions + v.token_duplicates,
-            v.foreign_releases,
+            v.foreign_releases + v.foreign_extends,
             quantile(&v.recovery, 0.5),
             quantile(&v.recovery, 0.95),
             quantile(&v.lost_lag, 0.5),

@@ -17,8 +17,8 @@ pub enum Scenario {
     /// worker has been granted the lock, and for at least 2 × TTL (ZooKeeper grants only
     /// once the stopped holder's session has expired); the second worker holds the lock past
     /// the first one's wake-up. The
-    /// woken holder writes (the fenced resource must refuse it) and releases (which must not
-    /// delete the new holder's lock).
+    /// woken holder writes (the fenced resource must refuse it), extends and releases (which
+    /// must neither take back nor delete the new holder's lock).
     HolderPause,
     /// The holder checks that it still holds the lock, and is stopped right there, before the
     /// write the check was for, until a second worker has been granted and has written (and
@@ -179,9 +179,11 @@ async fn holder_pause(mut run: Run) -> Result<Outcome, CampaignError> {
     )?;
     holder.signal(Signal::SIGSTOP)?;
     let stopped = tokio::time::Instant::now();
+    // Longer than what is left of the holder's work after it wakes: its extend and release
+    // must meet the new holder's lock.
     let mut next = run.spec("next");
-    next.hold_ms = millis(ttl * 3);
-    next.writes = writes_over(ttl * 3);
+    next.hold_ms = millis(ttl * 6);
+    next.writes = writes_over(ttl * 6);
     let mut next = run.start(&next).await?;
     next.wait_for("granted", patience(&run)).await?;
     tokio::time::sleep_until(stopped + ttl * 2).await;

@@ -230,6 +230,15 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             say(if stored { "stored" } else { "refused" });
         }
         tokio::time::sleep(pause).await;
+        if spec.naive {
+            // A careless holder also renews by hand, lost or not: it must not get the lock
+            // back from whoever holds it now.
+            let outcome = match guard.extend().await {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => format!("{:?}", e.kind()),
+            };
+            record(&history, key, What::Extended { token, outcome })?;
+        }
         record(&history, key, What::Release { token })?;
         let outcome = match guard.release().await {
             Ok(true) => "ok".to_owned(),

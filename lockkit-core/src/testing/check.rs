@@ -18,6 +18,8 @@
 //! - A *foreign release* is a release that answered `ok` while a later grant was live, after
 //!   which that later holder found its lock gone (its own release answered `not_held`
 //!   without its lost signal having fired): the first release deleted the second's lock.
+//! - A *foreign extend* is an extend that answered `ok` after a later grant had been handed
+//!   out: the holder's lease had passed on, and it claimed the lock back.
 //! - A *late grant* is one handed over with no validity left.
 //! - *Recovery* is the time from a fault to the next grant of a worker it did not hit;
 //!   *lost-signal lag* the time from a fault to the lost signal of the worker it hit.
@@ -50,6 +52,8 @@ pub struct Verdict {
     pub stale_accepted: usize,
     /// Releases that deleted another holder's lock.
     pub foreign_releases: usize,
+    /// Extends that succeeded after the lock had passed to another holder.
+    pub foreign_extends: usize,
     /// Grants handed over with no validity left.
     pub late_grants: usize,
     /// Lost signals that fired.
@@ -86,6 +90,7 @@ struct Grant {
     last_write: Option<u64>,
     lost: Option<u64>,
     released: Option<(u64, String)>,
+    extended: Vec<u64>,
 }
 
 impl Grant {
@@ -133,6 +138,7 @@ pub fn check(events: &[Event]) -> Verdict {
                     last_write: None,
                     lost: None,
                     released: None,
+                    extended: Vec::new(),
                 });
             }
             What::Failed { .. } => verdict.failed_acquires += 1,
@@ -158,6 +164,14 @@ pub fn check(events: &[Event]) -> Verdict {
                 {
                     grants[i].released = Some((event.at_ns, outcome.clone()));
                     open.remove(&who);
+                }
+            }
+            What::Extended { token, outcome } => {
+                if let Some(i) = current
+                    && grants[i].token == *token
+                    && outcome == "ok"
+                {
+                    grants[i].extended.push(event.at_ns);
                 }
             }
             What::Killed => {
@@ -192,6 +206,7 @@ pub fn check(events: &[Event]) -> Verdict {
         tokens(&mut verdict, key, &grants);
         stale_writes(&mut verdict, key, &grants, events);
         foreign_releases(&mut verdict, key, &grants);
+        foreign_extends(&mut verdict, key, &grants);
     }
     for (at, target) in faults {
         let next_grant = grants
@@ -328,6 +343,21 @@ fn foreign_releases(verdict: &mut Verdict, key: &str, grants: &[&Grant]) {
                 "{key}: the release by {} (token {}) deleted the lock of {} (token {})",
                 a.process, a.token, b.process, b.token
             ));
+        }
+    }
+}
+
+/// Grants sorted by start.
+fn foreign_extends(verdict: &mut Verdict, key: &str, grants: &[&Grant]) {
+    for (i, a) in grants.iter().enumerate() {
+        for &at in &a.extended {
+            if let Some(b) = grants[i + 1..].iter().find(|b| b.start < at) {
+                verdict.foreign_extends += 1;
+                verdict.violation(format!(
+                    "{key}: {} (token {}) extended after {} had been granted {}",
+                    a.process, a.token, b.process, b.token
+                ));
+            }
         }
     }
 }
@@ -511,6 +541,22 @@ mod tests {
             (21, "b", released(2, "ok")),
         ]));
         assert_eq!(refused.foreign_releases, 0);
+    }
+
+    #[test]
+    fn catches_a_foreign_extend() {
+        let extended = |outcome: &str| What::Extended {
+            token: 1,
+            outcome: outcome.to_owned(),
+        };
+        let verdict = check(&history(&[
+            (0, "a", granted(1)),
+            (2, "a", extended("ok")),
+            (10, "b", granted(2)),
+            (12, "a", extended("ok")),
+            (13, "a", extended("Lost")),
+        ]));
+        assert_eq!(verdict.foreign_extends, 1);
     }
 
     #[test]

@@ -62,6 +62,14 @@ pub enum What {
         /// The grant's token.
         token: u64,
     },
+    /// The worker asked to extend its lease by hand; `outcome` is `ok`, or an error kind
+    /// (`Lost` when the lease was no longer its own).
+    Extended {
+        /// The grant's token.
+        token: u64,
+        /// How it ended.
+        outcome: String,
+    },
     /// The worker asked to release.
     Release {
         /// The grant's token.
