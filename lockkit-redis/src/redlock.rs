@@ -577,17 +577,10 @@ impl LockBackend for RedlockBackend {
             tokio::time::sleep(max_wait.min(poll)).await;
             return Ok(());
         };
-        // A release between the attempt and a new subscription published nothing we saw.
+        // A release between the attempt and the subscription published nothing we saw: try
+        // again at once.
         if subscription.changed_since_marker() {
-            let held = self
-                .holders(&request.key)
-                .await
-                .iter()
-                .filter(|holder| matches!(holder, Ok(Some(_))))
-                .count();
-            if held < self.quorum() {
-                return Ok(());
-            }
+            return Ok(());
         }
         let _ = tokio::time::timeout(max_wait, subscription.released()).await;
         Ok(())
