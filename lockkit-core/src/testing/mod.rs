@@ -297,6 +297,7 @@ macro_rules! conformance_tests {
             with_lock_cancels_when_lost,
             inspect_shows_the_holder,
             release_wakes_a_waiter,
+            a_cancelled_waiter_does_not_hold_up_the_next,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

@@ -46,6 +46,7 @@ scenarios!(
     with_lock_cancels_when_lost,
     inspect_shows_the_holder,
     release_wakes_a_waiter,
+    a_cancelled_waiter_does_not_hold_up_the_next,
 );
 
 /// A long TTL: a lock that is freed before it runs out was freed on purpose.
@@ -603,6 +604,51 @@ async fn release_wakes_a_waiter(h: &dyn Harness) -> Outcome {
         .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
     let granted =
         granted.map_err(|e| Failure(format!("the waiter was not woken by the release: {e}")))?;
+    granted.release().await?;
+    expect_no_leftovers(h, &ns).await
+}
+
+/// Two waiters of one client; the holder releases and the first waiter is cancelled at the
+/// same moment. Whichever of them the release woke, the second must be granted: a cancelled
+/// waiter must not swallow the wake-up (the holder's 60 s TTL cannot rescue it).
+async fn a_cancelled_waiter_does_not_hold_up_the_next(h: &dyn Harness) -> Outcome {
+    let ns = namespace();
+    let clients = clients(h, &ns, 2).await?;
+    if clients[0].capabilities().wait == WaitStrategy::Poll {
+        eprintln!(
+            "a_cancelled_waiter_does_not_hold_up_the_next: not applicable, the backend polls"
+        );
+        return Ok(());
+    }
+    let holder = clients[0]
+        .mutex("handoff")?
+        .with_ttl(LONG_TTL)
+        .lock_timeout(patience(h))
+        .await?;
+    let waiter = || -> std::result::Result<_, Failure> {
+        let mutex = clients[1]
+            .mutex("handoff")?
+            .with_options(options(h).with_backoff(Duration::from_millis(5), LONG_TTL));
+        Ok(tokio::spawn(async move {
+            mutex.lock_timeout(Duration::from_secs(20)).await
+        }))
+    };
+    let first = waiter()?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = waiter()?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release().await?;
+    // Let a woken first waiter run into its retry before it is cancelled.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    first.abort();
+    // It may have been granted before the cancel arrived: then it hands over by releasing.
+    if let Ok(Ok(guard)) = first.await {
+        guard.release().await?;
+    }
+    let granted = second
+        .await
+        .map_err(|e| Failure(format!("the second waiter panicked: {e}")))?
+        .map_err(|e| Failure(format!("the second waiter was not granted: {e}")))?;
     granted.release().await?;
     expect_no_leftovers(h, &ns).await
 }
