@@ -123,28 +123,24 @@ impl Scenario {
     /// When the scenario cannot be carried out (a worker or server does not do its part);
     /// safety findings are in the [`Outcome`], not errors.
     pub async fn run(self, campaign: &Campaign, tier: &Tier) -> Result<Outcome, CampaignError> {
+        let run = || Run::new(campaign, tier, self.name());
         match self {
-            Scenario::PersistentCrash => return persistent_crash(campaign).await,
-            Scenario::SplitBrain => return split_brain(campaign).await,
-            _ => {}
-        }
-        let run = Run::new(campaign, tier, self.name()).await?;
-        match self {
-            Scenario::HolderPause => holder_pause(run).await,
-            Scenario::PauseBeforeWrite => pause_before_write(run).await,
-            Scenario::DelayedReplies => delayed_replies(run).await,
-            Scenario::ServerPause => server_pause(run).await,
-            Scenario::ServerCrash => server_crash(run, Duration::ZERO).await,
+            Scenario::HolderPause => holder_pause(run().await?).await,
+            Scenario::PauseBeforeWrite => pause_before_write(run().await?).await,
+            Scenario::DelayedReplies => delayed_replies(run().await?).await,
+            Scenario::ServerPause => server_pause(run().await?).await,
+            Scenario::ServerCrash => server_crash(run().await?, Duration::ZERO).await,
             Scenario::DelayedRestart => {
-                let ttl = run.ttl;
-                server_crash(run, ttl + Duration::from_secs(1)).await
+                server_crash(run().await?, campaign.ttl + Duration::from_secs(1)).await
             }
-            Scenario::PersistentCrash | Scenario::SplitBrain => unreachable!("run above"),
-            Scenario::HolderCrash => holder_crash(run).await,
-            Scenario::Partition => partition(run).await,
-            Scenario::DroppedReplies => dropped_replies(run).await,
-            Scenario::LeaderIsolation => leader_isolation(run).await,
-            Scenario::QueuedWaiterExpires => queued_waiter_expires(run).await,
+            // These two bring their own servers, so their runs are on those.
+            Scenario::PersistentCrash => persistent_crash(campaign).await,
+            Scenario::SplitBrain => split_brain(campaign).await,
+            Scenario::HolderCrash => holder_crash(run().await?).await,
+            Scenario::Partition => partition(run().await?).await,
+            Scenario::DroppedReplies => dropped_replies(run().await?).await,
+            Scenario::LeaderIsolation => leader_isolation(run().await?).await,
+            Scenario::QueuedWaiterExpires => queued_waiter_expires(run().await?).await,
         }
     }
 }

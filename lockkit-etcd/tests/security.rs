@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit_core::testing::{
-    TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings,
+    TraceCapture, assert_no_secret, exercise, owner_token_spellings, secret_spellings,
 };
 use lockkit_core::{ErrorKind, LockClient, LockOptions, testing};
 use lockkit_etcd::etcd_client::{self, ConnectOptions, GetOptions, Permission};
@@ -464,38 +464,10 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
         "the key holds {stored:?}, not the token this test searches for"
     );
     let mut secrets = owner_token_spellings(guard.lease().owner());
-    assert!(
-        other
-            .mutex("job")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let queued = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            let next: lockkit_core::Result<lockkit_core::MutexGuard> = other
-                .mutex("job")?
-                .lock_timeout(Duration::from_secs(15))
-                .await;
-            next
-        })
-    };
-    tokio::time::sleep(ttl + ttl / 2).await;
-    guard.extend().await.unwrap();
-    shown.push(format!(
-        "{guard:?} {:?} {locks:?} {:?}",
-        guard.lease(),
-        locks.backend()
-    ));
-    shown.push(format!("{:?}", other.inspect("job").await.unwrap()));
     assert!(guard.release().await.unwrap());
-    let next = queued.await.unwrap().unwrap();
-    secrets.extend(owner_token_spellings(next.lease().owner()));
-    shown.push(format!("{next:?} {:?}", next.lease()));
-    assert!(next.release().await.unwrap());
+    let (tokens, more) = exercise(&locks, &other, ttl).await;
+    secrets.extend(tokens);
+    shown.extend(more);
 
     let mut wrong = config.clone();
     wrong.password = Some(format!("wrong-{:032x}", rand::random::<u128>()));

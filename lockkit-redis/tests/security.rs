@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{AclUser, LOCKKIT_COMMANDS, NOTIFY_COMMANDS, SENTINEL_COMMANDS, Topology};
 use lockkit_core::testing::{
-    TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings,
+    TraceCapture, assert_no_secret, exercise, owner_token_spellings, secret_spellings,
 };
 use lockkit_core::{ErrorKind, LockBackend, LockClient, LockOptions, WaitStrategy};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
@@ -342,54 +342,6 @@ async fn redlock_users(config: &RedlockConfig, ns: &str) -> (Vec<AclUser>, Redlo
     (users, config)
 }
 
-/// Runs a whole cycle on `locks` (and `other`, a second client of the same servers): acquire,
-/// a contended try, a waiter, renewals past the TTL, an extend, release, the waiter granted
-/// and released. Returns the owner tokens' spellings and what `Debug`/`Display` showed.
-async fn full_cycle(
-    locks: &LockClient,
-    other: &LockClient,
-    ttl: Duration,
-) -> (Vec<String>, Vec<String>) {
-    let guard = locks.mutex("job").unwrap().lock().await.unwrap();
-    let mut secrets = owner_token_spellings(guard.lease().owner());
-    assert!(
-        other
-            .mutex("job")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let waiter = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            let next: lockkit_core::Result<lockkit_core::MutexGuard> = other
-                .mutex("job")?
-                .lock_timeout(Duration::from_secs(10))
-                .await;
-            next
-        })
-    };
-    tokio::time::sleep(ttl * 2).await;
-    guard.extend().await.unwrap();
-    let info = other.inspect("job").await.unwrap();
-    let mut shown = vec![
-        format!("{guard:?}"),
-        format!("{:?}", guard.lease()),
-        format!("{info:?}"),
-        format!("{locks:?} {other:?}"),
-        format!("{:?}", locks.backend()),
-    ];
-    assert!(!guard.is_lost());
-    assert!(guard.release().await.unwrap());
-    let next = waiter.await.unwrap().unwrap();
-    secrets.extend(owner_token_spellings(next.lease().owner()));
-    shown.push(format!("{next:?} {:?}", next.lease()));
-    assert!(next.release().await.unwrap());
-    (secrets, shown)
-}
-
 /// Neither the password nor an owner token shows in the `Debug` of configurations, backends,
 /// clients, guards and leases, in the errors of a wrong password or a missing permission, or
 /// anywhere in a TRACE capture of a whole cycle and of those failures (single server and
@@ -435,7 +387,7 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
     let mut secrets = owner_token_spellings(probe.lease().owner());
     assert!(probe.release().await.unwrap());
 
-    let (tokens, more) = full_cycle(&locks, &other, ttl).await;
+    let (tokens, more) = exercise(&locks, &other, ttl).await;
     secrets.extend(tokens);
     shown.extend(more);
 
@@ -465,7 +417,7 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
             LockClient::with_options(backend, &ns, options).unwrap()
         }
     };
-    let (tokens, more) = full_cycle(
+    let (tokens, more) = exercise(
         &redlock_locks(redlock_config.clone()).await,
         &redlock_locks(redlock_config.clone()).await,
         Duration::from_millis(1000),

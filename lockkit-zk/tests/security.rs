@@ -10,9 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::testing::{
-    TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings,
-};
+use lockkit_core::testing::{TraceCapture, assert_no_secret, exercise, secret_spellings};
 use lockkit_core::{ErrorKind, LockClient, LockOptions};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use support::test_config;
@@ -229,40 +227,8 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
     let (locks, other) = (connect().await, connect().await);
     let mut shown = vec![format!("{config:?}")];
 
-    let guard = locks.mutex("job").unwrap().lock().await.unwrap();
-    let mut secrets = owner_token_spellings(guard.lease().owner());
-    assert!(
-        other
-            .mutex("job")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let queued = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            let next: lockkit_core::Result<lockkit_core::MutexGuard> = other
-                .mutex("job")?
-                .lock_timeout(Duration::from_secs(15))
-                .await;
-            next
-        })
-    };
-    tokio::time::sleep(ttl + ttl / 2).await;
-    guard.extend().await.unwrap();
-    shown.push(format!(
-        "{guard:?} {:?} {locks:?} {:?}",
-        guard.lease(),
-        locks.backend()
-    ));
-    shown.push(format!("{:?}", other.inspect("job").await.unwrap()));
-    assert!(guard.release().await.unwrap());
-    let next = queued.await.unwrap().unwrap();
-    secrets.extend(owner_token_spellings(next.lease().owner()));
-    shown.push(format!("{next:?} {:?}", next.lease()));
-    assert!(next.release().await.unwrap());
+    let (mut secrets, more) = exercise(&locks, &other, ttl).await;
+    shown.extend(more);
 
     let mut wrong = config.clone();
     wrong.password = Some(format!("wrong-{:032x}", rand::random::<u128>()));

@@ -35,7 +35,9 @@ use crate::key::LockKey;
 use crate::options::LockOptions;
 
 pub use scenarios::SCENARIOS;
-pub use secrets::{TraceCapture, assert_no_secret, owner_token_spellings, secret_spellings};
+pub use secrets::{
+    TraceCapture, assert_no_secret, exercise, owner_token_spellings, secret_spellings,
+};
 
 /// What a backend provides to run the conformance suite against it.
 #[async_trait]

@@ -156,3 +156,67 @@ pub fn assert_no_secret<S: AsRef<str>>(what: &str, text: &str, secrets: &[S]) {
         }
     }
 }
+
+/// Runs a whole lock cycle on `locks` (and `other`, a second client of the same servers) for
+/// the secret searches: acquire, a contended `try_lock`, a queued waiter, renewals past the
+/// TTL, a hand `extend`, `inspect`, release, the waiter granted and released. Returns every
+/// spelling of the owner tokens it used and what `Debug` showed of the guards, leases,
+/// clients, backends and lock info on the way.
+///
+/// # Panics
+/// When a step of the cycle fails.
+pub async fn exercise(
+    locks: &crate::LockClient,
+    other: &crate::LockClient,
+    ttl: std::time::Duration,
+) -> (Vec<String>, Vec<String>) {
+    let guard = locks
+        .mutex("job")
+        .expect("a valid key")
+        .lock()
+        .await
+        .expect("the lock");
+    let mut secrets = owner_token_spellings(guard.lease().owner());
+    let contended = other
+        .mutex("job")
+        .expect("a valid key")
+        .try_lock()
+        .await
+        .expect("try_lock answers");
+    assert!(contended.is_none(), "the lock was granted twice");
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .mutex("job")?
+                .lock_timeout(std::time::Duration::from_secs(15))
+                .await
+        })
+    };
+    tokio::time::sleep(ttl * 2).await;
+    guard.extend().await.expect("extend");
+    let info = other.inspect("job").await.expect("inspect");
+    let mut shown = vec![
+        format!("{guard:?}"),
+        format!("{:?}", guard.lease()),
+        format!("{info:?}"),
+        format!("{locks:?} {other:?}"),
+        format!("{:?}", locks.backend()),
+    ];
+    assert!(!guard.is_lost(), "the lock was lost while renewed");
+    assert!(
+        guard.release().await.expect("release"),
+        "the lock was not held at release"
+    );
+    let next = waiter
+        .await
+        .expect("the waiter did not panic")
+        .expect("the waiter was granted");
+    secrets.extend(owner_token_spellings(next.lease().owner()));
+    shown.push(format!("{next:?} {:?}", next.lease()));
+    assert!(
+        next.release().await.expect("release"),
+        "the waiter's lock was not held"
+    );
+    (secrets, shown)
+}
