@@ -110,6 +110,19 @@ fn record(history: &Shared, key: &str, what: What) -> Result<(), CampaignError> 
         .map_err(|e| CampaignError(format!("cannot write the history: {e}")))
 }
 
+/// Records and says that an acquire (or the connection it needed) failed with `error`.
+fn failed(history: &Shared, key: &str, error: &lockkit::Error) -> Result<(), CampaignError> {
+    record(
+        history,
+        key,
+        What::Failed {
+            error: format!("{:?}", error.kind()),
+        },
+    )?;
+    say("failed");
+    Ok(())
+}
+
 fn say(line: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -143,14 +156,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             Err(_) if Instant::now() >= deadline => break None,
             Err(e) => {
                 record(&history, key, What::Invoke)?;
-                record(
-                    &history,
-                    key,
-                    What::Failed {
-                        error: format!("{:?}", e.kind()),
-                    },
-                )?;
-                say("failed");
+                failed(&history, key, &e)?;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -175,14 +181,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
         {
             Ok(guard) => guard,
             Err(e) => {
-                record(
-                    &history,
-                    key,
-                    What::Failed {
-                        error: format!("{:?}", e.kind()),
-                    },
-                )?;
-                say("failed");
+                failed(&history, key, &e)?;
                 tokio::time::sleep(Duration::from_millis(spec.between_ms.max(100))).await;
                 continue;
             }

@@ -17,21 +17,29 @@ use std::time::Duration;
 
 use lockkit_campaign::{Campaign, Scenario, Tier, Topology, report, run_all};
 
+/// Runs keep their histories under the test target's scratch directory.
+fn campaign(ttl: Duration) -> Campaign {
+    Campaign {
+        worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-campaign")),
+        dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("campaign-smoke"),
+        ttl,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 fn smoke(topology: Topology, scenarios: &[Scenario]) {
     let Some(tier) = Tier::of(topology) else {
         return;
     };
-    let campaign = Campaign {
-        worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-campaign")),
-        dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("campaign-smoke"),
-        ttl: Duration::from_secs(2),
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let rows = runtime
+    let campaign = campaign(Duration::from_secs(2));
+    let rows = runtime()
         .block_on(run_all(&campaign, &[tier], scenarios))
         .unwrap_or_else(|e| panic!("{e}"));
     let table = report::markdown(&rows);
@@ -118,17 +126,8 @@ fn a_lock_left_behind_is_reported_as_leaked() {
     let Some(tier) = Tier::of(Topology::Redis) else {
         return;
     };
-    let campaign = Campaign {
-        worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-campaign")),
-        dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("campaign-smoke"),
-        ttl: Duration::from_secs(1),
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    let campaign = campaign(Duration::from_secs(1));
+    runtime().block_on(async {
         let run = lockkit_campaign::Run::new(&campaign, &tier, "leak-check")
             .await
             .expect("a run");
