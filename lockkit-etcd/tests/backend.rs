@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, ErrorKind, Lease, LockBackend, LockClient,
-    LockInfo, LockKey, LockOptions, OwnerToken, Renewal, Result, Tier, async_trait,
+    LockInfo, LockKey, LockOptions, MutexGuard, OwnerToken, Renewal, Result, Tier, async_trait,
 };
 use lockkit_etcd::etcd_client::{DeleteOptions, TxnOp};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
@@ -19,6 +19,26 @@ use lockkit_etcd::{EtcdBackend, EtcdConfig};
 async fn client(config: &EtcdConfig, namespace: &str, options: LockOptions) -> LockClient {
     let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
     LockClient::with_options(Arc::new(backend), namespace, options).expect("client")
+}
+
+type Waiting = tokio::task::JoinHandle<lockkit_core::Result<(MutexGuard, Instant)>>;
+
+/// `holder` takes "job"; `waiter` queues for it and reports when it is granted.
+async fn hold_with_a_waiter(holder: &LockClient, waiter: LockClient) -> (MutexGuard, Waiting) {
+    let held = holder
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter
+            .mutex("job")?
+            .lock_timeout(Duration::from_secs(30))
+            .await?;
+        Ok((guard, Instant::now()))
+    });
+    (held, waiting)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,20 +53,7 @@ async fn revoked_lease_fires_lost_at_once_and_the_next_waiter_is_granted() {
     let waiter = client(&config, &ns, options).await;
     let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
 
-    let held = holder
-        .mutex("job")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
-    let waiting = tokio::spawn(async move {
-        let guard = waiter
-            .mutex("job")?
-            .lock_timeout(Duration::from_secs(30))
-            .await?;
-        let granted_at = Instant::now();
-        Ok::<_, lockkit_core::Error>((guard, granted_at))
-    });
+    let (held, waiting) = hold_with_a_waiter(&holder, waiter).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let lease = support::lease_of(held.lease().handle().expect("etcd grants carry their key"));
@@ -97,20 +104,7 @@ async fn holder_whose_keep_alive_is_cut_sees_lost_within_its_ttl() {
     let waiter = client(&config, &ns, options).await;
     let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
 
-    let held = holder
-        .mutex("job")
-        .expect("key")
-        .lock()
-        .await
-        .expect("lock");
-    let waiting = tokio::spawn(async move {
-        let guard = waiter
-            .mutex("job")?
-            .lock_timeout(Duration::from_secs(30))
-            .await?;
-        let granted_at = Instant::now();
-        Ok::<_, lockkit_core::Error>((guard, granted_at))
-    });
+    let (held, waiting) = hold_with_a_waiter(&holder, waiter).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let cut_at = Instant::now();

@@ -232,14 +232,19 @@ async fn a_disconnection_within_the_validity_keeps_the_lock() {
     assert_no_znodes(&admin, &ns).await;
 }
 
-/// A create whose reply is lost (the request reached the ensemble, the answer did not
-/// come back) leaves a node; the next attempt of the same acquisition finds it by the digest
-/// of the owner token in its name instead of queueing a second one behind it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
-    let Some(mut config) = test_config() else {
-        return;
-    };
+/// A backend reaching the ensemble through a fault proxy, and a request for a key whose
+/// parent exists and is kept (a persistent child), so that a test sees only its own nodes.
+struct Queue {
+    admin: zk::Client,
+    ns: String,
+    proxy: FaultProxy,
+    backend: ZkBackend,
+    request: AcquireRequest,
+    parent: String,
+}
+
+async fn key_behind_a_proxy(name: &str) -> Option<Queue> {
+    let mut config = test_config()?;
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
     let proxy = FaultProxy::start(&config.hosts)
@@ -249,7 +254,7 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
     config.request_timeout = Duration::from_millis(500);
     let backend = ZkBackend::connect(config).await.unwrap();
     let request = AcquireRequest::new(
-        LockKey::new(&ns, "lost-reply").unwrap(),
+        LockKey::new(&ns, name).unwrap(),
         OwnerToken::generate().unwrap(),
         Duration::from_secs(10),
         true,
@@ -260,8 +265,7 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
         Attempt::Granted(_)
     ));
     backend.abandon(&request).await.unwrap();
-
-    let parent = format!("/{ns}/lost-reply");
+    let parent = format!("/{ns}/{name}");
     admin
         .create(
             &format!("{parent}/keep-parent"),
@@ -270,6 +274,32 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
         )
         .await
         .unwrap();
+    Some(Queue {
+        admin,
+        ns,
+        proxy,
+        backend,
+        request,
+        parent,
+    })
+}
+
+/// A create whose reply is lost (the request reached the ensemble, the answer did not
+/// come back) leaves a node; the next attempt of the same acquisition finds it by the digest
+/// of the owner token in its name instead of queueing a second one behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
+    let Some(Queue {
+        admin,
+        ns,
+        proxy,
+        backend,
+        request,
+        parent,
+    }) = key_behind_a_proxy("lost-reply").await
+    else {
+        return;
+    };
     proxy.set(Direction::Replies, Fault::Drop);
     let err = backend
         .try_acquire(&request)
@@ -625,38 +655,17 @@ async fn strays_with_the_acquisitions_own_name_are_deleted() {
 /// after the failed acquisition cannot reach the ensemble either (its reply is lost too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_create_is_swept_when_the_clean_up_fails() {
-    let Some(mut config) = test_config() else {
+    let Some(Queue {
+        admin,
+        ns,
+        proxy,
+        backend,
+        request,
+        parent,
+    }) = key_behind_a_proxy("swept").await
+    else {
         return;
     };
-    let admin = admin(&config, TEST_CHROOT).await;
-    let ns = namespace();
-    let proxy = FaultProxy::start(&config.hosts)
-        .await
-        .expect("a fault proxy");
-    config.hosts = proxy.hosts();
-    config.request_timeout = Duration::from_millis(500);
-    let backend = ZkBackend::connect(config).await.unwrap();
-    let request = AcquireRequest::new(
-        LockKey::new(&ns, "swept").unwrap(),
-        OwnerToken::generate().unwrap(),
-        Duration::from_secs(10),
-        true,
-    );
-    // First use of the key: create the parent with an ordinary attempt, then give it back.
-    assert!(matches!(
-        backend.try_acquire(&request).await.unwrap(),
-        Attempt::Granted(_)
-    ));
-    backend.abandon(&request).await.unwrap();
-    let parent = format!("/{ns}/swept");
-    admin
-        .create(
-            &format!("{parent}/keep-parent"),
-            &[],
-            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
-        )
-        .await
-        .unwrap();
 
     proxy.set(Direction::Replies, Fault::Drop);
     backend
