@@ -14,6 +14,7 @@ use redis::Value;
 use crate::config::{RedisConfig, parse_host};
 use crate::connection::{Dialer, Primary};
 use crate::error::{BACKEND, unexpected};
+use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
 
 /// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
@@ -35,12 +36,9 @@ use crate::scripts::{self, AcquireReply, Keys, millis};
 pub struct RedisBackend {
     primary: Arc<Primary>,
     config: Arc<RedisConfig>,
-    /// Until when waiters poll because the server refused a subscription.
-    polling_until: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// Whether the server lately refused a subscription (waiters then poll).
+    refusal: Arc<Refusal>,
 }
-
-/// How long waiters poll after the server refused `SUBSCRIBE`, before trying it again.
-const POLL_AFTER_REFUSAL: Duration = Duration::from_secs(30);
 
 impl RedisBackend {
     /// Connects to the server (or asks the Sentinels for the primary and connects to it) and
@@ -84,7 +82,7 @@ impl RedisBackend {
         let backend = RedisBackend {
             primary: Arc::new(primary),
             config: Arc::new(config),
-            polling_until: Arc::default(),
+            refusal: Arc::default(),
         };
         backend.load_scripts().await?;
         Ok(backend)
@@ -252,29 +250,14 @@ impl RedisBackend {
     /// Whether waiters are woken by release notifications now (configured, and the server
     /// did not refuse them lately).
     fn notifies(&self) -> bool {
-        if !self.config.notifications {
-            return false;
-        }
-        let mut until = self
-            .polling_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if until.is_some_and(|until| std::time::Instant::now() >= until) {
-            *until = None;
-        }
-        until.is_none()
+        self.config.notifications && self.refusal.allows()
     }
 
     /// Falls back to polling for a while after the server refused a subscription.
     fn poll_for_a_while(&self, error: &Error) {
-        let mut until = self
-            .polling_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if until.is_none() {
+        if self.refusal.refused() {
             tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
         }
-        *until = Some(std::time::Instant::now() + POLL_AFTER_REFUSAL);
     }
 }
 

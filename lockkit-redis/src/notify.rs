@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lockkit_core::Result;
 use redis::aio::ConnectionManager;
@@ -22,6 +22,36 @@ use crate::connection::Dialer;
 /// A channel stays subscribed this long after its last waiter left, so that a waiter that
 /// retries and waits again finds it still subscribed.
 const LINGER: Duration = Duration::from_secs(2);
+
+/// How long waiters poll instead of subscribing after a server refused (or did not answer)
+/// a subscription.
+const POLL_AFTER_REFUSAL: Duration = Duration::from_secs(30);
+
+/// Whether a server lately refused release notifications: then waiters poll for
+/// [`POLL_AFTER_REFUSAL`] instead of asking it again on every wait.
+#[derive(Debug, Default)]
+pub(crate) struct Refusal {
+    until: StdMutex<Option<Instant>>,
+}
+
+impl Refusal {
+    /// Whether subscriptions may be asked for now.
+    pub(crate) fn allows(&self) -> bool {
+        let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        if until.is_some_and(|until| Instant::now() >= until) {
+            *until = None;
+        }
+        until.is_none()
+    }
+
+    /// Records a refusal; true if it is the first since notifications last worked.
+    pub(crate) fn refused(&self) -> bool {
+        let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = until.is_none();
+        *until = Some(Instant::now() + POLL_AFTER_REFUSAL);
+        first
+    }
+}
 
 /// The shared pub/sub connection of one backend (one primary address).
 pub(crate) struct Notifier {

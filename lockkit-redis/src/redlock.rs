@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
@@ -21,7 +21,7 @@ use redis::{ProtocolVersion, Value};
 use crate::config::{RedlockConfig, parse_host};
 use crate::connection::Dialer;
 use crate::error::{from_redis, timed_out, unexpected};
-use crate::notify::Notifier;
+use crate::notify::{Notifier, Refusal};
 use crate::scripts::{self, AcquireReply, Holder, Keys, millis};
 
 const BACKEND: &str = "redlock";
@@ -83,28 +83,8 @@ struct Node {
     renewals: ConnectionManager,
     /// Release notifications from this node.
     notifier: Notifier,
-    /// After a failed subscription, waiters do not ask this node again until then.
-    unheard_until: StdMutex<Option<Instant>>,
-}
-
-/// How long waiters leave a node alone after it refused or missed a subscription.
-const UNHEARD_FOR: Duration = Duration::from_secs(30);
-
-impl Node {
-    fn heard(&self, now: Instant) -> bool {
-        let until = self
-            .unheard_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        until.is_none_or(|until| now >= until)
-    }
-
-    fn unheard(&self) {
-        *self
-            .unheard_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + UNHEARD_FOR);
-    }
+    /// Whether this node lately refused (or did not answer) a subscription.
+    refusal: Refusal,
 }
 
 /// One node's answer, or why it gave none.
@@ -144,7 +124,7 @@ impl RedlockBackend {
                         connection: dialer.lazy(info.clone())?,
                         renewals: dialer.lazy(info)?,
                         notifier: Notifier::sharing(dialer.clone(), pushes, sequence.clone()),
-                        unheard_until: StdMutex::new(None),
+                        refusal: Refusal::default(),
                     })
                 })
                 .collect::<Result<Vec<_>>>()
@@ -449,7 +429,13 @@ impl LockBackend for RedlockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::BestEffort, WaitStrategy::Notify)
+        // With every node refusing notifications, the core's jittered backoff takes over.
+        let wait = if self.nodes.iter().any(|node| node.refusal.allows()) {
+            WaitStrategy::Notify
+        } else {
+            WaitStrategy::Poll
+        };
+        Capabilities::new(FencingGuarantee::BestEffort, wait)
             .with_min_ttl(self.config.node_timeout * 4)
     }
 
@@ -546,17 +532,22 @@ impl LockBackend for RedlockBackend {
     /// subscription, so that a release wakes one waiter of this process, not one per node:
     /// every node is sent every release, and tells its waiters when the key is gone (see
     /// `release.lua`). A node that refuses or does not answer is left alone for a while; with
-    /// none left, waiters poll at about `node_timeout`.
+    /// none left, [`LockBackend::capabilities`] says `Poll` and the core's backoff paces the
+    /// retries.
     async fn wait_for_change(
         &self,
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
+        if self.capabilities().wait == WaitStrategy::Poll {
+            // The core chose `max_wait` by jittered backoff.
+            tokio::time::sleep(max_wait).await;
+            return Ok(());
+        }
         let keys = Keys::of(&request.key);
-        let now = Instant::now();
         let mut subscription = None;
-        for node in self.nodes.iter().filter(|node| node.heard(now)) {
+        for node in self.nodes.iter().filter(|node| node.refusal.allows()) {
             let subscribing = tokio::time::timeout(
                 self.config.node_timeout,
                 node.notifier.subscribe(&keys.channel, contention.marker),
@@ -566,15 +557,13 @@ impl LockBackend for RedlockBackend {
                     subscription = Some(subscribed);
                     break;
                 }
-                Ok(Err(_)) | Err(_) => node.unheard(),
+                Ok(Err(_)) | Err(_) => {
+                    node.refusal.refused();
+                }
             }
         }
+        // Every node refused just now: retry at once; the next wait polls.
         let Some(mut subscription) = subscription else {
-            let poll = self
-                .config
-                .node_timeout
-                .mul_f64(0.5 + rand::random::<f64>());
-            tokio::time::sleep(max_wait.min(poll)).await;
             return Ok(());
         };
         // A release between the attempt and the subscription published nothing we saw: try

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use lockkit_core::{ErrorKind, LockClient};
+use lockkit_core::{ErrorKind, LockBackend, LockClient};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 
 /// A TCP server that accepts connections and never answers.
@@ -168,11 +168,52 @@ async fn refused_subscriptions_fall_back_to_polling() {
     let mut config = config.clone();
     config.username = Some(user.name.clone());
     config.password = Some(user.password.clone());
+    let backend = RedisBackend::connect(config).await.expect("connect");
+    expect_polling_works(std::sync::Arc::new(backend), &namespace).await;
+}
+
+/// The same on Redlock, whose waiters listen on one node: with every node refusing, they
+/// poll with the core's backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_subscriptions_on_every_redlock_node_fall_back_to_polling() {
+    let Some(harness) = common::redlock().await else {
+        return;
+    };
+    let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
+    let common::Topology::Redlock(config) = &harness.topology else {
+        panic!("the redlock harness runs on Redlock nodes");
+    };
+    let (name, password) = (
+        format!("lk-test-{:08x}", rand::random::<u32>()),
+        format!("pw-{:032x}", rand::random::<u128>()),
+    );
+    let mut users = Vec::new();
+    for node in &config.nodes {
+        users.push(
+            common::AclUser::create_as(
+                node,
+                name.clone(),
+                password.clone(),
+                &namespace,
+                common::LOCKKIT_COMMANDS,
+            )
+            .await,
+        );
+    }
+    let mut config = config.clone();
+    config.username = Some(name);
+    config.password = Some(password);
+    let backend = RedlockBackend::connect(config).await.expect("connect");
+    expect_polling_works(std::sync::Arc::new(backend), &namespace).await;
+    drop(users);
+}
+
+/// A waiter on `backend` (whose server refuses SUBSCRIBE) is granted soon after the release,
+/// and the backend says it polls.
+async fn expect_polling_works(backend: std::sync::Arc<dyn LockBackend>, namespace: &str) {
     let outcome: lockkit_core::Result<(lockkit_core::WaitStrategy, Duration)> = async {
-        let backend: std::sync::Arc<RedisBackend> =
-            std::sync::Arc::new(RedisBackend::connect(config).await?);
         let options = lockkit_core::LockOptions::default().with_ttl(Duration::from_secs(5));
-        let locks = LockClient::with_options(backend.clone(), &namespace, options)?;
+        let locks = LockClient::with_options(backend.clone(), namespace, options)?;
         let held = locks.mutex("polled")?.lock().await?;
         let waiter = {
             let locks = locks.clone();
@@ -183,7 +224,7 @@ async fn refused_subscriptions_fall_back_to_polling() {
             })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let polls = lockkit_core::LockBackend::capabilities(&*backend).wait;
+        let polls = backend.capabilities().wait;
         held.release().await?;
         let started = Instant::now();
         let next = tokio::time::timeout(Duration::from_secs(3), waiter)
@@ -195,7 +236,6 @@ async fn refused_subscriptions_fall_back_to_polling() {
         lockkit_core::Result::Ok((polls, waited))
     }
     .await;
-    drop(user);
     let (polls, waited) = outcome.expect("locks work without SUBSCRIBE");
     assert_eq!(polls, lockkit_core::WaitStrategy::Poll);
     assert!(
