@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lockkit_campaign::worker::{self, WorkerSpec};
-use lockkit_campaign::{Campaign, Scenario, Tier, report, run_all};
+use lockkit_campaign::{Campaign, Scenario, Tier, Topology, report, run_all};
 
 #[derive(Debug, Parser)]
 #[command(about = "lockkit's fault-injection campaign")]
@@ -26,8 +26,8 @@ struct Cli {
     /// Scenarios to run (comma-separated names); all by default.
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
-    /// The TTL of every lock, in milliseconds.
-    #[arg(long, default_value_t = 2000)]
+    /// The TTL of every lock, in milliseconds (at least 100).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(100..))]
     ttl_ms: u64,
     /// Where to keep the histories.
     #[arg(long, default_value = "target/campaign")]
@@ -58,13 +58,23 @@ async fn main() -> ExitCode {
         let mut chosen = Vec::new();
         for name in &cli.scenarios {
             let Some(s) = Scenario::named(name) else {
-                eprintln!("unknown scenario {name}");
+                let known: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                eprintln!("unknown scenario {name} (known: {})", known.join(", "));
                 return ExitCode::from(2);
             };
             chosen.push(s);
         }
         chosen
     };
+    if let Some(unknown) = cli
+        .tiers
+        .iter()
+        .find(|name| !Topology::ALL.iter().any(|t| t.name() == name.as_str()))
+    {
+        let known: Vec<&str> = Topology::ALL.iter().map(|t| t.name()).collect();
+        eprintln!("unknown tier {unknown} (known: {})", known.join(", "));
+        return ExitCode::from(2);
+    }
     let tiers: Vec<Tier> = Tier::available()
         .into_iter()
         .filter(|t| cli.tiers.is_empty() || cli.tiers.iter().any(|n| n == t.name()))
