@@ -252,19 +252,19 @@ async fn key_behind_a_proxy(name: &str) -> Option<Queue> {
         .expect("a fault proxy");
     config.hosts = proxy.hosts();
     config.request_timeout = Duration::from_millis(500);
-    let backend = ZkBackend::connect(config).await.unwrap();
+    let backend = ZkBackend::connect(config).await.expect("connect");
     let request = AcquireRequest::new(
-        LockKey::new(&ns, name).unwrap(),
-        OwnerToken::generate().unwrap(),
+        LockKey::new(&ns, name).expect("a valid key"),
+        OwnerToken::generate().expect("an owner token"),
         Duration::from_secs(10),
         true,
     );
     // First use of the key: create the parent with an ordinary attempt, then give it back.
     assert!(matches!(
-        backend.try_acquire(&request).await.unwrap(),
+        backend.try_acquire(&request).await.expect("an attempt"),
         Attempt::Granted(_)
     ));
-    backend.abandon(&request).await.unwrap();
+    backend.abandon(&request).await.expect("abandon");
     let parent = format!("/{ns}/{name}");
     admin
         .create(
@@ -273,7 +273,7 @@ async fn key_behind_a_proxy(name: &str) -> Option<Queue> {
             &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
         )
         .await
-        .unwrap();
+        .expect("the kept child");
     Some(Queue {
         admin,
         ns,
