@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
@@ -173,7 +172,7 @@ impl RedlockBackend {
     }
 
     /// Runs `request` on every node at once (on the renewal connections if `renewal`), each
-    /// bounded by `bound`.
+    /// bounded by `bound`, and waits for every answer.
     async fn on_all<T, F, Fut>(
         &self,
         bound: Duration,
@@ -181,62 +180,76 @@ impl RedlockBackend {
         request: F,
     ) -> Vec<NodeResult<T>>
     where
+        T: Send + 'static,
         F: Fn(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
     {
-        join_all(self.nodes.iter().map(|node| {
-            let connection = if renewal {
-                &node.renewals
-            } else {
-                &node.connection
-            };
-            let reply = request(connection.clone());
-            async move {
-                match tokio::time::timeout(bound, reply).await {
-                    Ok(Ok(value)) => Ok(value),
-                    Ok(Err(e)) => Err(from_redis(BACKEND, e)),
-                    Err(_) => Err(timed_out(BACKEND, &node.addr, bound)),
-                }
-            }
-        }))
-        .await
+        self.on_all_until(bound, renewal, request, |_| false)
+            .await
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))
+            .collect()
     }
 
     /// As [`RedlockBackend::on_all`], but returns as soon as `enough` says the answers so
     /// far decide the outcome; the nodes that have not answered yet are `None`. Their
-    /// requests were sent and may still be applied, so callers treat them as "may hold".
+    /// requests may still be applied, so callers treat them as "may hold".
+    ///
+    /// The requests still pending then are driven to their end (or the bound) on lockkit's
+    /// runtime: a redis request future dropped early may not have been written to its
+    /// connection yet, and a release that is never sent leaves its key on that node until
+    /// the TTL.
     async fn on_all_until<T, F, Fut>(
         &self,
+        bound: Duration,
+        renewal: bool,
         request: F,
-        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool + Send + Sync,
     ) -> Vec<Option<NodeResult<T>>>
     where
+        T: Send + 'static,
         F: Fn(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
     {
-        let bound = self.config.node_timeout;
+        let deadline = tokio::time::Instant::now() + bound;
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let reply = request(node.connection.clone());
-                async move {
-                    let answer = match tokio::time::timeout(bound, reply).await {
-                        Ok(Ok(value)) => Ok(value),
-                        Ok(Err(e)) => Err(from_redis(BACKEND, e)),
-                        Err(_) => Err(timed_out(BACKEND, &node.addr, bound)),
-                    };
-                    (i, answer)
-                }
+                let connection = if renewal {
+                    &node.renewals
+                } else {
+                    &node.connection
+                };
+                let reply = request(connection.clone());
+                async move { (i, reply.await.map_err(|e| from_redis(BACKEND, e))) }
             })
             .collect();
         let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
-        while let Some((i, answer)) = pending.next().await {
-            answers[i] = Some(answer);
-            if enough(&answers) {
-                break;
+        // One deadline for all, as all were sent at once; the stragglers keep it too.
+        let late = tokio::time::timeout_at(deadline, async {
+            while let Some((i, answer)) = pending.next().await {
+                answers[i] = Some(answer);
+                if enough(&answers) {
+                    break;
+                }
             }
+        })
+        .await
+        .is_err();
+        if late {
+            for (answer, node) in answers.iter_mut().zip(self.nodes.iter()) {
+                if answer.is_none() {
+                    *answer = Some(Err(timed_out(BACKEND, &node.addr, bound)));
+                }
+            }
+        }
+        if !pending.is_empty() {
+            lockkit_core::runtime::spawn(tokio::time::timeout_at(
+                deadline,
+                pending.for_each(|_| std::future::ready(())),
+            ));
         }
         answers
     }
@@ -248,7 +261,7 @@ impl RedlockBackend {
         script: &'static redis::Script,
         keys: &[&str],
         args: &[String],
-        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool,
+        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync,
     ) -> Vec<Option<NodeResult<Value>>> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
@@ -257,9 +270,14 @@ impl RedlockBackend {
         for arg in args {
             invocation.arg(arg);
         }
-        let invocation = &invocation;
+        let invocation = Arc::new(invocation);
         self.on_all_until(
-            |mut con| async move { invocation.invoke_async::<Value>(&mut con).await },
+            self.config.node_timeout,
+            false,
+            move |mut con| {
+                let invocation = invocation.clone();
+                async move { invocation.invoke_async::<Value>(&mut con).await }
+            },
             enough,
         )
         .await
@@ -366,10 +384,11 @@ impl RedlockBackend {
     /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
     /// nodes extended it, how many said it is not ours, and the failures.
     async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let pipe = &scripts::renew_pipeline(leases);
+        let pipe = Arc::new(scripts::renew_pipeline(leases));
         let replies = self
-            .on_all(self.config.node_timeout, true, |mut con| async move {
-                scripts::query_reloading(pipe, &mut con).await
+            .on_all(self.config.node_timeout, true, move |mut con| {
+                let pipe = pipe.clone();
+                async move { scripts::query_reloading(&pipe, &mut con).await }
             })
             .await;
         leases
