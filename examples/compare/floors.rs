@@ -16,8 +16,9 @@
 //! - Redlock-5: the same two scripts sent to the five nodes in parallel, granted when a
 //!   majority grants, otherwise released (where any node granted) and retried after a pause of
 //!   [`REDLOCK_RETRY`]: the retry loop of the Redlock clients (redsync pauses 50-250 ms),
-//!   scaled down to a local network. Like the W1 floor it waits for the answers of all five
-//!   nodes. Redlock clients have no release notification across nodes: they poll.
+//!   scaled down to a local network. Unlike the W1 floor, which is done when a majority
+//!   answered, it waits for the answers of all five nodes, to know where to release. Redlock
+//!   clients have no release notification across nodes: they poll.
 //! - etcd: etcd's own lock, the `Lock` / `Unlock` RPCs of the v3lock service (the server runs
 //!   the `concurrency.Mutex` recipe: a key per waiter on its lease, each waiting for the
 //!   deletion of its predecessor), one lease per worker as the RPC requires. The recipe
@@ -41,7 +42,8 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) enum Floor {
     /// The two Lua scripts of lockkit-redis (acquire, release) on one Redis server.
     Redis(ConnectionManager),
-    /// The same two scripts sent to every Redlock node in parallel.
+    /// The same two scripts sent to every Redlock node in parallel, each step done when a
+    /// majority answered, as lockkit's is.
     Redlock(Vec<ConnectionManager>),
     /// `create(EPHEMERAL_SEQUENTIAL)` + `get_children` + `delete` under one parent.
     Zk(zookeeper_client::Client, String),
@@ -60,7 +62,7 @@ impl Floor {
     pub(crate) fn describe(&self) -> &'static str {
         match self {
             Floor::Redis(_) => "2 Lua calls",
-            Floor::Redlock(_) => "2 Lua calls x 5 nodes, parallel",
+            Floor::Redlock(_) => "2 Lua calls x 5 nodes, parallel, first 3 answers",
             Floor::Zk(..) => "create + get_children + delete",
             #[cfg(feature = "etcd")]
             Floor::Etcd(..) => "txn put-if-absent + delete",
@@ -111,7 +113,7 @@ impl Floor {
             Floor::Redis(con) => redis_cycle(con, "{floor/raw}").await,
             Floor::Redlock(nodes) => {
                 let owner = lockkit_core::OwnerToken::generate()?.expose_hex();
-                let acquired = futures_util::future::join_all(nodes.iter().map(|con| {
+                let acquired = majority_answers(nodes.iter().map(|con| {
                     let mut con = con.clone();
                     let mut invocation = ACQUIRE.key("{floor/fanout}");
                     invocation
@@ -123,9 +125,11 @@ impl Floor {
                 }))
                 .await;
                 for reply in acquired {
-                    reply?;
+                    if reply?.0 != 1 {
+                        return Err("the floor's key was taken".into());
+                    }
                 }
-                let released = futures_util::future::join_all(nodes.iter().map(|con| {
+                let released = majority_answers(nodes.iter().map(|con| {
                     let mut con = con.clone();
                     let mut invocation = RELEASE.key("{floor/fanout}");
                     invocation
@@ -183,6 +187,27 @@ impl Floor {
             _ => {}
         }
     }
+}
+
+/// The first answers of a majority of `requests`, all sent at once, as a Redlock client
+/// waits. The others are driven to their end in the background: a redis request future
+/// dropped early may never have been sent, which would leave its key on that node.
+async fn majority_answers<T: Send + 'static>(
+    requests: impl Iterator<Item = impl Future<Output = T> + Send + 'static>,
+) -> Vec<T> {
+    let mut pending: futures_util::stream::FuturesUnordered<_> = requests.collect();
+    let majority = pending.len() / 2 + 1;
+    let mut answers = Vec::with_capacity(majority);
+    while answers.len() < majority {
+        match pending.next().await {
+            Some(answer) => answers.push(answer),
+            None => break,
+        }
+    }
+    if !pending.is_empty() {
+        tokio::spawn(pending.for_each(|_| std::future::ready(())));
+    }
+    answers
 }
 
 async fn redis_cycle(con: &mut ConnectionManager, key: &str) -> Result<(), BoxError> {

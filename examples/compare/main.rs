@@ -8,7 +8,9 @@
 //!
 //! Workloads (DESIGN.md §6):
 //! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99,
-//!   against the backend's raw-protocol floor (`floors.rs`), in alternating rounds.
+//!   against the backend's raw-protocol floor (`floors.rs`), in alternating rounds. The
+//!   Sentinel and Redlock tiers alternate with single-node Redis too, and report their p50
+//!   over its p50 in those rounds.
 //! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
 //!   → release; the final value must be 8 × M, a shortfall is reported as lost updates.
 //!   Throughput and wait p50/p99, against a contended lock written by hand over the same
@@ -119,10 +121,23 @@ async fn main() -> lockkit::Result<()> {
 
     let mut targets = vec![("memory", "memory://".to_owned())];
     targets.extend(targets::server_tiers());
+    // The other Redis tiers run W1 in the same rounds as single-node Redis, so that their
+    // ratio to it is not the drift between two runs.
+    let single_redis = match targets.iter().find(|(name, _)| *name == "redis") {
+        Some((_, url)) => Some(lockkit::connect(&LockkitConfig::from_url(url)?).await?),
+        None => None,
+    };
     let mut reports = Vec::new();
     for (name, url) in targets {
         let locks = lockkit::connect(&LockkitConfig::from_url(&url)?).await?;
         eprintln!("running {name} ({})...", locks.tier());
+        let reference = single_redis
+            .as_ref()
+            .filter(|_| matches!(name, "redis-sentinel" | "redlock-5"))
+            .map(|locks| speed::Reference {
+                name: "redis",
+                locks,
+            });
         reports.push(TierReport {
             target: name.to_owned(),
             tier: locks.tier().to_string(),
@@ -130,7 +145,8 @@ async fn main() -> lockkit::Result<()> {
                 let mut floor = floors::Floor::connect(name, &url)
                     .await
                     .map_err(|e| compare_error(format!("{name}: the raw floor: {e}")))?;
-                let w1 = uncontended(&locks, floor.as_mut(), sizes.uncontended_cycles).await?;
+                let w1 = uncontended(&locks, floor.as_mut(), reference, sizes.uncontended_cycles)
+                    .await?;
                 if let Some(floor) = floor {
                     floor.clean_up().await;
                 }

@@ -64,13 +64,13 @@ pub(crate) fn svg(reports: &[TierReport]) -> String {
 
 pub(crate) fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
-        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (x lockkit) | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W2 raw floor incr/s (x lockkit) | W2 raw floor wait p50 µs (x lockkit) | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (x lockkit) | W1 p50 vs single Redis, same rounds | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W2 raw floor incr/s (x lockkit) | W2 raw floor wait p50 µs (x lockkit) | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for r in reports {
         let (u, c) = (&r.uncontended, &r.contended);
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.target,
             r.tier,
             u.cycles_per_sec,
@@ -78,6 +78,10 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
             u.p99_us,
             match (u.floor_p50_us, u.vs_floor) {
                 (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
+                _ => "n/a".to_owned(),
+            },
+            match (u.reference_p50_us, u.vs_reference) {
+                (Some(single), Some(ratio)) => format!("{ratio:.2}x ({single:.1} µs)"),
                 _ => "n/a".to_owned(),
             },
             c.final_value,
@@ -118,6 +122,25 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
                 .as_ref()
                 .map_or("n/a".to_owned(), |w| format!("{:.0}", w.longest_gap_ms)),
         ));
+    }
+    let against_single: Vec<String> = reports
+        .iter()
+        .filter_map(|r| {
+            let u = &r.uncontended;
+            let single = u.reference_p50_us?;
+            let floor = u.floor_p50_us.map_or(String::new(), |f| {
+                format!("; its raw floor {:.2}x", f / single)
+            });
+            Some(format!(
+                "- {}: W1 p50 {:.2}x single-node Redis in the same rounds{floor}\n",
+                r.target,
+                u.p50_us / single
+            ))
+        })
+        .collect();
+    if !against_single.is_empty() {
+        out.push('\n');
+        out.extend(against_single);
     }
     out
 }

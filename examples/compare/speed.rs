@@ -20,6 +20,12 @@ pub(crate) struct Uncontended {
     pub(crate) floor_p50_us: Option<f64>,
     /// lockkit's p50 over the floor's.
     pub(crate) vs_floor: Option<f64>,
+    /// The tier W1 was also run on in the same rounds, to compare tiers without the drift
+    /// between their runs (single-node Redis, for the other Redis tiers).
+    pub(crate) reference: Option<String>,
+    pub(crate) reference_p50_us: Option<f64>,
+    /// lockkit's p50 on this tier over its p50 on the reference tier.
+    pub(crate) vs_reference: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -53,17 +59,29 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-/// W1, in rounds that alternate with the backend's raw floor (when it has one), so that noise
-/// on a shared machine hits both alike.
+/// A tier to run W1 on in the same rounds as another: its name for the table and its client.
+pub(crate) struct Reference<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) locks: &'a LockClient,
+}
+
+/// W1, in rounds that alternate with the backend's raw floor (when it has one) and with the
+/// reference tier (when given), so that noise on a shared machine hits them all alike.
 pub(crate) async fn uncontended(
     locks: &LockClient,
     mut floor: Option<&mut Floor>,
+    reference: Option<Reference<'_>>,
     cycles: usize,
 ) -> lockkit::Result<Uncontended> {
     const ROUNDS: usize = 4;
     let mutex = locks.mutex("w1-uncontended")?;
+    let reference_mutex = match &reference {
+        Some(reference) => Some(reference.locks.mutex("w1-reference")?),
+        None => None,
+    };
     let mut samples = Vec::with_capacity(cycles);
     let mut floor_samples = Vec::with_capacity(cycles);
+    let mut reference_samples = Vec::with_capacity(cycles);
     let mut busy = Duration::ZERO;
     for round in 0..ROUNDS {
         let chunk = cycles / ROUNDS + usize::from(round < cycles % ROUNDS);
@@ -75,6 +93,14 @@ pub(crate) async fn uncontended(
             samples.push(t.elapsed());
         }
         busy += started.elapsed();
+        if let Some(reference_mutex) = &reference_mutex {
+            for _ in 0..chunk {
+                let t = Instant::now();
+                let guard = reference_mutex.lock().await?;
+                guard.release().await?;
+                reference_samples.push(t.elapsed());
+            }
+        }
         if let Some(floor) = floor.as_deref_mut() {
             for _ in 0..chunk {
                 let t = Instant::now();
@@ -88,8 +114,12 @@ pub(crate) async fn uncontended(
     }
     samples.sort();
     floor_samples.sort();
+    reference_samples.sort();
     let p50_us = percentile(&samples, 0.50);
     let floor_p50_us = floor.is_some().then(|| percentile(&floor_samples, 0.50));
+    let reference_p50_us = reference
+        .is_some()
+        .then(|| percentile(&reference_samples, 0.50));
     Ok(Uncontended {
         cycles,
         cycles_per_sec: cycles as f64 / busy.as_secs_f64(),
@@ -98,6 +128,9 @@ pub(crate) async fn uncontended(
         floor: floor.map(|f| f.describe().to_owned()),
         floor_p50_us,
         vs_floor: floor_p50_us.map(|f| p50_us / f),
+        reference: reference.map(|r| r.name.to_owned()),
+        reference_p50_us,
+        vs_reference: reference_p50_us.map(|r| p50_us / r),
     })
 }
 
