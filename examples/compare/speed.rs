@@ -73,7 +73,9 @@ pub(crate) async fn uncontended(
     reference: Option<Reference<'_>>,
     cycles: usize,
 ) -> lockkit::Result<Uncontended> {
-    const ROUNDS: usize = 4;
+    // Short rounds, so that drift (a disk's fsync latency, a neighbour's load) hits the
+    // contestants alike.
+    const ROUNDS: usize = 20;
     let mutex = locks.mutex("w1-uncontended")?;
     let reference_mutex = match &reference {
         Some(reference) => Some(reference.locks.mutex("w1-reference")?),
