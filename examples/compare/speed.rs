@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockkit::LockClient;
+use lockkit::{LockClient, Mutex};
 
 use crate::floors::{BoxError, ContendedFloor, Contender, Floor};
 use serde::Serialize;
@@ -88,20 +88,10 @@ pub(crate) async fn uncontended(
     for round in 0..ROUNDS {
         let chunk = cycles / ROUNDS + usize::from(round < cycles % ROUNDS);
         let started = Instant::now();
-        for _ in 0..chunk {
-            let t = Instant::now();
-            let guard = mutex.lock().await?;
-            guard.release().await?;
-            samples.push(t.elapsed());
-        }
+        timed_cycles(&mutex, chunk, &mut samples).await?;
         busy += started.elapsed();
         if let Some(reference_mutex) = &reference_mutex {
-            for _ in 0..chunk {
-                let t = Instant::now();
-                let guard = reference_mutex.lock().await?;
-                guard.release().await?;
-                reference_samples.push(t.elapsed());
-            }
+            timed_cycles(reference_mutex, chunk, &mut reference_samples).await?;
         }
         if let Some(floor) = floor.as_deref_mut() {
             for _ in 0..chunk {
@@ -134,6 +124,17 @@ pub(crate) async fn uncontended(
         reference_p50_us,
         vs_reference: reference_p50_us.map(|r| p50_us / r),
     })
+}
+
+/// `n` acquire+release cycles of `mutex`, each one's time added to `samples`.
+async fn timed_cycles(mutex: &Mutex, n: usize, samples: &mut Vec<Duration>) -> lockkit::Result<()> {
+    for _ in 0..n {
+        let t = Instant::now();
+        let guard = mutex.lock().await?;
+        guard.release().await?;
+        samples.push(t.elapsed());
+    }
+    Ok(())
 }
 
 /// W2, in rounds that alternate with the backend's raw floor (when it has one), as W1 does.
