@@ -36,7 +36,8 @@ use crate::options::LockOptions;
 
 pub use scenarios::SCENARIOS;
 pub use secrets::{
-    TraceCapture, assert_no_secret, exercise, owner_token_spellings, secret_spellings,
+    TraceCapture, assert_no_secret, assert_nothing_shown, exercise, owner_token_spellings,
+    secret_spellings,
 };
 
 /// What a backend provides to run the conformance suite against it.

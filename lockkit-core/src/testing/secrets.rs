@@ -157,6 +157,30 @@ pub fn assert_no_secret<S: AsRef<str>>(what: &str, text: &str, secrets: &[S]) {
     }
 }
 
+/// The end of every secrets test: no secret in any of the `shown` texts (`Debug` and
+/// `Display` output), nor in what `capture` recorded, and the capture did record the run (a
+/// line naming `namespace`, and a renewal, which runs on lockkit's own thread).
+///
+/// # Panics
+/// When a secret is found, or the capture missed the run.
+#[track_caller]
+pub fn assert_nothing_shown<S: AsRef<str>>(
+    capture: &TraceCapture,
+    namespace: &str,
+    shown: &[String],
+    secrets: &[S],
+) {
+    for text in shown {
+        assert_no_secret("Debug/Display output", text, secrets);
+    }
+    assert!(
+        capture.contains(namespace) && capture.contains("lockkit.renew"),
+        "the capture missed the run: {}",
+        capture.text()
+    );
+    assert_no_secret("the trace output", &capture.text(), secrets);
+}
+
 /// Runs a whole lock cycle on `locks` (and `other`, a second client of the same servers) for
 /// the secret searches: acquire, a contended `try_lock`, a queued waiter, renewals past the
 /// TTL, a hand `extend`, `inspect`, release, the waiter granted and released. Returns every
