@@ -5,14 +5,11 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockkit_core::testing::{TraceCapture, assert_nothing_shown, owner_token_spellings};
+use lockkit_core::testing::{Recording, TraceCapture, assert_nothing_shown, owner_token_spellings};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, ErrorKind, Lease, LockBackend, LockClient,
-    LockInfo, LockKey, LockOptions, MAX_KEY_LEN, MemoryBackend, OwnerToken, Renewal, Result, Tier,
-    async_trait,
+    ErrorKind, LockClient, LockKey, LockOptions, MAX_KEY_LEN, MemoryBackend, OwnerToken,
 };
 
 const DRAWS: usize = 1_000_000;
@@ -87,73 +84,6 @@ async fn every_acquisition_gets_a_fresh_owner_token() {
     }
 }
 
-/// Delegates to the memory backend and counts every call that reaches it.
-#[derive(Debug, Default)]
-struct Counting {
-    inner: MemoryBackend,
-    calls: AtomicUsize,
-}
-
-impl Counting {
-    fn tick(&self) {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-impl LockBackend for Counting {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn tier(&self) -> Tier {
-        self.inner.tier()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        self.tick();
-        self.inner.try_acquire(request).await
-    }
-    async fn wait_for_change(
-        &self,
-        r: &AcquireRequest,
-        c: &Contention,
-        max: Duration,
-    ) -> Result<()> {
-        self.tick();
-        self.inner.wait_for_change(r, c, max).await
-    }
-    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.tick();
-        self.inner.abandon(request).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        self.tick();
-        self.inner.renew(lease).await
-    }
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        self.tick();
-        self.inner.renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.tick();
-        self.inner.release(lease).await
-    }
-    async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        self.tick();
-        self.inner.is_held(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.tick();
-        self.inner.inspect(key).await
-    }
-    async fn ping(&self) -> Result<()> {
-        self.tick();
-        self.inner.ping().await
-    }
-}
-
 /// The hostile names: path tricks, NUL and other control characters, log-line forgers,
 /// what ZooKeeper cannot store, and 10 kB.
 fn hostile_names() -> Vec<String> {
@@ -194,7 +124,7 @@ fn hostile_names() -> Vec<String> {
 /// refused when the client is made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_names_are_invalid_key_before_any_backend_call() {
-    let backend = Arc::new(Counting::default());
+    let backend = Arc::new(Recording::new(Arc::new(MemoryBackend::new())));
     let locks = LockClient::with_options(backend.clone(), "ns", LockOptions::default()).unwrap();
     for name in hostile_names() {
         let shown = name.escape_debug().to_string();
@@ -227,17 +157,10 @@ async fn hostile_names_are_invalid_key_before_any_backend_call() {
             "namespace {shown}: {err}"
         );
     }
-    assert_eq!(
-        backend.calls.load(Ordering::SeqCst),
-        0,
-        "a hostile name reached the backend"
-    );
+    assert_eq!(backend.calls(), [], "a hostile name reached the backend");
     let guard = locks.mutex("ordinary").unwrap().lock().await.unwrap();
     assert!(guard.release().await.unwrap());
-    assert!(
-        backend.calls.load(Ordering::SeqCst) >= 2,
-        "the counter counts"
-    );
+    assert!(backend.calls().len() >= 2, "the recording records");
 }
 
 /// The owner token of a grant shows nowhere: not in the `Debug` of the guard, the lease, the

@@ -8,11 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use lockkit_core::testing::Recording;
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, ErrorKind, Lease, LockBackend, LockClient,
-    LockInfo, LockKey, LockOptions, MutexGuard, OwnerToken, Renewal, Result, Tier, async_trait,
-};
+use lockkit_core::{ErrorKind, LockClient, LockOptions, MutexGuard, OwnerToken};
 use lockkit_etcd::etcd_client::{DeleteOptions, TxnOp};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 
@@ -133,63 +131,6 @@ async fn holder_whose_keep_alive_is_cut_sees_lost_within_its_ttl() {
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
 
-/// Counts the acquisition attempts of every request, around a real etcd backend.
-#[derive(Debug, Clone)]
-struct Counting {
-    etcd: EtcdBackend,
-    attempts: Arc<StdMutex<HashMap<OwnerToken, usize>>>,
-}
-
-#[async_trait]
-impl LockBackend for Counting {
-    fn name(&self) -> &'static str {
-        self.etcd.name()
-    }
-    fn tier(&self) -> Tier {
-        self.etcd.tier()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.etcd.capabilities()
-    }
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        *self
-            .attempts
-            .lock()
-            .expect("counts")
-            .entry(request.owner.clone())
-            .or_default() += 1;
-        self.etcd.try_acquire(request).await
-    }
-    async fn wait_for_change(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        max_wait: Duration,
-    ) -> Result<()> {
-        self.etcd
-            .wait_for_change(request, contention, max_wait)
-            .await
-    }
-    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.etcd.abandon(request).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        self.etcd.renew(lease).await
-    }
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        self.etcd.renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.etcd.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.etcd.inspect(key).await
-    }
-    async fn ping(&self) -> Result<()> {
-        self.etcd.ping().await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_release_wakes_only_the_next_of_fifty_waiters() {
     const WAITERS: usize = 50;
@@ -202,17 +143,24 @@ async fn each_release_wakes_only_the_next_of_fifty_waiters() {
     let options = LockOptions::default()
         .with_ttl(Duration::from_secs(10))
         .with_backoff(Duration::from_millis(5), Duration::from_secs(300));
-    let attempts = Arc::new(StdMutex::new(HashMap::new()));
+    let mut recordings = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        let backend = Counting {
-            etcd: EtcdBackend::connect(config.clone()).await.expect("connect"),
-            attempts: attempts.clone(),
-        };
-        clients.push(
-            LockClient::with_options(Arc::new(backend), &ns, options.clone()).expect("client"),
-        );
+        let etcd = EtcdBackend::connect(config.clone()).await.expect("connect");
+        let recording = Arc::new(Recording::new(Arc::new(etcd)));
+        recordings.push(recording.clone());
+        clients.push(LockClient::with_options(recording, &ns, options.clone()).expect("client"));
     }
+    // The acquisition attempts of every request, over all clients.
+    let attempts_by_owner = || {
+        let mut attempts: HashMap<OwnerToken, usize> = HashMap::new();
+        for call in recordings.iter().flat_map(|r| r.calls()) {
+            if let ("try_acquire", Some(owner)) = (call.method, call.owner) {
+                *attempts.entry(owner).or_default() += 1;
+            }
+        }
+        attempts
+    };
     let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
 
     let first = clients[0]
@@ -260,7 +208,7 @@ async fn each_release_wakes_only_the_next_of_fifty_waiters() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let attempts_while_queued: usize = attempts.lock().expect("counts").values().sum();
+    let attempts_while_queued: usize = attempts_by_owner().values().sum();
     first.release().await.expect("release");
     while let Some(done) = tasks.join_next().await {
         assert!(
@@ -275,7 +223,7 @@ async fn each_release_wakes_only_the_next_of_fifty_waiters() {
         grants.windows(2).all(|w| w[0] < w[1]),
         "waiters were not granted in queue order: {grants:?}"
     );
-    let attempts = attempts.lock().expect("counts").clone();
+    let attempts = attempts_by_owner();
     // The holder's one attempt, then one per waiter to queue and one more when its own
     // predecessor left. A release that woke the herd would add dozens per release.
     assert_eq!(attempts_while_queued, WAITERS + 1);

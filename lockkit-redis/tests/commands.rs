@@ -6,14 +6,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, Lease, LockBackend, LockClient, LockInfo,
-    LockKey, LockOptions, Renewal, Result, SharedBackend, Tier, async_trait,
-};
+use lockkit_core::testing::Recording;
+use lockkit_core::{LockClient, LockOptions};
 
 /// The tests of this file read server-wide counters: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -85,58 +82,6 @@ async fn uncontended_acquire_and_release_take_exactly_two_commands() {
     assert_eq!(delta.get("info").copied(), Some(1), "commands: {delta:?}");
 }
 
-/// Delegates to a backend and counts the renewal calls the core makes.
-#[derive(Debug)]
-struct Counting {
-    inner: SharedBackend,
-    batches: StdMutex<Vec<usize>>,
-    single_renewals: AtomicUsize,
-}
-
-#[async_trait]
-impl LockBackend for Counting {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn tier(&self) -> Tier {
-        self.inner.tier()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        self.inner.try_acquire(request).await
-    }
-    async fn wait_for_change(
-        &self,
-        r: &AcquireRequest,
-        c: &Contention,
-        max: Duration,
-    ) -> Result<()> {
-        self.inner.wait_for_change(r, c, max).await
-    }
-    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.inner.abandon(request).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        self.single_renewals.fetch_add(1, Ordering::SeqCst);
-        self.inner.renew(lease).await
-    }
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        self.batches.lock().unwrap().push(leases.len());
-        self.inner.renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.inner.inspect(key).await
-    }
-    async fn ping(&self) -> Result<()> {
-        self.inner.ping().await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
     let _serial = SERIAL.lock().await;
@@ -144,11 +89,7 @@ async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
         return;
     };
     let mut raw = harness.servers().await.expect("raw connection").remove(0);
-    let counting = Arc::new(Counting {
-        inner: harness.backend().await.expect("connect"),
-        batches: StdMutex::new(Vec::new()),
-        single_renewals: AtomicUsize::new(0),
-    });
+    let counting = Arc::new(Recording::new(harness.backend().await.expect("connect")));
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let ttl = Duration::from_millis(900);
     let locks = LockClient::with_options(
@@ -171,7 +112,12 @@ async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
     let before = common::command_calls(&mut raw).await;
     tokio::time::sleep(ttl * 3).await;
     let after = common::command_calls(&mut raw).await;
-    let batches = counting.batches.lock().unwrap().clone();
+    let batches: Vec<usize> = counting
+        .calls()
+        .iter()
+        .filter(|c| c.method == "renew_many")
+        .map(|c| c.leases)
+        .collect();
 
     assert!(
         guards.iter().all(|g| !g.is_lost()),
@@ -185,7 +131,7 @@ async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
         batches.iter().all(|&n| n == 100),
         "every tick should renew all 100 locks in one batch: {batches:?}"
     );
-    assert_eq!(counting.single_renewals.load(Ordering::SeqCst), 0);
+    assert_eq!(counting.count("renew"), 0);
     let evalsha = delta(&before, &after).get("evalsha").copied().unwrap_or(0);
     let batches_in_window = evalsha / 100;
     assert_eq!(

@@ -19,6 +19,7 @@ pub mod check;
 pub mod fenced;
 pub mod history;
 pub mod proxy;
+mod recording;
 mod scenarios;
 mod secrets;
 
@@ -34,6 +35,7 @@ use crate::error::Result;
 use crate::key::LockKey;
 use crate::options::LockOptions;
 
+pub use recording::{Call, Recording};
 pub use scenarios::SCENARIOS;
 pub use secrets::{
     TraceCapture, assert_no_secret, assert_nothing_shown, exercise, owner_token_spellings,

@@ -1,0 +1,131 @@
+//! [`Recording`]: a backend that passes every call on to another and records it, for tests
+//! that check what the core asks of a backend (how often, for whom, in what batches).
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{
+    AcquireRequest, Attempt, Capabilities, Contention, Lease, LockBackend, LockInfo, LockKey,
+    OwnerToken, Renewal, Result, SharedBackend, Tier,
+};
+
+/// One call that reached the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The trait method: `"try_acquire"`, `"renew_many"`, ...
+    pub method: &'static str,
+    /// The owner of the request or lease, for the methods that take one.
+    pub owner: Option<OwnerToken>,
+    /// How many leases `renew_many` was given (1 for the other lease methods, else 0).
+    pub leases: usize,
+}
+
+/// Passes every call on to `inner`, unchanged, and records it.
+#[derive(Debug)]
+pub struct Recording {
+    inner: SharedBackend,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Recording {
+    /// Records the calls made to `inner`.
+    pub fn new(inner: SharedBackend) -> Self {
+        Recording {
+            inner,
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many calls of `method` there were.
+    pub fn count(&self, method: &str) -> usize {
+        self.calls().iter().filter(|c| c.method == method).count()
+    }
+
+    fn record(&self, method: &'static str, owner: Option<&OwnerToken>, leases: usize) {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Call {
+                method,
+                owner: owner.cloned(),
+                leases,
+            });
+    }
+}
+
+#[async_trait]
+impl LockBackend for Recording {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn tier(&self) -> Tier {
+        self.inner.tier()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        self.record("try_acquire", Some(&request.owner), 0);
+        self.inner.try_acquire(request).await
+    }
+
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.record("wait_for_change", Some(&request.owner), 0);
+        self.inner
+            .wait_for_change(request, contention, max_wait)
+            .await
+    }
+
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.record("abandon", Some(&request.owner), 0);
+        self.inner.abandon(request).await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        self.record("renew", Some(lease.owner()), 1);
+        self.inner.renew(lease).await
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        self.record("renew_many", None, leases.len());
+        self.inner.renew_many(leases).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        self.record("release", Some(lease.owner()), 1);
+        self.inner.release(lease).await
+    }
+
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        self.record("is_held", Some(lease.owner()), 1);
+        self.inner.is_held(lease).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.record("inspect", None, 0);
+        self.inner.inspect(key).await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.record("ping", None, 0);
+        self.inner.ping().await
+    }
+}
