@@ -1,28 +1,12 @@
 //! Metrics and traces: acquisitions, contention and losses are counted, and no owner token
 //! ever reaches the trace output. One test, because it installs process-wide recorders.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_core::testing::TraceCapture;
 use lockkit_core::{LockClient, LockOptions, MemoryBackend, metrics};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-#[derive(Clone, Default)]
-struct Captured(Arc<StdMutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// One metric: name, labels, value.
 type Sample = (String, Vec<(String, String)>, DebugValue);
@@ -45,13 +29,7 @@ async fn acquisitions_contention_and_losses_are_counted_and_tokens_never_traced(
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     recorder.install().expect("install the metrics recorder");
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("install the subscriber");
+    let capture = TraceCapture::install();
 
     let memory = MemoryBackend::new();
     let options = LockOptions::default().with_ttl(Duration::from_millis(300));
@@ -114,13 +92,7 @@ async fn acquisitions_contention_and_losses_are_counted_and_tokens_never_traced(
             .any(|(n, _, _)| n == metrics::ACQUIRE_SECONDS)
     );
 
-    let traces = String::from_utf8_lossy(
-        &captured
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    )
-    .into_owned();
+    let traces = capture.text();
     assert!(
         traces.contains("lockkit.acquire"),
         "no acquire span in the traces:\n{traces}"
