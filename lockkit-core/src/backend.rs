@@ -235,7 +235,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Waits until the lock may have changed hands (a release notification, the predecessor's
     /// deletion), or `max_wait` has passed. Returning early is always allowed: the core simply
-    /// tries again. The default sleeps for `max_wait` (polling).
+    /// tries again. The core does not call it while [`LockBackend::capabilities`] says
+    /// [`WaitStrategy::Poll`](crate::WaitStrategy::Poll): it sleeps its own backoff instead.
+    /// The default sleeps for `max_wait`.
     ///
     /// # Errors
     /// Backend failures while setting up the wait.

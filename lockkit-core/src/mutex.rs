@@ -363,12 +363,21 @@ impl Acquisition<'_> {
         };
         let pause = self.remaining().map_or(pause, |left| pause.min(left));
         let wait_started = Instant::now();
-        let waiting = backend
-            .wait_for_change(&self.pending.request, contention, pause)
-            .instrument(tracing::debug_span!(
-                "lockkit.wait",
-                max_ms = pause.as_millis() as u64
-            ));
+        let request = &self.pending.request;
+        let waiting = async {
+            match strategy {
+                // Polling is the core's backoff alone: the backend is not asked to wait.
+                WaitStrategy::Poll => {
+                    tokio::time::sleep(pause).await;
+                    Ok(())
+                }
+                _ => backend.wait_for_change(request, contention, pause).await,
+            }
+        }
+        .instrument(tracing::debug_span!(
+            "lockkit.wait",
+            max_ms = pause.as_millis() as u64
+        ));
         let outcome = match self.deadline() {
             Some(deadline) => tokio::time::timeout_at(deadline.into(), waiting)
                 .await

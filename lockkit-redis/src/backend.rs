@@ -331,11 +331,6 @@ impl LockBackend for RedisBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        if !self.notifies() {
-            // The core chose `max_wait` by jittered backoff (the capability says Poll).
-            tokio::time::sleep(max_wait).await;
-            return Ok(());
-        }
         let keys = Keys::of(&request.key);
         let epoch = self.primary.epoch();
         let mut subscription = match epoch

@@ -559,11 +559,6 @@ impl LockBackend for RedlockBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        if self.capabilities().wait == WaitStrategy::Poll {
-            // The core chose `max_wait` by jittered backoff.
-            tokio::time::sleep(max_wait).await;
-            return Ok(());
-        }
         let keys = Keys::of(&request.key);
         let mut subscription = None;
         for node in self.nodes.iter().filter(|node| node.refusal.allows()) {
