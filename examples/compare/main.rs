@@ -74,6 +74,14 @@ struct TierReport {
     failover: Option<Failover>,
 }
 
+/// Says what is wrong with the command line and what it accepts, and exits with status 2.
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "compare: {problem}\nusage: compare [--quick] [--speed-only] [--json FILE] [--svg FILE]"
+    );
+    std::process::exit(2)
+}
+
 fn compare_error(message: String) -> lockkit::Error {
     lockkit::Error::new(lockkit::ErrorKind::Backend, "compare", message)
 }
@@ -93,18 +101,26 @@ async fn main() -> lockkit::Result<()> {
             hold_and_write(url, key, ttl_ms).await
         };
     }
-    let quick = args.iter().any(|a| a == "--quick");
-    let speed_only = args.iter().any(|a| a == "--speed-only");
-    let svg_path = args
-        .iter()
-        .position(|a| a == "--svg")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
-    let json_path = args
-        .iter()
-        .position(|a| a == "--json")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
+    let (mut quick, mut speed_only, mut svg_path, mut json_path) = (false, false, None, None);
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--speed-only" => speed_only = true,
+            "--svg" | "--json" => {
+                let Some(path) = rest.next() else {
+                    usage(&format!("{arg} needs a file"));
+                };
+                let slot = if arg == "--svg" {
+                    &mut svg_path
+                } else {
+                    &mut json_path
+                };
+                *slot = Some(path.clone());
+            }
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
     let sizes = if quick {
         Sizes {
             uncontended_cycles: 200,
