@@ -2,7 +2,9 @@
 //!
 //! 1. uncontended acquire+release through lockkit vs a raw loop of the same two Lua scripts
 //!    with the same client crate (target: lockkit <= 1.1x the raw loop);
-//! 2. Redlock over 5 nodes vs the single node, both through lockkit (target <= 1.5x);
+//! 2. Redlock over 5 nodes vs the single node, both through lockkit (target <= 1.5x), and
+//!    the raw fan-out of the same scripts to all nodes and to a majority; each with the share
+//!    of the machine's CPU that was busy meanwhile (from `/proc/stat`, every process);
 //! 3. contended: 8 tasks x 250 increments of a shared value under one lock, waiters woken by
 //!    release notifications vs polling.
 //!
@@ -50,6 +52,8 @@ struct Contestant {
     p50: Vec<f64>,
     p99: Vec<f64>,
     rate: Vec<f64>,
+    /// The share of the machine's CPU time that was busy (any process) during each round.
+    busy: Vec<f64>,
 }
 
 impl Contestant {
@@ -59,14 +63,39 @@ impl Contestant {
             p50: Vec::new(),
             p99: Vec::new(),
             rate: Vec::new(),
+            busy: Vec::new(),
         }
     }
 
-    fn add(&mut self, mut sample: Sample) {
+    fn add(&mut self, mut sample: Sample, busy: Option<f64>) {
         self.p50.push(micros(sample.percentile(0.5)));
         self.p99.push(micros(sample.percentile(0.99)));
         self.rate.push(sample.per_second());
+        self.busy.extend(busy);
     }
+}
+
+/// The machine's CPU time from `/proc/stat`: (busy, total) in clock ticks; `None` where there
+/// is no such file.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    // idle and iowait are the 4th and 5th fields.
+    let idle = ticks.get(3)? + ticks.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// The busy share of the CPU time since `before`.
+fn busy_since(before: Option<(u64, u64)>) -> Option<f64> {
+    let ((busy0, total0), (busy1, total1)) = (before?, cpu_ticks()?);
+    (total1 > total0).then(|| (busy1 - busy0) as f64 / (total1 - total0) as f64)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -310,26 +339,32 @@ async fn main() -> Result<(), BoxError> {
         Contestant::new("lockkit Redlock, 5 nodes"),
     ];
     for _ in 0..rounds {
-        let samples = [
-            raw_cycles(&mut raw, cycles).await?,
-            lockkit_cycles(&single, cycles).await?,
-            raw_fanout_cycles(&mut raw_nodes, cycles, false).await?,
-            raw_fanout_cycles(&mut raw_nodes, cycles, true).await?,
-            lockkit_cycles(&redlock, cycles).await?,
-        ];
-        for (run, sample) in runs.iter_mut().zip(samples) {
-            run.add(sample);
+        for (i, run) in runs.iter_mut().enumerate() {
+            let before = cpu_ticks();
+            let sample = match i {
+                0 => raw_cycles(&mut raw, cycles).await?,
+                1 => lockkit_cycles(&single, cycles).await?,
+                2 => raw_fanout_cycles(&mut raw_nodes, cycles, false).await?,
+                3 => raw_fanout_cycles(&mut raw_nodes, cycles, true).await?,
+                _ => lockkit_cycles(&redlock, cycles).await?,
+            };
+            run.add(sample, busy_since(before));
         }
     }
     println!(
         "## Uncontended acquire+release ({rounds} alternating rounds of {cycles} cycles, medians over rounds)\n"
     );
-    println!("| contestant | p50 µs | p99 µs | cycles/s |");
-    println!("|---|---:|---:|---:|");
+    println!("| contestant | p50 µs | p99 µs | cycles/s | machine CPU busy |");
+    println!("|---|---:|---:|---:|---:|");
     let p50: Vec<f64> = runs.iter().map(|run| median(run.p50.clone())).collect();
     for (run, p50) in runs.iter().zip(&p50) {
+        let busy = if run.busy.is_empty() {
+            "n/a".to_owned()
+        } else {
+            format!("{:.0}%", 100.0 * median(run.busy.clone()))
+        };
         println!(
-            "| {} | {p50:.1} | {:.1} | {:.0} |",
+            "| {} | {p50:.1} | {:.1} | {:.0} | {busy} |",
             run.name,
             median(run.p99.clone()),
             median(run.rate.clone())
