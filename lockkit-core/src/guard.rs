@@ -165,7 +165,7 @@ impl MutexGuard {
         runtime::spawn(async move {
             let result = release_now(&held).await;
             if let Err(Err(e)) = answer.send(result) {
-                tracing::warn!(key = %held.lease.key(), error = %e, "release failed after its caller stopped waiting; the lock expires with its TTL");
+                tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "release failed after its caller stopped waiting; the lock expires with its TTL");
             }
         });
         outcome.await.unwrap_or_else(|_| {
@@ -194,7 +194,7 @@ impl Drop for MutexGuard {
         {
             runtime::spawn(async move {
                 if let Err(e) = release_now(&held).await {
-                    tracing::warn!(key = %held.lease.key(), error = %e, "background release failed; the lock expires with its TTL");
+                    tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "background release failed; the lock expires with its TTL");
                 }
             });
         }

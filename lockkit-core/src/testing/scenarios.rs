@@ -671,7 +671,11 @@ async fn a_cancelled_release_still_releases(h: &dyn Harness) -> Outcome {
         .mutex("cancelled-release")?
         .lock_timeout(Duration::from_secs(15))
         .await
-        .map_err(|e| Failure(format!("a release whose future was dropped did not happen: {e}")))?;
+        .map_err(|e| {
+            Failure(format!(
+                "a release whose future was dropped did not happen: {e}"
+            ))
+        })?;
     next.release().await?;
     expect_no_leftovers(h, &ns).await
 }
