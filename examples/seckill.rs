@@ -9,6 +9,8 @@
 //!   purchase by the same buyer.
 //!
 //! Printed per strategy: items sold, oversold, buyers who got two items, attempts per second.
+//! A strategy that fails (a lock tier that cannot be reached, or whose errors outlast a
+//! `lock()`) gets a row with its error, the others still run, and the exit status is 1.
 //!
 //! ```sh
 //! compose/up.sh redis sentinel redlock etcd zk
@@ -23,6 +25,8 @@ use lockkit::{LockClient, LockkitConfig};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
+#[path = "compare/failed.rs"]
+mod failed;
 #[path = "compare/targets.rs"]
 mod targets;
 
@@ -38,7 +42,8 @@ struct Sale {
 #[derive(Debug, Clone)]
 enum Strategy {
     Naive,
-    Locked(String, LockClient),
+    /// A lock tier: its name in the tables and its URL.
+    Locked(&'static str, String),
     Lua,
     DecrCompensate,
     QuotaList,
@@ -62,16 +67,19 @@ struct Keys {
     buyers: String,
 }
 
-/// One purchase attempt by `user`; whether it got an item.
+/// One purchase attempt by `user` (under `locks`, for [`Strategy::Locked`]); whether it got
+/// an item.
 async fn buy(
     strategy: &Strategy,
+    locks: Option<&LockClient>,
     con: &mut ConnectionManager,
     keys: &Keys,
     user: usize,
 ) -> Result<bool, BoxError> {
     Ok(match strategy {
         Strategy::Naive => read_then_write(con, keys).await?,
-        Strategy::Locked(_, locks) => {
+        Strategy::Locked(target, _) => {
+            let locks = locks.ok_or_else(|| format!("no lock client for {target}"))?;
             let guard = locks
                 .mutex("seckill")?
                 .lock_timeout(Duration::from_secs(60))
@@ -137,6 +145,14 @@ async fn run(
         quota: format!("seckill:{tag}:quota"),
         buyers: format!("seckill:{tag}:buyers"),
     });
+    let locks = match strategy {
+        Strategy::Locked(_, url) => {
+            let mut config = LockkitConfig::from_url(url)?;
+            config.namespace = format!("seckill-{tag}");
+            Some(lockkit::connect(&config).await?)
+        }
+        _ => None,
+    };
     let mut setup = con.clone();
     let _: () = setup.set_ex(&keys.stock, sale.stock, 600).await?;
     let items: Vec<i64> = (0..sale.stock).collect();
@@ -153,14 +169,15 @@ async fn run(
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for user in attempts {
-        let (strategy, keys, purchases, mut con) = (
+        let (strategy, locks, keys, purchases, mut con) = (
             strategy.clone(),
+            locks.clone(),
             keys.clone(),
             purchases.clone(),
             con.clone(),
         );
         tasks.spawn(async move {
-            if buy(&strategy, &mut con, &keys, user).await? {
+            if buy(&strategy, locks.as_ref(), &mut con, &keys, user).await? {
                 *purchases
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -170,10 +187,20 @@ async fn run(
             Ok::<_, BoxError>(())
         });
     }
+    // The first failed attempt fails the strategy; dropping the set cancels the others.
+    let mut failed = None;
     while let Some(joined) = tasks.join_next().await {
-        joined??;
+        if let Err(e) = joined.map_err(BoxError::from).and_then(|attempt| attempt) {
+            failed = Some(e);
+            break;
+        }
     }
+    drop(tasks);
     let elapsed = started.elapsed();
+    let _: () = setup.del(&[&keys.stock, &keys.quota, &keys.buyers]).await?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let (sold, double_buyers) = {
         let purchases = purchases
             .lock()
@@ -183,7 +210,6 @@ async fn run(
             purchases.values().filter(|n| **n > 1).count(),
         )
     };
-    let _: () = setup.del(&[&keys.stock, &keys.quota, &keys.buyers]).await?;
     Ok(Outcome {
         sold,
         oversold: (sold as i64 - sale.stock).max(0),
@@ -215,12 +241,7 @@ async fn main() -> Result<(), BoxError> {
 
     let mut strategies = vec![Strategy::Naive];
     for (target, url) in targets::server_tiers() {
-        let mut config = LockkitConfig::from_url(&url)?;
-        config.namespace = format!("seckill-{:08x}", rand::random::<u32>());
-        strategies.push(Strategy::Locked(
-            target.into(),
-            lockkit::connect(&config).await?,
-        ));
+        strategies.push(Strategy::Locked(target, url));
     }
     strategies.extend([Strategy::Lua, Strategy::DecrCompensate, Strategy::QuotaList]);
 
@@ -230,16 +251,30 @@ async fn main() -> Result<(), BoxError> {
     );
     println!("| strategy | sold | oversold | buyers with two items | attempts/s |");
     println!("|---|---:|---:|---:|---:|");
+    let mut failures = 0;
     for strategy in &strategies {
-        let outcome = run(strategy, &con, sale).await?;
-        println!(
-            "| {} | {} | {} | {} | {:.0} |",
-            strategy.name(),
-            outcome.sold,
-            outcome.oversold,
-            outcome.double_buyers,
-            outcome.attempts_per_sec
-        );
+        match run(strategy, &con, sale).await {
+            Ok(outcome) => println!(
+                "| {} | {} | {} | {} | {:.0} |",
+                strategy.name(),
+                outcome.sold,
+                outcome.oversold,
+                outcome.double_buyers,
+                outcome.attempts_per_sec
+            ),
+            Err(e) => {
+                failures += 1;
+                println!(
+                    "| {} | FAILED: {} | | | |",
+                    strategy.name(),
+                    failed::describe(e.as_ref())
+                );
+            }
+        }
+    }
+    if failures > 0 {
+        eprintln!("{failures} of {} strategies failed", strategies.len());
+        std::process::exit(1);
     }
     Ok(())
 }
