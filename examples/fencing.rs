@@ -82,7 +82,7 @@ fn say(line: &str) {
 enum PausedWriter {
     /// A separate process, stopped with `SIGSTOP`.
     Process {
-        child: Child,
+        child: Box<Child>,
         stdin: ChildStdin,
         said: Lines<BufReader<ChildStdout>>,
         token: u64,
@@ -120,7 +120,7 @@ impl PausedWriter {
             }
         };
         let writer = PausedWriter::Process {
-            child,
+            child: Box::new(child),
             stdin,
             said,
             token,
