@@ -11,7 +11,8 @@
 //! Printed per strategy: items sold, oversold, buyers who got two items, buyers who gave up
 //! waiting for the lock (after 60 s, as a shop's request would time out), attempts per second.
 //! A strategy that fails (a lock tier that cannot be reached, or whose errors outlast a
-//! `lock()`) gets a row with its error, the others still run, and the exit status is 1.
+//! `lock()`) gets a row with its error, the others still run, and the exit status is 1, as
+//! it is when a buyer gave up.
 //!
 //! ```sh
 //! compose/up.sh redis sentinel redlock etcd zk
@@ -296,18 +297,21 @@ async fn main() -> Result<(), BoxError> {
         "| strategy | sold | oversold | buyers with two items | gave up after {PATIENCE:?} | attempts/s |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
-    let mut failures = 0;
+    let (mut failures, mut gave_up) = (0, 0);
     for strategy in &strategies {
         match run(strategy, &con, sale).await {
-            Ok(outcome) => println!(
-                "| {} | {} | {} | {} | {} | {:.0} |",
-                strategy.name(),
-                outcome.sold,
-                outcome.oversold,
-                outcome.double_buyers,
-                outcome.gave_up,
-                outcome.attempts_per_sec
-            ),
+            Ok(outcome) => {
+                gave_up += outcome.gave_up;
+                println!(
+                    "| {} | {} | {} | {} | {} | {:.0} |",
+                    strategy.name(),
+                    outcome.sold,
+                    outcome.oversold,
+                    outcome.double_buyers,
+                    outcome.gave_up,
+                    outcome.attempts_per_sec
+                );
+            }
             Err(e) => {
                 failures += 1;
                 println!(
@@ -320,6 +324,11 @@ async fn main() -> Result<(), BoxError> {
     }
     if failures > 0 {
         eprintln!("{failures} of {} strategies failed", strategies.len());
+    }
+    if gave_up > 0 {
+        eprintln!("{gave_up} buyers gave up waiting for a lock");
+    }
+    if failures > 0 || gave_up > 0 {
         std::process::exit(1);
     }
     Ok(())
