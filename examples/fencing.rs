@@ -45,9 +45,14 @@ fn config(url: &str, namespace: &str) -> lockkit::Result<LockkitConfig> {
     Ok(config)
 }
 
-/// Writer A's process (`fencing --writer URL NAMESPACE STORAGE`): takes the lock, says
-/// `held TOKEN`, and waits for a line on stdin, its cue that it woke up from its pause. Then
-/// it says `lost BOOL` and writes with its token, naively, saying `stored` or `refused`.
+/// The variable that gives writer A's process the URL: not an argument, which every user of
+/// the machine can read in the process list, and a URL may carry a password.
+const URL_VARIABLE: &str = "FENCING_WRITER_URL";
+
+/// Writer A's process (`fencing --writer NAMESPACE STORAGE`, the URL in [`URL_VARIABLE`]):
+/// takes the lock, says `held TOKEN`, and waits for a line on stdin, its cue that it woke up
+/// from its pause. Then it says `lost BOOL` and writes with its token, naively, saying
+/// `stored` or `refused`.
 async fn writer(url: &str, namespace: &str, storage: &str) -> lockkit::Result<()> {
     let locks = lockkit::connect(&config(url, namespace)?).await?;
     let mut storage = FencedClient::connect(storage, "A")
@@ -96,7 +101,8 @@ impl PausedWriter {
     async fn process(url: &str, namespace: &str, storage: &str) -> lockkit::Result<Self> {
         let exe = std::env::current_exe().map_err(|e| failure(format!("current_exe: {e}")))?;
         let mut child = Command::new(exe)
-            .args(["--writer", url, namespace, storage])
+            .args(["--writer", namespace, storage])
+            .env(URL_VARIABLE, url)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -196,10 +202,12 @@ async fn said_next(
 #[tokio::main]
 async fn main() -> lockkit::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [mode, url, namespace, storage] = args.as_slice()
+    if let [mode, namespace, storage] = args.as_slice()
         && mode == "--writer"
     {
-        return writer(url, namespace, storage).await;
+        let url = std::env::var(URL_VARIABLE)
+            .map_err(|_| failure(format!("--writer needs the URL in {URL_VARIABLE}")))?;
+        return writer(&url, namespace, storage).await;
     }
     let url = args
         .first()
