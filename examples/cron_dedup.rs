@@ -10,7 +10,9 @@
 //! only if it got it. The lock is deliberately NOT released after the job: it expires by
 //! itself after a few ticks, so an instance whose clock or scheduler runs late cannot take the
 //! same tick again once the first one finished. (Releasing it would let a late instance run
-//! the tick a second time.) The output is the number of runs per tick, which must be 1.
+//! the tick a second time.) On etcd and ZooKeeper a lock lives as long as its client's
+//! session, renewed or not: there it lasts until the instance drops it at the end of the run.
+//! The output is the number of runs per tick, which must be 1.
 //! An instance whose `try_lock` fails (the lock service is unreachable, an election) skips
 //! that tick, as a real scheduler would; its error is shown in the tick's row, and the exit
 //! status is then 1.
