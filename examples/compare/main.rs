@@ -48,7 +48,6 @@
 use lockkit::LockkitConfig;
 use serde::Serialize;
 
-#[path = "failed.rs"]
 mod failed;
 mod faults;
 mod floors;
