@@ -10,13 +10,21 @@
 //! only if it got it. The lock is deliberately NOT released after the job: it expires by
 //! itself after a few ticks, so an instance whose clock or scheduler runs late cannot take the
 //! same tick again once the first one finished. (Releasing it would let a late instance run
-//! the tick a second time.) The output is the number of runs per tick, which must be 1.
+//! the tick a second time.) On etcd and ZooKeeper a lock lives as long as its client's
+//! session, renewed or not: there it lasts until the instance drops it at the end of the run.
+//! The output is the number of runs per tick, which must be 1.
+//! An instance whose `try_lock` fails (the lock service is unreachable, an election) skips
+//! that tick, as a real scheduler would; its error is shown in the tick's row, and the exit
+//! status is then 1.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockkit::{LockOptions, LockkitConfig};
+
+#[path = "compare/failed.rs"]
+mod failed;
 
 const INSTANCES: usize = 5;
 
@@ -43,10 +51,10 @@ async fn main() -> lockkit::Result<()> {
         .with_ttl((period * 3).max(Duration::from_secs(2)))
         .with_auto_renew(false);
     let runs: Arc<Mutex<BTreeMap<usize, Vec<usize>>>> = Arc::default();
-    let start = Instant::now() + Duration::from_millis(200);
-    let mut instances = tokio::task::JoinSet::new();
-    for instance in 0..INSTANCES {
-        let locks = if config.backend == lockkit::BackendKind::Memory {
+    let errors: Arc<Mutex<BTreeMap<usize, Vec<String>>>> = Arc::default();
+    let mut clients = Vec::new();
+    for _ in 0..INSTANCES {
+        clients.push(if config.backend == lockkit::BackendKind::Memory {
             lockkit::LockClient::with_options(
                 shared.backend().clone(),
                 &namespace,
@@ -57,8 +65,13 @@ async fn main() -> lockkit::Result<()> {
             config.namespace.clone_from(&namespace);
             config.lock = options.clone();
             lockkit::connect(&config).await?
-        };
-        let runs = runs.clone();
+        });
+    }
+    let start = Instant::now() + Duration::from_millis(200);
+    eprintln!("{INSTANCES} instances connected; the first tick fires in 200 ms");
+    let mut instances = tokio::task::JoinSet::new();
+    for (instance, locks) in clients.into_iter().enumerate() {
+        let (runs, errors) = (runs.clone(), errors.clone());
         instances.spawn(async move {
             // Kept, not released, until every instance is done: a release would hand the tick
             // to an instance that fires later.
@@ -67,14 +80,23 @@ async fn main() -> lockkit::Result<()> {
                 // Each instance's scheduler fires a little late, by a different amount.
                 let jitter = Duration::from_millis(rand::random_range(0..20));
                 tokio::time::sleep_until((start + period * tick as u32 + jitter).into()).await;
-                if let Some(guard) = locks.mutex(&format!("job-{tick}"))?.try_lock().await? {
-                    runs.lock()
+                match locks.mutex(&format!("job-{tick}"))?.try_lock().await {
+                    Ok(Some(guard)) => {
+                        runs.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .entry(tick)
+                            .or_default()
+                            .push(instance);
+                        // The job runs here; the lock stays until it expires.
+                        taken.push(guard);
+                    }
+                    Ok(None) => {}
+                    Err(e) => errors
+                        .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .entry(tick)
                         .or_default()
-                        .push(instance);
-                    // The job runs here; the lock stays until it expires.
-                    taken.push(guard);
+                        .push(format!("instance {instance}: {}", failed::describe(&e))),
                 }
             }
             lockkit::Result::Ok(taken)
@@ -90,20 +112,28 @@ async fn main() -> lockkit::Result<()> {
     let runs = runs
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let errors = errors
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     println!(
         "{} instances, {ticks} ticks every {period:?} on {url}\n",
         INSTANCES
     );
-    println!("| tick | runs | by instance |");
-    println!("|---:|---:|---|");
+    println!("| tick | runs | by instance | errors |");
+    println!("|---:|---:|---|---|");
     let mut wrong = 0;
     for tick in 0..ticks {
         let by = runs.get(&tick).cloned().unwrap_or_default();
         wrong += usize::from(by.len() != 1);
-        println!("| {tick} | {} | {by:?} |", by.len());
+        let failed = errors.get(&tick).map_or(String::new(), |e| e.join("; "));
+        println!("| {tick} | {} | {by:?} | {failed} |", by.len());
     }
     println!("\n{} of {ticks} ticks ran exactly once", ticks - wrong);
-    if wrong > 0 {
+    let failed: usize = errors.values().map(Vec::len).sum();
+    if failed > 0 {
+        println!("{failed} try_lock calls failed");
+    }
+    if wrong > 0 || failed > 0 {
         std::process::exit(1);
     }
     Ok(())

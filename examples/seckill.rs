@@ -8,7 +8,11 @@
 //! - a pre-filled quota list (`LPOP`) plus a per-user set (`SADD`) that refuses a second
 //!   purchase by the same buyer.
 //!
-//! Printed per strategy: items sold, oversold, buyers who got two items, attempts per second.
+//! Printed per strategy: items sold, oversold, buyers who got two items, buyers who gave up
+//! waiting for the lock (after 60 s, as a shop's request would time out), attempts per second.
+//! A strategy that fails (a lock tier that cannot be reached, or whose errors outlast a
+//! `lock()`) gets a row with its error, the others still run, and the exit status is 1, as
+//! it is when a buyer gave up.
 //!
 //! ```sh
 //! compose/up.sh redis sentinel redlock etcd zk
@@ -16,6 +20,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +28,8 @@ use lockkit::{LockClient, LockkitConfig};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
+#[path = "compare/failed.rs"]
+mod failed;
 #[path = "compare/targets.rs"]
 mod targets;
 
@@ -38,7 +45,8 @@ struct Sale {
 #[derive(Debug, Clone)]
 enum Strategy {
     Naive,
-    Locked(String, LockClient),
+    /// A lock tier: its name in the tables and its URL.
+    Locked(&'static str, String),
     Lua,
     DecrCompensate,
     QuotaList,
@@ -62,20 +70,47 @@ struct Keys {
     buyers: String,
 }
 
-/// One purchase attempt by `user`; whether it got an item.
+/// How long a buyer waits for the lock before giving up.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// How one purchase attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purchase {
+    Bought,
+    SoldOut,
+    /// The lock was not granted within [`PATIENCE`].
+    GaveUp,
+}
+
+impl From<bool> for Purchase {
+    fn from(bought: bool) -> Self {
+        if bought {
+            Purchase::Bought
+        } else {
+            Purchase::SoldOut
+        }
+    }
+}
+
+/// One purchase attempt by `user` (under `locks`, for [`Strategy::Locked`]).
 async fn buy(
     strategy: &Strategy,
+    locks: Option<&LockClient>,
     con: &mut ConnectionManager,
     keys: &Keys,
     user: usize,
-) -> Result<bool, BoxError> {
-    Ok(match strategy {
+) -> Result<Purchase, BoxError> {
+    Ok(Purchase::from(match strategy {
         Strategy::Naive => read_then_write(con, keys).await?,
-        Strategy::Locked(_, locks) => {
-            let guard = locks
-                .mutex("seckill")?
-                .lock_timeout(Duration::from_secs(60))
-                .await?;
+        Strategy::Locked(target, _) => {
+            let locks = locks.ok_or_else(|| format!("no lock client for {target}"))?;
+            let guard = match locks.mutex("seckill")?.lock_timeout(PATIENCE).await {
+                Ok(guard) => guard,
+                Err(e) if matches!(e.kind(), lockkit::ErrorKind::Timeout) => {
+                    return Ok(Purchase::GaveUp);
+                }
+                Err(e) => return Err(e.into()),
+            };
             let bought = read_then_write(con, keys).await?;
             guard.release().await?;
             bought
@@ -105,7 +140,7 @@ async fn buy(
                 item.is_some()
             }
         }
-    })
+    }))
 }
 
 async fn read_then_write(con: &mut ConnectionManager, keys: &Keys) -> Result<bool, BoxError> {
@@ -123,6 +158,7 @@ struct Outcome {
     sold: usize,
     oversold: i64,
     double_buyers: usize,
+    gave_up: usize,
     attempts_per_sec: f64,
 }
 
@@ -137,6 +173,14 @@ async fn run(
         quota: format!("seckill:{tag}:quota"),
         buyers: format!("seckill:{tag}:buyers"),
     });
+    let locks = match strategy {
+        Strategy::Locked(_, url) => {
+            let mut config = LockkitConfig::from_url(url)?;
+            config.namespace = format!("seckill-{tag}");
+            Some(lockkit::connect(&config).await?)
+        }
+        _ => None,
+    };
     let mut setup = con.clone();
     let _: () = setup.set_ex(&keys.stock, sale.stock, 600).await?;
     let items: Vec<i64> = (0..sale.stock).collect();
@@ -149,31 +193,50 @@ async fn run(
     let mut attempts: Vec<usize> = (0..sale.buyers - sale.repeat_buyers).collect();
     attempts.extend(0..sale.repeat_buyers);
     let purchases: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
+    let gave_up = Arc::new(AtomicUsize::new(0));
     let strategy = Arc::new(strategy.clone());
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for user in attempts {
-        let (strategy, keys, purchases, mut con) = (
+        let (strategy, locks, keys, purchases, gave_up, mut con) = (
             strategy.clone(),
+            locks.clone(),
             keys.clone(),
             purchases.clone(),
+            gave_up.clone(),
             con.clone(),
         );
         tasks.spawn(async move {
-            if buy(&strategy, &mut con, &keys, user).await? {
-                *purchases
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .entry(user)
-                    .or_default() += 1;
+            match buy(&strategy, locks.as_ref(), &mut con, &keys, user).await? {
+                Purchase::Bought => {
+                    *purchases
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .entry(user)
+                        .or_default() += 1;
+                }
+                Purchase::SoldOut => {}
+                Purchase::GaveUp => {
+                    gave_up.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Ok::<_, BoxError>(())
         });
     }
+    // The first failed attempt fails the strategy; dropping the set cancels the others.
+    let mut failed = None;
     while let Some(joined) = tasks.join_next().await {
-        joined??;
+        if let Err(e) = joined.map_err(BoxError::from).and_then(|attempt| attempt) {
+            failed = Some(e);
+            break;
+        }
     }
+    drop(tasks);
     let elapsed = started.elapsed();
+    let _: () = setup.del(&[&keys.stock, &keys.quota, &keys.buyers]).await?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let (sold, double_buyers) = {
         let purchases = purchases
             .lock()
@@ -183,11 +246,11 @@ async fn run(
             purchases.values().filter(|n| **n > 1).count(),
         )
     };
-    let _: () = setup.del(&[&keys.stock, &keys.quota, &keys.buyers]).await?;
     Ok(Outcome {
         sold,
         oversold: (sold as i64 - sale.stock).max(0),
         double_buyers,
+        gave_up: gave_up.load(Ordering::Relaxed),
         attempts_per_sec: sale.buyers as f64 / elapsed.as_secs_f64(),
     })
 }
@@ -211,16 +274,18 @@ async fn main() -> Result<(), BoxError> {
     let Some(redis_url) = lockkit_core::testing::endpoint("LOCKKIT_TEST_REDIS_URL") else {
         return Err("the stock lives in Redis: start it with compose/up.sh redis".into());
     };
-    let con = ConnectionManager::new(redis::Client::open(redis_url.as_str())?).await?;
+    // redis-rs gives up on a reply after 500 ms by default: too short for a machine whose
+    // cores are busy with 2000 waiting buyers, and the stock's replies are not what is measured.
+    let con = ConnectionManager::new_with_config(
+        redis::Client::open(redis_url.as_str())?,
+        redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(10))),
+    )
+    .await?;
 
     let mut strategies = vec![Strategy::Naive];
     for (target, url) in targets::server_tiers() {
-        let mut config = LockkitConfig::from_url(&url)?;
-        config.namespace = format!("seckill-{:08x}", rand::random::<u32>());
-        strategies.push(Strategy::Locked(
-            target.into(),
-            lockkit::connect(&config).await?,
-        ));
+        strategies.push(Strategy::Locked(target, url));
     }
     strategies.extend([Strategy::Lua, Strategy::DecrCompensate, Strategy::QuotaList]);
 
@@ -228,18 +293,43 @@ async fn main() -> Result<(), BoxError> {
         "{} items, {} purchase attempts ({} buyers try twice)\n",
         sale.stock, sale.buyers, sale.repeat_buyers
     );
-    println!("| strategy | sold | oversold | buyers with two items | attempts/s |");
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| strategy | sold | oversold | buyers with two items | gave up after {PATIENCE:?} | attempts/s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let (mut failures, mut gave_up) = (0, 0);
     for strategy in &strategies {
-        let outcome = run(strategy, &con, sale).await?;
-        println!(
-            "| {} | {} | {} | {} | {:.0} |",
-            strategy.name(),
-            outcome.sold,
-            outcome.oversold,
-            outcome.double_buyers,
-            outcome.attempts_per_sec
-        );
+        match run(strategy, &con, sale).await {
+            Ok(outcome) => {
+                gave_up += outcome.gave_up;
+                println!(
+                    "| {} | {} | {} | {} | {} | {:.0} |",
+                    strategy.name(),
+                    outcome.sold,
+                    outcome.oversold,
+                    outcome.double_buyers,
+                    outcome.gave_up,
+                    outcome.attempts_per_sec
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                println!(
+                    "| {} | FAILED: {} | | | | |",
+                    strategy.name(),
+                    failed::describe(e.as_ref())
+                );
+            }
+        }
+    }
+    if failures > 0 {
+        eprintln!("{failures} of {} strategies failed", strategies.len());
+    }
+    if gave_up > 0 {
+        eprintln!("{gave_up} buyers gave up waiting for a lock");
+    }
+    if failures > 0 || gave_up > 0 {
+        std::process::exit(1);
     }
     Ok(())
 }

@@ -40,10 +40,15 @@
 //! the endpoints file of `compose/up.sh` (`compose/compare.sh` starts them). A tier whose
 //! servers are missing is skipped with a notice, or fails the run under
 //! `LOCKKIT_REQUIRE_BACKENDS=1`.
+//!
+//! A workload that fails on a tier (the tier cannot be reached, or its errors outlast a
+//! `lock()`) shows `FAILED` in that tier's row, with the error listed under the table; the
+//! other workloads and tiers still run, and the exit status is then 1.
 
 use lockkit::LockkitConfig;
 use serde::Serialize;
 
+mod failed;
 mod faults;
 mod floors;
 mod report;
@@ -63,15 +68,47 @@ struct Sizes {
     iterations: usize,
 }
 
-#[derive(Debug, Serialize)]
+/// One tier's row. A workload that was not run, or failed, is `None`; a failed one is also
+/// in `failures`.
+#[derive(Debug, Default, Serialize)]
 struct TierReport {
     target: String,
     tier: String,
-    uncontended: Uncontended,
-    contended: Contended,
+    uncontended: Option<Uncontended>,
+    contended: Option<Contended>,
     holder_crash: Option<HolderCrash>,
     holder_pause: Option<HolderPause>,
     failover: Option<Failover>,
+    failures: Vec<Failure>,
+}
+
+/// A workload that failed on a tier, and why.
+#[derive(Debug, Serialize)]
+struct Failure {
+    /// `connect`, `W1`, ... `W5`.
+    workload: &'static str,
+    error: String,
+}
+
+impl TierReport {
+    /// The workload's result, or `None` after noting its failure.
+    fn record<T>(&mut self, workload: &'static str, result: lockkit::Result<T>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(e) => {
+                eprintln!("{} {workload} FAILED: {e}", self.target);
+                self.failures.push(Failure {
+                    workload,
+                    error: failed::describe(&e),
+                });
+                None
+            }
+        }
+    }
+
+    fn failed(&self, workload: &str) -> bool {
+        self.failures.iter().any(|f| f.workload == workload)
+    }
 }
 
 /// Says what is wrong with the command line and what it accepts, and exits with status 2.
@@ -139,14 +176,13 @@ async fn main() -> lockkit::Result<()> {
     targets.extend(targets::server_tiers());
     // The other Redis tiers run W1 in the same rounds as single-node Redis, so that their
     // ratio to it is not the drift between two runs.
+    // If it cannot be reached, its own row says so.
     let single_redis = match targets.iter().find(|(name, _)| *name == "redis") {
-        Some((_, url)) => Some(lockkit::connect(&LockkitConfig::from_url(url)?).await?),
+        Some((_, url)) => connect(url).await.ok(),
         None => None,
     };
     let mut reports = Vec::new();
     for (name, url) in targets {
-        let locks = lockkit::connect(&LockkitConfig::from_url(&url)?).await?;
-        eprintln!("running {name} ({})...", locks.tier());
         let reference = single_redis
             .as_ref()
             .filter(|_| matches!(name, "redis-sentinel" | "redlock-5"))
@@ -154,46 +190,7 @@ async fn main() -> lockkit::Result<()> {
                 name: "redis",
                 locks,
             });
-        reports.push(TierReport {
-            target: name.to_owned(),
-            tier: locks.tier().to_string(),
-            uncontended: {
-                let mut floor = floors::Floor::connect(name, &url)
-                    .await
-                    .map_err(|e| compare_error(format!("{name}: the raw floor: {e}")))?;
-                let w1 = uncontended(&locks, floor.as_mut(), reference, sizes.uncontended_cycles)
-                    .await?;
-                if let Some(floor) = floor {
-                    floor.clean_up().await;
-                }
-                w1
-            },
-            contended: {
-                let floor = floors::ContendedFloor::connect(name, &url)
-                    .await
-                    .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
-                let w2 = contended(&locks, floor.as_ref(), sizes.workers, sizes.iterations).await?;
-                if let Some(floor) = floor {
-                    floor.clean_up().await;
-                }
-                w2
-            },
-            holder_crash: if name == "memory" || speed_only {
-                None
-            } else {
-                Some(holder_crash(&url, &locks).await?)
-            },
-            holder_pause: if name == "memory" || speed_only {
-                None
-            } else {
-                Some(holder_pause(&url, &locks).await?)
-            },
-            failover: if speed_only {
-                None
-            } else {
-                failover(name, &url).await?
-            },
-        });
+        reports.push(run_tier(name, &url, reference, sizes, speed_only).await);
     }
 
     println!("{}", markdown(&reports));
@@ -207,5 +204,64 @@ async fn main() -> lockkit::Result<()> {
         std::fs::write(&path, svg(&reports)).map_err(|e| compare_error(format!("{path}: {e}")))?;
         eprintln!("wrote {path}");
     }
+    let failures: usize = reports.iter().map(|r| r.failures.len()).sum();
+    if failures > 0 {
+        eprintln!("{failures} workload(s) failed");
+        std::process::exit(1);
+    }
     Ok(())
+}
+
+async fn connect(url: &str) -> lockkit::Result<lockkit::LockClient> {
+    lockkit::connect(&LockkitConfig::from_url(url)?).await
+}
+
+/// Every workload on one tier; one that fails is noted in the row and the next one runs.
+async fn run_tier(
+    name: &'static str,
+    url: &str,
+    reference: Option<speed::Reference<'_>>,
+    sizes: Sizes,
+    speed_only: bool,
+) -> TierReport {
+    let mut report = TierReport {
+        target: name.to_owned(),
+        ..TierReport::default()
+    };
+    let Some(locks) = report.record("connect", connect(url).await) else {
+        return report;
+    };
+    report.tier = locks.tier().to_string();
+    eprintln!("running {name} ({})...", report.tier);
+    let w1 = async {
+        let mut floor = floors::Floor::connect(name, url)
+            .await
+            .map_err(|e| compare_error(format!("{name}: the raw floor: {e}")))?;
+        let w1 = uncontended(&locks, floor.as_mut(), reference, sizes.uncontended_cycles).await;
+        if let Some(floor) = floor {
+            floor.clean_up().await;
+        }
+        w1
+    };
+    report.uncontended = report.record("W1", w1.await);
+    let w2 = async {
+        let floor = floors::ContendedFloor::connect(name, url)
+            .await
+            .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
+        let w2 = contended(&locks, floor.as_ref(), sizes.workers, sizes.iterations).await;
+        if let Some(floor) = floor {
+            floor.clean_up().await;
+        }
+        w2
+    };
+    report.contended = report.record("W2", w2.await);
+    if speed_only {
+        return report;
+    }
+    if name != "memory" {
+        report.holder_crash = report.record("W3", holder_crash(url, &locks).await);
+        report.holder_pause = report.record("W4", holder_pause(url, &locks).await);
+    }
+    report.failover = report.record("W5", failover(name, url).await).flatten();
+    report
 }

@@ -15,21 +15,34 @@ pub(crate) fn svg(reports: &[TierReport]) -> String {
     );
     let max_log = reports
         .iter()
-        .map(|r| r.uncontended.p50_us.max(1.0).log10())
+        .filter_map(|r| r.uncontended.as_ref())
+        .map(|u| u.p50_us.max(1.0).log10())
         .fold(1.0, f64::max);
     for (i, r) in reports.iter().enumerate() {
         let y = 40.0 + row * i as f64;
-        let p50 = r.uncontended.p50_us.max(1.0);
-        let width = 340.0 * (p50.log10() + 0.2) / (max_log + 0.2);
         out.push_str(&format!(
-            "<text x=\"10\" y=\"{ty}\">{} ({})</text>\n\
-             <rect x=\"160\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"#4878a8\"/>\n\
-             <text x=\"{tx:.1}\" y=\"{ty}\">{p50:.0}</text>\n",
+            "<text x=\"10\" y=\"{ty}\">{} ({})</text>\n",
             r.target,
             r.tier,
             ty = y + 14.0,
-            tx = 165.0 + width,
         ));
+        match &r.uncontended {
+            Some(u) => {
+                let p50 = u.p50_us.max(1.0);
+                let width = 340.0 * (p50.log10() + 0.2) / (max_log + 0.2);
+                out.push_str(&format!(
+                    "<rect x=\"160\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"#4878a8\"/>\n\
+                     <text x=\"{tx:.1}\" y=\"{ty}\">{p50:.0}</text>\n",
+                    ty = y + 14.0,
+                    tx = 165.0 + width,
+                ));
+            }
+            None => out.push_str(&format!(
+                "<text x=\"165\" y=\"{ty}\">{}</text>\n",
+                cell(r, "W1", None::<()>, |_| String::new()),
+                ty = y + 14.0,
+            )),
+        }
         let (rejected, accepted) = [
             r.holder_pause
                 .as_ref()
@@ -68,65 +81,81 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for r in reports {
-        let (u, c) = (&r.uncontended, &r.contended);
-        out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.target,
-            r.tier,
-            u.cycles_per_sec,
-            u.p50_us,
-            u.p99_us,
-            match (u.floor_p50_us, u.vs_floor) {
+        let (u, c) = (r.uncontended.as_ref(), r.contended.as_ref());
+        let cells = [
+            r.target.clone(),
+            if r.tier.is_empty() {
+                cell(r, "connect", None::<()>, |_| String::new())
+            } else {
+                r.tier.clone()
+            },
+            cell(r, "W1", u, |u| format!("{:.0}", u.cycles_per_sec)),
+            cell(r, "W1", u, |u| format!("{:.1}", u.p50_us)),
+            cell(r, "W1", u, |u| format!("{:.1}", u.p99_us)),
+            cell(r, "W1", u, |u| match (u.floor_p50_us, u.vs_floor) {
                 (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
                 _ => "n/a".to_owned(),
-            },
-            match (u.reference_p50_us, u.vs_reference) {
+            }),
+            cell(r, "W1", u, |u| match (u.reference_p50_us, u.vs_reference) {
                 (Some(single), Some(ratio)) => format!("{ratio:.2}x ({single:.1} µs)"),
                 _ => "n/a".to_owned(),
-            },
-            c.final_value,
-            c.lost_updates,
-            c.increments_per_sec,
-            c.wait_p50_us,
-            c.wait_p99_us,
-            match (c.floor_increments_per_sec, c.vs_floor, c.floor_lost_updates) {
-                (Some(floor), Some(ratio), Some(0)) => format!("{floor:.0} ({ratio:.2}x)"),
-                (Some(floor), Some(ratio), Some(lost)) =>
-                    format!("{floor:.0} ({ratio:.2}x; the floor lost {lost} updates)"),
-                _ => "n/a".to_owned(),
-            },
-            match (c.floor_wait_p50_us, c.wait_p50_vs_floor) {
-                (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
-                _ => "n/a".to_owned(),
-            },
-            r.holder_crash
-                .as_ref()
-                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.recovery_ms)),
-            r.holder_pause.as_ref().map_or("n/a".to_owned(), |w| format!(
-                "{} ({})",
-                w.overlapping_writes, w.written_after_lost
-            )),
-            r.holder_pause.as_ref().map_or("n/a".to_owned(), |w| format!(
-                "{} / {}",
-                w.stale_rejected, w.stale_accepted
-            )),
-            r.failover.as_ref().map_or("n/a", |w| w.killed.as_str()),
-            r.failover
-                .as_ref()
-                .map_or("n/a".to_owned(), |w| w.overlaps.to_string()),
-            r.failover.as_ref().map_or("n/a".to_owned(), |w| format!(
-                "{} / {}",
-                w.stale_rejected, w.stale_accepted
-            )),
-            r.failover
-                .as_ref()
-                .map_or("n/a".to_owned(), |w| format!("{:.0}", w.longest_gap_ms)),
-        ));
+            }),
+            cell(r, "W2", c, |c| c.final_value.to_string()),
+            cell(r, "W2", c, |c| c.lost_updates.to_string()),
+            cell(r, "W2", c, |c| format!("{:.0}", c.increments_per_sec)),
+            cell(r, "W2", c, |c| format!("{:.1}", c.wait_p50_us)),
+            cell(r, "W2", c, |c| format!("{:.1}", c.wait_p99_us)),
+            cell(r, "W2", c, |c| {
+                match (c.floor_increments_per_sec, c.vs_floor, c.floor_lost_updates) {
+                    (Some(floor), Some(ratio), Some(0)) => format!("{floor:.0} ({ratio:.2}x)"),
+                    (Some(floor), Some(ratio), Some(lost)) => {
+                        format!("{floor:.0} ({ratio:.2}x; the floor lost {lost} updates)")
+                    }
+                    _ => "n/a".to_owned(),
+                }
+            }),
+            cell(r, "W2", c, |c| {
+                match (c.floor_wait_p50_us, c.wait_p50_vs_floor) {
+                    (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
+                    _ => "n/a".to_owned(),
+                }
+            }),
+            cell(r, "W3", r.holder_crash.as_ref(), |w| {
+                format!("{:.0}", w.recovery_ms)
+            }),
+            cell(r, "W4", r.holder_pause.as_ref(), |w| {
+                format!("{} ({})", w.overlapping_writes, w.written_after_lost)
+            }),
+            cell(r, "W4", r.holder_pause.as_ref(), |w| {
+                format!("{} / {}", w.stale_rejected, w.stale_accepted)
+            }),
+            cell(r, "W5", r.failover.as_ref(), |w| w.killed.clone()),
+            cell(r, "W5", r.failover.as_ref(), |w| w.overlaps.to_string()),
+            cell(r, "W5", r.failover.as_ref(), |w| {
+                format!("{} / {}", w.stale_rejected, w.stale_accepted)
+            }),
+            cell(r, "W5", r.failover.as_ref(), |w| {
+                format!("{:.0}", w.longest_gap_ms)
+            }),
+        ];
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    let failures: Vec<String> = reports
+        .iter()
+        .flat_map(|r| {
+            r.failures
+                .iter()
+                .map(move |f| format!("- {} {} FAILED: {}\n", r.target, f.workload, f.error))
+        })
+        .collect();
+    if !failures.is_empty() {
+        out.push('\n');
+        out.extend(failures);
     }
     let against_single: Vec<String> = reports
         .iter()
         .filter_map(|r| {
-            let u = &r.uncontended;
+            let u = r.uncontended.as_ref()?;
             let single = u.reference_p50_us?;
             let floor = u.floor_p50_us.map_or(String::new(), |f| {
                 format!("; its raw floor {:.2}x", f / single)
@@ -143,4 +172,19 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
         out.extend(against_single);
     }
     out
+}
+
+/// A cell of `report`'s row: `show(value)`, `FAILED` if `workload` failed on this tier (the
+/// error is listed under the table), `n/a` if it was not run.
+fn cell<T>(
+    report: &TierReport,
+    workload: &str,
+    value: Option<T>,
+    show: impl FnOnce(T) -> String,
+) -> String {
+    match value {
+        Some(value) => show(value),
+        None if report.failed(workload) => "FAILED".to_owned(),
+        None => "n/a".to_owned(),
+    }
 }
