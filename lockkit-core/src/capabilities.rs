@@ -99,7 +99,8 @@ pub enum WaitStrategy {
     /// waiters poll when a notification could have been missed.
     Notify,
     /// Waiters queue in order and each watches only its predecessor: a release wakes exactly
-    /// one waiter.
+    /// one waiter. The backend's wait must end by itself when its watch or session breaks:
+    /// the core re-checks without a wake-up only once per TTL.
     Queue,
 }
 

@@ -360,11 +360,20 @@ impl Acquisition<'_> {
                 let delay = self.backoff.next_delay();
                 holder_gone_by.map_or(delay, |gone| delay.min(gone))
             }
-            // Notifications and watches wake us; the cap only covers a missed notification
-            // (a pub/sub reconnect, say), so one missed message costs at most `backoff_max`.
-            _ => holder_gone_by.map_or(self.options.backoff_max, |gone| {
+            // Notifications wake us; the cap only covers a missed notification (a pub/sub
+            // reconnect, say), so one missed message costs at most `backoff_max`.
+            WaitStrategy::Notify => holder_gone_by.map_or(self.options.backoff_max, |gone| {
                 gone.min(self.options.backoff_max)
             }),
+            // A queue waiter's watch on its predecessor is tied to its session: the backend
+            // ends the wait itself when the watch or the session breaks, so there is no
+            // message to miss. Re-checking every `backoff_max` anyway would cost a queue read
+            // per waiter that often, and with thousands of waiters that load starves the
+            // cluster (an etcd leader stepped down under it); once a TTL is the safety net.
+            _ => {
+                let safety_net = self.pending.request.ttl.max(self.options.backoff_max);
+                holder_gone_by.map_or(safety_net, |gone| gone.min(safety_net))
+            }
         };
         let pause = self.remaining().map_or(pause, |left| pause.min(left));
         let wait_started = Instant::now();

@@ -245,3 +245,83 @@ async fn a_missed_release_notification_costs_at_most_backoff_max() {
         .unwrap()
         .unwrap();
 }
+
+/// A memory backend that declares a queue (`WaitStrategy::Queue`) and counts attempts.
+#[derive(Debug, Default)]
+struct Queueing {
+    memory: MemoryBackend,
+    attempts: AtomicUsize,
+}
+
+#[async_trait]
+impl LockBackend for Queueing {
+    fn name(&self) -> &'static str {
+        "queueing"
+    }
+    fn tier(&self) -> Tier {
+        self.memory.tier()
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            lockkit_core::FencingGuarantee::Monotonic,
+            lockkit_core::WaitStrategy::Queue,
+        )
+    }
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.memory.try_acquire(request).await
+    }
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.memory
+            .wait_for_change(request, contention, max_wait)
+            .await
+    }
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.memory.abandon(request).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        self.memory.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        self.memory.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.memory.inspect(key).await
+    }
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_queue_waiter_does_not_re_read_the_queue_every_backoff_max() {
+    let backend = Arc::new(Queueing::default());
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(20))
+        .with_backoff(Duration::from_millis(5), Duration::from_millis(20));
+    let locks = locks(backend.clone(), options);
+    let mutex = locks.mutex("queue").unwrap();
+    let guard = mutex.lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.lock_timeout(Duration::from_secs(60)).await.map(drop) }
+    });
+    // 50 times `backoff_max`: a waiter that re-read the queue that often would attempt ~50 times.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let attempts = backend.attempts.load(Ordering::SeqCst);
+    assert!(
+        attempts <= 4,
+        "{attempts} attempts while the lock was held: the waiter polled its queue"
+    );
+    assert!(guard.release().await.unwrap());
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the release woke the queue waiter")
+        .unwrap()
+        .unwrap();
+}
