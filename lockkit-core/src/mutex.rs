@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument as _;
 
-use crate::backend::{AcquireRequest, Attempt, Contention, Grant, SharedBackend};
+use crate::backend::{AcquireRequest, Attempt, Contention, Grant, Renewal, SharedBackend};
 use crate::backoff::{Backoff, jitter};
 use crate::capabilities::WaitStrategy;
 use crate::client::LockClient;
@@ -268,7 +268,10 @@ impl Acquisition<'_> {
             };
             match outcome {
                 Ok(Attempt::Granted(grant)) => {
-                    if let Some(guard) = self.accept(grant, sent_at) {
+                    if let Some(guard) = self.accept(grant.clone(), sent_at) {
+                        return Ok(Some(guard));
+                    }
+                    if let Some(guard) = self.confirm(grant).await {
                         return Ok(Some(guard));
                     }
                     // Too late to be of use: give the grant back before trying again.
@@ -346,6 +349,46 @@ impl Acquisition<'_> {
         );
         tracing::debug!(fencing_token = %grant.fencing_token, "acquired");
         Some(MutexGuard::new(held))
+    }
+
+    /// A grant whose validity, counted from its attempt's send time, was gone when it arrived
+    /// (a backend queueing requests under load) is still ours on the server: a renewal sent
+    /// now gets a validity counted from now. Giving it back instead would send a queueing
+    /// waiter to the end of the queue, and under the same load every grantee after it too.
+    async fn confirm(&mut self, grant: Grant) -> Option<MutexGuard> {
+        let request = &self.pending.request;
+        let mut lease = Lease::new(
+            request.key.clone(),
+            request.owner.clone(),
+            grant.fencing_token,
+            request.ttl,
+            Instant::now(),
+        );
+        if let Some(handle) = &grant.handle {
+            lease = lease.with_handle(handle.clone());
+        }
+        if let Some(session) = &grant.session {
+            lease = lease.with_session(session.clone());
+        }
+        let sent_at = Instant::now();
+        // Bounded by the TTL too: past it, the grant is gone anyway.
+        let bound = deadline_after(request.ttl)
+            .into_iter()
+            .chain(self.deadline())
+            .min();
+        let renewing = self.pending.backend.renew(&lease);
+        let answer = match bound {
+            Some(bound) => tokio::time::timeout_at(bound.into(), renewing).await.ok()?,
+            None => renewing.await,
+        };
+        match answer {
+            Ok(Renewal::Extended(valid_for)) => {
+                let mut confirmed = grant;
+                confirmed.valid_for = valid_for;
+                self.accept(confirmed, sent_at)
+            }
+            _ => None,
+        }
     }
 
     /// Waits until the lock may be free, by the backend's notification or by polling.

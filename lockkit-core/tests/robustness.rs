@@ -325,3 +325,67 @@ async fn a_queue_waiter_does_not_re_read_the_queue_every_backoff_max() {
         .unwrap()
         .unwrap();
 }
+
+/// A memory backend whose grants arrive with no validity left (the attempt queued behind
+/// thousands of others), while a renewal sent afterwards answers in time.
+#[derive(Debug, Default)]
+struct Late {
+    memory: MemoryBackend,
+    abandoned: AtomicUsize,
+}
+
+#[async_trait]
+impl LockBackend for Late {
+    fn name(&self) -> &'static str {
+        "late"
+    }
+    fn tier(&self) -> Tier {
+        self.memory.tier()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.memory.capabilities()
+    }
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        Ok(match self.memory.try_acquire(request).await? {
+            Attempt::Granted(grant) => Attempt::Granted(lockkit_core::Grant::new(
+                grant.fencing_token,
+                Duration::from_millis(1),
+            )),
+            contended => contended,
+        })
+    }
+    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.abandoned.fetch_add(1, Ordering::SeqCst);
+        self.memory.abandon(request).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        self.memory.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool> {
+        self.memory.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.memory.inspect(key).await
+    }
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_grant_that_arrives_too_late_is_confirmed_by_a_renewal_not_given_back() {
+    let backend = Arc::new(Late::default());
+    let guard = locks(backend.clone(), LockOptions::default())
+        .mutex("late")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(5))
+        .await
+        .expect("the renewal confirmed the grant");
+    assert_eq!(backend.abandoned.load(Ordering::SeqCst), 0);
+    assert!(
+        guard.remaining() > Duration::from_secs(5),
+        "valid from the renewal"
+    );
+    assert!(guard.is_held().await.unwrap());
+    assert!(guard.release().await.unwrap());
+}
