@@ -182,6 +182,9 @@ struct Entry {
     maybe_on_server: bool,
     /// An attempt was sent and not answered: it may still put the key.
     in_flight: bool,
+    /// The key just ahead of ours, as the last attempt read it, and its create revision:
+    /// names are reused, so only the revision tells that key from a later one of that name.
+    predecessor: Option<(String, i64)>,
 }
 
 impl EtcdBackend {
@@ -426,6 +429,7 @@ impl EtcdBackend {
                 create_revision: None,
                 maybe_on_server: false,
                 in_flight: false,
+                predecessor: None,
             }
         };
         let entry = entries.entry(request.owner.clone()).or_insert_with(fresh);
@@ -477,7 +481,12 @@ impl EtcdBackend {
         });
     }
 
-    async fn find_predecessor(&self, request: &AcquireRequest) -> Result<Option<(String, i64)>> {
+    /// The key just ahead of `request`'s own: its name, its create revision and the store
+    /// revision of the read.
+    async fn find_predecessor(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<Option<(String, i64, i64)>> {
         let own_revision = self
             .entries()
             .get(&request.owner)
@@ -493,7 +502,10 @@ impl EtcdBackend {
             })
             .await?;
         let revision = response.header().map_or(0, |h| h.revision());
-        Ok(response.kvs().first().map(|kv| (key_of(kv), revision)))
+        Ok(response
+            .kvs()
+            .first()
+            .map(|kv| (key_of(kv), kv.create_revision(), revision)))
     }
 
     /// A cancelled acquisition's put landed after its clean-up, at the name `request` reuses:
@@ -856,7 +868,7 @@ impl LockBackend for EtcdBackend {
             let _put = reads.next();
             let mut newest = reads.next().unwrap_or_default().into_iter();
             let newest_is_own = newest.next().is_some_and(|kv| kv.key() == own.as_bytes());
-            let predecessor = newest.next().map(|kv| key_of(&kv));
+            let predecessor = newest.next().map(|kv| (key_of(&kv), kv.create_revision()));
             (
                 Some(revision),
                 newest_is_own && predecessor.is_none(),
@@ -874,7 +886,7 @@ impl LockBackend for EtcdBackend {
             let predecessor = reads
                 .next()
                 .and_then(|kvs| kvs.into_iter().next())
-                .map(|kv| key_of(&kv));
+                .map(|kv| (key_of(&kv), kv.create_revision()));
             let ours = holder.is_some_and(|kv| kv.key() == own.as_bytes());
             (own_kv.map(|kv| kv.create_revision()), ours, predecessor)
         };
@@ -882,6 +894,7 @@ impl LockBackend for EtcdBackend {
             entry.in_flight = false;
             entry.maybe_on_server = own_revision.is_some();
             entry.create_revision = own_revision;
+            entry.predecessor = predecessor.clone();
         }
         match own_revision {
             Some(own_revision) if ours => {
@@ -903,7 +916,7 @@ impl LockBackend for EtcdBackend {
             _ => {
                 let mut contention = Contention::new();
                 contention.revision = Some(revision);
-                if let Some(predecessor) = predecessor {
+                if let Some((predecessor, _)) = predecessor {
                     contention = contention.with_predecessor(predecessor, Some(revision));
                 }
                 Ok(Attempt::Contended(contention))
@@ -918,14 +931,23 @@ impl LockBackend for EtcdBackend {
         max_wait: Duration,
     ) -> Result<()> {
         let deadline = tokio::time::Instant::now() + max_wait;
-        let (predecessor, revision) = match (&contention.predecessor, contention.revision) {
-            (Some(predecessor), Some(revision)) => (predecessor.clone(), revision),
-            _ => match tokio::time::timeout_at(deadline, self.find_predecessor(request)).await {
-                Ok(Ok(Some(found))) => found,
-                Ok(Ok(None)) | Err(_) => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-            },
-        };
+        let known = self
+            .entries()
+            .get(&request.owner)
+            .and_then(|entry| entry.predecessor.clone());
+        let (predecessor, predecessor_created, revision) =
+            match (&contention.predecessor, known, contention.revision) {
+                (Some(name), Some((known, created)), Some(revision)) if *name == known => {
+                    (known, created, revision)
+                }
+                _ => {
+                    match tokio::time::timeout_at(deadline, self.find_predecessor(request)).await {
+                        Ok(Ok(Some(found))) => found,
+                        Ok(Ok(None)) | Err(_) => return Ok(()),
+                        Ok(Err(e)) => return Err(e),
+                    }
+                }
+            };
         // The watch starts now, not at `revision + 1`: a watch from a past revision joins
         // the server's unsynced watchers, which it catches up only every 100 ms
         // (`syncWatchersLoop`), so under steady writes every handoff would wait for that tick.
@@ -963,19 +985,25 @@ impl LockBackend for EtcdBackend {
             Ok(Err(e)) => return Err(error::map("watching the predecessor", e)),
         };
         // Nothing was written between the attempt's read and the watch: the predecessor was
-        // there when the watch started. Otherwise the watch sees a delete only if the
-        // predecessor is still there now (a linearizable read, after the watch started).
+        // there when the watch started. Otherwise the watch sees the delete only if the
+        // predecessor is still there now (a linearizable read, after the watch started),
+        // and still the same key: its name may be back by now, created anew behind ours
+        // (names are reused), and a delete of that key would never come while we wait.
         if watched_from > revision {
             let reading = self.send(|mut client| {
                 let predecessor = predecessor.clone();
                 async move {
                     client
-                        .get(predecessor, Some(GetOptions::new().with_count_only()))
+                        .get(predecessor, Some(GetOptions::new().with_keys_only()))
                         .await
                 }
             });
             match tokio::time::timeout_at(deadline, reading).await {
-                Ok(Some(Ok(found))) if found.count() > 0 => {}
+                Ok(Some(Ok(found)))
+                    if found
+                        .kvs()
+                        .first()
+                        .is_some_and(|kv| kv.create_revision() == predecessor_created) => {}
                 Ok(Some(Ok(_))) | Err(_) => return Ok(()),
                 Ok(Some(Err(e))) => return Err(error::map("reading the predecessor", e)),
                 Ok(None) => {

@@ -446,3 +446,56 @@ async fn one_client_reuses_its_key_name_and_contenders_get_their_own() {
     let admin = EtcdBackend::connect(config).await.expect("connect");
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
+
+/// Two clients take and release one lock in tight loops. Each reuses its key name, so a
+/// holder that releases and queues again at once reappears under the name its rival is
+/// about to watch, now behind the rival: a waiter that checked its predecessor by name
+/// alone would wait on a key queued after its own, and both would sit out `backoff_max`.
+/// Every handoff must instead take about a round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_looping_on_one_lock_never_wait_on_a_requeued_predecessor() {
+    const CYCLES: usize = 200;
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("pingpong");
+    // A stall from waiting on the wrong key lasts `backoff_max`: far above the threshold.
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(10))
+        .with_backoff(Duration::from_millis(5), Duration::from_secs(3));
+    let stall = Duration::from_millis(100);
+    let mut loops = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let locks = client(&config, &ns, options.clone()).await;
+        loops.spawn(async move {
+            let mutex = locks.mutex("pingpong").expect("key");
+            let mut stalls = Vec::new();
+            for _ in 0..CYCLES {
+                let asked = Instant::now();
+                let guard = mutex
+                    .lock_timeout(Duration::from_secs(30))
+                    .await
+                    .expect("lock");
+                let waited = asked.elapsed();
+                if waited > stall {
+                    stalls.push(waited);
+                }
+                assert!(guard.release().await.expect("release"));
+                if stalls.len() >= 3 {
+                    break;
+                }
+            }
+            stalls
+        });
+    }
+    let mut stalls = Vec::new();
+    while let Some(done) = loops.join_next().await {
+        stalls.extend(done.expect("a loop panicked"));
+    }
+    assert!(
+        stalls.is_empty(),
+        "lock() waited longer than {stall:?} for a lock released at once: {stalls:?}"
+    );
+    let admin = EtcdBackend::connect(config).await.expect("connect");
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
