@@ -44,7 +44,8 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 ///   confirmed keep-alive's send time), or the server says the lease is gone, the session
 ///   ends and every lock on it reports [`lost`](lockkit_core::MutexGuard::lost).
 /// - **Acquire**: one transaction puts `<prefix>/<namespace>/<name>/<lease-hex>-<n>` (value:
-///   the owner token, attached to the session lease) if it does not exist, and reads at the
+///   the owner token's [digest](OwnerToken::digest_hex), never the token itself, since
+///   whoever may read the prefix sees it; attached to the session lease) if it does not exist, and reads at the
 ///   same revision who holds the lock: the key with the lowest create revision under
 ///   `<prefix>/<namespace>/<name>/`. Right after the put, the newest two keys tell it (the
 ///   own key holds the lock if no key precedes it; otherwise that key is the predecessor); a
@@ -60,7 +61,7 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 /// - **Renewal**: the session keeps the key alive; the core's renewal checks in one read-only
 ///   transaction per batch that each key still exists with its create revision and owner.
 /// - **Release and abandon**: delete the own key only if its create revision (release) or its
-///   owner token (abandon) still match. A delete that fails is retried in the background
+///   owner token's digest (abandon) still match. A delete that fails is retried in the background
 ///   while the session lives, since the shared lease would otherwise keep the key forever.
 ///
 /// Clones share the connection and the sessions. Dropping the last clone stops the
@@ -249,7 +250,7 @@ impl EtcdBackend {
 
     /// Runs `ops` in one transaction that applies only while `lease` still holds its lock:
     /// it compares the lock key's create revision with the lease's fencing token and its value
-    /// with the owner token. This is the fenced write of etcd: a holder that was paused past
+    /// with the owner token's digest. This is the fenced write of etcd: a holder that was paused past
     /// its session and lost the lock cannot overwrite what the next holder wrote.
     ///
     /// ```no_run
@@ -636,7 +637,7 @@ fn held_by(key: &str, lease: &Lease) -> Vec<Compare> {
     let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
     vec![
         Compare::create_revision(key, CompareOp::Equal, token),
-        Compare::value(key, CompareOp::Equal, lease.owner().expose_hex()),
+        Compare::value(key, CompareOp::Equal, lease.owner().digest_hex()),
     ]
 }
 
@@ -792,10 +793,10 @@ impl LockBackend for EtcdBackend {
         let session = self.session_for(request.ttl).await?;
         let prefix = self.lock_prefix(&request.key);
         let (own, own_revision) = self.entry_for(request, &session, &prefix);
-        let owner_hex = request.owner.expose_hex();
+        let owner_digest = request.owner.digest_hex();
         let put = TxnOp::put(
             own.clone(),
-            owner_hex.clone(),
+            owner_digest.clone(),
             Some(PutOptions::new().with_lease(session.lease_id)),
         );
         // Right after the put the own key is the newest: it holds the lock when no key was
@@ -878,7 +879,7 @@ impl LockBackend for EtcdBackend {
             let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
             if let Some(stale) = own_kv
                 .as_ref()
-                .filter(|kv| kv.value() != owner_hex.as_bytes())
+                .filter(|kv| kv.value() != owner_digest.as_bytes())
             {
                 return Err(self.move_off_stale_key(request, &session, &prefix, stale.value()));
             }
@@ -1046,7 +1047,7 @@ impl LockBackend for EtcdBackend {
         let guard = vec![Compare::value(
             key.clone(),
             CompareOp::Equal,
-            request.owner.expose_hex(),
+            request.owner.digest_hex(),
         )];
         let mut claim = Some(entry.claim);
         if entry.in_flight {
@@ -1124,7 +1125,7 @@ impl LockBackend for EtcdBackend {
                 let still_ours = found.next().flatten().is_some_and(|kv| {
                     kv.create_revision() == i64::try_from(lease.fencing_token().get()).unwrap_or(-1)
                         && kv.lease() == session.lease_id
-                        && kv.value() == lease.owner().expose_hex().as_bytes()
+                        && kv.value() == lease.owner().digest_hex().as_bytes()
                 });
                 answers.push(Ok(if still_ours {
                     Renewal::Extended(session.valid_from(sent_at))
@@ -1183,7 +1184,7 @@ impl LockBackend for EtcdBackend {
             .await?;
         let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
         Ok(response.kvs().first().is_some_and(|kv| {
-            kv.create_revision() == token && kv.value() == lease.owner().expose_hex().as_bytes()
+            kv.create_revision() == token && kv.value() == lease.owner().digest_hex().as_bytes()
         }))
     }
 

@@ -499,3 +499,37 @@ async fn two_clients_looping_on_one_lock_never_wait_on_a_requeued_predecessor() 
     let admin = EtcdBackend::connect(config).await.expect("connect");
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
+
+/// Whoever may read the lock's prefix sees the key's value: it holds a digest of the owner
+/// token, never the token, which would let that reader release or extend the lock. The
+/// lookups by value still find the own key: release, the renewal check, and `is_held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_key_holds_a_digest_of_the_owner_token_not_the_token() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("digest");
+    let locks = client(
+        &config,
+        &ns,
+        LockOptions::default().with_ttl(Duration::from_secs(2)),
+    )
+    .await;
+    let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
+    let admin = EtcdBackend::connect(config).await.expect("connect");
+    let key = guard.lease().handle().expect("etcd grants carry their key");
+    let stored = admin.client().get(key, None).await.expect("get");
+    let stored = String::from_utf8_lossy(stored.kvs()[0].value()).into_owned();
+    let owner = guard.lease().owner();
+    assert!(
+        !stored.contains(&owner.expose_hex()),
+        "the lock key shows the owner token"
+    );
+    assert_eq!(stored, owner.digest_hex());
+    // Past the TTL: the renewal checks found the key by its value.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!guard.is_lost());
+    assert!(guard.is_held().await.expect("is_held"));
+    assert!(guard.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}

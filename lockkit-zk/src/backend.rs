@@ -224,18 +224,13 @@ fn own_prefix(owner: &OwnerToken) -> String {
     format!("_c_{}{LOCK_NAME}", uuid_form(&node_id(owner)))
 }
 
-/// What a node's name carries in place of the owner token: the first 128 bits of SHA-256 over
-/// it, as 32 hex digits. Anyone who can list a lock, and every log line that shows a request
-/// path (the client logs them at debug level), sees this, never the token: the token is 128
-/// random bits, so the digest can be neither inverted nor guessed. It is as good as the token
-/// for finding our own node again after a lost reply, and it still ties the node to the
-/// owner: a lease with another token names another node.
+/// What a node's name carries in place of the owner token: its
+/// [`digest_hex`](OwnerToken::digest_hex). Anyone who can list a lock, and every log line
+/// that shows a request path (the client logs them at debug level), sees this, never the
+/// token. It is as good as the token for finding our own node again after a lost reply, and
+/// it still ties the node to the owner: a lease with another token names another node.
 fn node_id(owner: &OwnerToken) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, owner.expose_hex().as_bytes());
-    digest.as_ref()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    owner.digest_hex()
 }
 
 /// 32 hex digits as a UUID (8-4-4-4-12), the shape Curator's protected names use.
