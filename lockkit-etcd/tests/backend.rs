@@ -533,3 +533,63 @@ async fn a_lock_key_holds_a_digest_of_the_owner_token_not_the_token() {
     assert!(guard.release().await.expect("release"));
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
+
+/// A waiter's queue key lives on its session lease. When that session is lost (here the
+/// lease is revoked behind its back), the key is gone and waiting on the predecessor is for
+/// nothing: the wait ends and the waiter queues again on a new session, long before its
+/// polling cap, while the holder keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_session_is_lost_stops_waiting_and_queues_on_a_new_one() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("waitlost");
+    let options = LockOptions::default().with_ttl(Duration::from_secs(6));
+    let holder = client(&config, &ns, options.clone()).await;
+    // Only the end of the wait can bring it back in time: its polling cap is a minute.
+    let waiter = client(
+        &config,
+        &ns,
+        options.with_backoff(Duration::from_millis(5), Duration::from_secs(60)),
+    )
+    .await;
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let (held, waiting) = hold_with_a_waiter(&holder, waiter).await;
+    let holder_key = held.lease().handle().expect("key").to_owned();
+    let waiter_key = || async {
+        let keys = support::keys_under(&admin, &ns).await.expect("list keys");
+        keys.into_iter().find(|k| *k != holder_key)
+    };
+    let queued_by = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        if let Some(key) = waiter_key().await {
+            break key;
+        }
+        assert!(Instant::now() < queued_by, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let revoked = support::lease_of(&first);
+    admin
+        .client()
+        .lease_revoke(revoked)
+        .await
+        .expect("revoke the waiter's session lease");
+    // The keep-alive notices within a third of the TTL; the waiter then queues at once.
+    let requeued_by = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(key) = waiter_key().await
+            && support::lease_of(&key) != revoked
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < requeued_by,
+            "the waiter did not queue again after its session was lost"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(held.release().await.expect("release"));
+    let (next, _) = waiting.await.expect("join").expect("the waiter is granted");
+    assert!(next.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
