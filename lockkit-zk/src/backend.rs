@@ -24,6 +24,17 @@ use crate::session::{self, Session, SessionSlot};
 /// `InterProcessMutex` names it.
 const LOCK_NAME: &str = "-lock-";
 
+/// The shortest TTL the backend honours: a lock asked for with a shorter one gets this.
+///
+/// A renewal here is a `sync` and a read through the leader (2-10 ms on loopback, tens of
+/// milliseconds on a busy machine), sent after a third of the validity: with a 10 ms TTL
+/// that is a renewal every few milliseconds per lock, for nothing, since a lock node lives
+/// as long as the session anyway (a crashed holder blocks the key for the session timeout,
+/// whatever the TTL). One second renews every ~330 ms, many round trips apart. Shorter TTLs
+/// are raised rather than refused, as the core does for every backend's minimum
+/// ([`Capabilities::min_ttl`]): the lock behaves as asked, only renewed less often.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
 /// How often a lost reply or a race is retried inside one call before the core sees an error.
 const MAX_ROUNDS: usize = 4;
 
@@ -66,6 +77,8 @@ const SWEEP_RETRY: Duration = Duration::from_millis(100);
 ///   connection).
 /// - A holder paused longer than the session timeout loses the lock without noticing in time:
 ///   fence the protected resource with the token.
+/// - A TTL shorter than [`MIN_TTL`] (1 s) is raised to it, so a lock is renewed at most about
+///   three times a second.
 ///
 /// # Compatibility with Curator
 /// Node names follow Curator's protected `InterProcessMutex` naming (`_c_{uuid}-lock-{seq}`)
@@ -964,7 +977,7 @@ impl LockBackend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue)
+        Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue).with_min_ttl(MIN_TTL)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {

@@ -7,5 +7,5 @@ mod session;
 #[cfg(feature = "tls")]
 mod tls;
 
-pub use backend::ZkBackend;
+pub use backend::{MIN_TTL, ZkBackend};
 pub use config::{ZkAcl, ZkConfig};
