@@ -1,0 +1,239 @@
+//! Clean-up on etcd: deleting the key of an acquisition that ended (released or
+//! abandoned), in the background when it cannot be done at once, and keys that a cancelled
+//! attempt put after its clean-up looked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
+use lockkit_core::{AcquireRequest, Error, ErrorKind, Lease, Result, runtime};
+
+use crate::backend::{EtcdBackend, held_by, txn_of};
+use crate::error::NAME;
+use crate::naming::Claim;
+use crate::session::{RETRY_PAUSE, Session};
+
+/// The key of one acquisition, from its first attempt until it is released or abandoned.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) claim: Claim,
+    pub(crate) session: Arc<Session>,
+    pub(crate) create_revision: Option<i64>,
+    /// A put of the key may have reached the server.
+    pub(crate) maybe_on_server: bool,
+    /// An attempt was sent and not answered: it may still put the key.
+    pub(crate) in_flight: bool,
+    /// The key just ahead of ours, as the last attempt read it, and its create revision:
+    /// names are reused, so only the revision tells that key from a later one of that name.
+    pub(crate) predecessor: Option<(String, i64)>,
+}
+
+/// A guarded delete of a lock key. If it fails, or its future is dropped before the answer
+/// (the core does not retry a dropped release), the delete is finished in the background:
+/// the shared session lease would otherwise keep the key for as long as the process lives.
+/// Once it is done, the key's name is freed for reuse, if it gives the claim.
+pub(crate) struct PendingDelete<'a> {
+    pub(crate) backend: &'a EtcdBackend,
+    pub(crate) key: String,
+    pub(crate) guard: Vec<Compare>,
+    pub(crate) session: Arc<Session>,
+    pub(crate) claim: Option<Claim>,
+    pub(crate) unfinished: bool,
+}
+
+impl<'a> PendingDelete<'a> {
+    pub(crate) fn new(
+        backend: &'a EtcdBackend,
+        key: String,
+        guard: Vec<Compare>,
+        session: Arc<Session>,
+        claim: Option<Claim>,
+    ) -> Self {
+        PendingDelete {
+            backend,
+            key,
+            guard,
+            session,
+            claim,
+            unfinished: true,
+        }
+    }
+
+    pub(crate) async fn run(mut self, what: &str) -> Result<TxnResponse> {
+        let txn = Txn::new()
+            .when(self.guard.clone())
+            .and_then([TxnOp::delete(self.key.clone(), None)]);
+        let answer = self.backend.call(what, txn_of(&txn)).await;
+        if answer.is_ok() {
+            self.unfinished = false;
+            if let Some(claim) = self.claim.take() {
+                self.backend.inner.names.free(&claim);
+            }
+        }
+        answer
+    }
+}
+
+impl Drop for PendingDelete<'_> {
+    fn drop(&mut self) {
+        if self.unfinished {
+            self.backend.delete_later(
+                std::mem::take(&mut self.key),
+                std::mem::take(&mut self.guard),
+                self.session.clone(),
+                vec![Duration::ZERO],
+                self.claim.take(),
+            );
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// Spawns guarded deletes of `key`, one after each of the `pauses` in turn, each retried
+    /// until it succeeds or the session (and the key with it) is gone; then frees `claim`, if
+    /// given.
+    pub(crate) fn delete_later(
+        &self,
+        key: String,
+        guard: Vec<Compare>,
+        session: Arc<Session>,
+        pauses: Vec<Duration>,
+        claim: Option<Claim>,
+    ) {
+        let mut client = self.client();
+        let limit = self.inner.config.request_timeout;
+        let shutdown = self.inner.shutdown.clone();
+        let names = self.inner.names.clone();
+        runtime::spawn(async move {
+            'deletes: for mut pause in pauses {
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => break 'deletes,
+                        () = session.lost.cancelled() => break 'deletes,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    let txn = Txn::new()
+                        .when(guard.clone())
+                        .and_then([TxnOp::delete(key.clone(), None)]);
+                    if let Ok(Ok(_)) = tokio::time::timeout(limit, client.txn(txn)).await {
+                        break;
+                    }
+                    pause = RETRY_PAUSE;
+                }
+            }
+            if let Some(claim) = claim {
+                names.free(&claim);
+            }
+        });
+    }
+
+    /// A cancelled acquisition's put landed after its clean-up, at the name `request` reuses:
+    /// deletes that key (by its value) and gives `request` a new name.
+    pub(crate) fn move_off_stale_key(
+        &self,
+        request: &AcquireRequest,
+        session: &Arc<Session>,
+        prefix: &str,
+        stale_value: &[u8],
+    ) -> Error {
+        let stale_claim = self.entries().get_mut(&request.owner).map(|entry| {
+            let claim = self.inner.names.claim(prefix, session.lease_id);
+            entry.create_revision = None;
+            entry.maybe_on_server = false;
+            entry.in_flight = false;
+            std::mem::replace(&mut entry.claim, claim)
+        });
+        if let Some(stale) = stale_claim {
+            let guard = vec![Compare::value(
+                stale.key.clone(),
+                CompareOp::Equal,
+                stale_value.to_vec(),
+            )];
+            self.delete_later(
+                stale.key.clone(),
+                guard,
+                session.clone(),
+                vec![Duration::ZERO],
+                Some(stale),
+            );
+        }
+        Error::new(
+            ErrorKind::Unavailable,
+            NAME,
+            "a stale key of a cancelled acquisition held this acquisition's key name; retrying under another",
+        )
+    }
+
+    /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::LockBackend::abandon)).
+    pub(crate) async fn abandon_request(&self, request: &AcquireRequest) -> Result<()> {
+        let Some(entry) = self.entries().remove(&request.owner) else {
+            return Ok(());
+        };
+        if !entry.maybe_on_server {
+            self.inner.names.free(&entry.claim);
+            return Ok(());
+        }
+        let key = entry.claim.key.clone();
+        let guard = vec![Compare::value(
+            key.clone(),
+            CompareOp::Equal,
+            request.owner.digest_hex(),
+        )];
+        let mut claim = Some(entry.claim);
+        if entry.in_flight {
+            // The cancelled attempt may still be applied after the delete below (it may even
+            // go to another member): delete again soon, and once more when it must have been
+            // applied or dropped, and only then reuse the name.
+            let pauses = vec![
+                Duration::from_millis(50),
+                Duration::from_millis(450),
+                self.inner.config.request_timeout * 2,
+            ];
+            self.delete_later(
+                key.clone(),
+                guard.clone(),
+                entry.session.clone(),
+                pauses,
+                claim.take(),
+            );
+        }
+        PendingDelete::new(self, key, guard, entry.session, claim)
+            .run("abandoning an acquisition")
+            .await
+            .map(|_| ())
+    }
+
+    /// Deletes `lease`'s key if it is still ours (see [`LockBackend::release`](lockkit_core::LockBackend::release)).
+    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        let Some(key) = lease.handle() else {
+            return Ok(false);
+        };
+        let entry = {
+            let mut entries = self.entries();
+            match entries.get(lease.owner()) {
+                Some(entry) if entry.claim.key == key => entries.remove(lease.owner()),
+                _ => None,
+            }
+        };
+        let guard = held_by(key, lease);
+        let released = match entry {
+            Some(entry) => {
+                PendingDelete::new(
+                    self,
+                    entry.claim.key.clone(),
+                    guard,
+                    entry.session,
+                    Some(entry.claim),
+                )
+                .run("releasing")
+                .await
+            }
+            // Not an acquisition of this backend: nothing to finish in the background.
+            None => {
+                let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
+                self.call("releasing", txn_of(&txn)).await
+            }
+        };
+        released.map(|response| response.succeeded())
+    }
+}
