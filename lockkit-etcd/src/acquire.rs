@@ -88,7 +88,14 @@ impl EtcdBackend {
             } else {
                 full.clone()
             };
-            let response = match self.send(txn_of(&txn)).await {
+            // Unanswered (cancelled, timed out, a broken link), the put may still land, at any
+            // time: the session's orphan sweep then comes for it.
+            let sending = (!read_only).then(|| session.ledger.send());
+            let answer = self.send(txn_of(&txn)).await;
+            if let (Some(sending), Some(Ok(_))) = (sending, &answer) {
+                sending.answered();
+            }
+            let response = match answer {
                 Some(Ok(response)) => response,
                 Some(Err(e)) if error::is_lease_gone(&e) => {
                     session.lose("the server says the session lease is gone");

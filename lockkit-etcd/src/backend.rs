@@ -62,6 +62,13 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 /// - **Release and abandon**: delete the own key only if its create revision (release) or its
 ///   owner token's digest (abandon) still match. A delete that fails is retried in the background
 ///   while the session lives, since the shared lease would otherwise keep the key forever.
+/// - **Attempts cancelled in flight**: their put may land after the clean-up (it deletes
+///   the key at once, after 50 ms, 500 ms and two request timeouts). Once an attempt of a
+///   session went unanswered, the keys on its lease that no acquisition uses are deleted
+///   every session TTL, so such a late key holds the lock **at most one session TTL plus a
+///   request timeout** after it lands, never for as long as the process lives. (Under RBAC
+///   this needs permission to ask for the lease's keys; without it the sweep logs a warning
+///   and the bound is the process's lifetime, as before.)
 ///
 /// Clones share the connection and the sessions. Dropping the last clone stops the
 /// keep-alives, so the session leases expire after their TTL; [`EtcdBackend::close`] revokes

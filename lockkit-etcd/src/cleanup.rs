@@ -5,12 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
-use lockkit_core::{AcquireRequest, Error, ErrorKind, Lease, Result, runtime};
+use etcd_client::{
+    Client, Compare, CompareOp, KeyValue, LeaseTimeToLiveOptions, Txn, TxnOp, TxnResponse,
+};
+use lockkit_core::backend::cleanup::{Retry, Sweep, spawn_sweep};
+use lockkit_core::{AcquireRequest, CancellationToken, Error, ErrorKind, Lease, Result, runtime};
 
 use crate::backend::{EtcdBackend, held_by, txn_of};
-use crate::error::NAME;
-use crate::naming::Claim;
+use crate::error::{self, NAME};
+use crate::naming::{Claim, KeyNames};
 use crate::session::{RETRY_PAUSE, Session};
 
 /// The key of one acquisition, from its first attempt until it is released or abandoned.
@@ -235,5 +238,128 @@ impl EtcdBackend {
             }
         };
         released.map(|response| response.succeeded())
+    }
+}
+
+/// Starts the sweep of `session`'s orphans, keys that cancelled attempts put after their
+/// clean-up: once an attempt on the session went unanswered (cancelled in flight, timed
+/// out, cut off), every session TTL the keys on the session's lease are listed, and those
+/// no acquisition of this backend uses are deleted, for as long as the session lives.
+///
+/// The three clean-up deletes of an abandoned attempt catch a put that lands within two
+/// request timeouts; a put can be held up longer (a member that forwards it late), and
+/// would then sit on the shared, always-renewed lease, holding the lock for good. With this
+/// sweep it lives at most one session TTL, plus a request timeout, after it lands. A
+/// session whose attempts were all answered is never swept: it costs nothing.
+pub(crate) fn sweep_orphans(
+    session: Arc<Session>,
+    client: Client,
+    names: Arc<KeyNames>,
+    shutdown: CancellationToken,
+    request_timeout: Duration,
+) {
+    runtime::spawn(async move {
+        tokio::select! {
+            () = session.ledger.unsettled_request() => {}
+            () = session.lost.cancelled() => return,
+            () = shutdown.cancelled() => return,
+        }
+        let interval = session.ttl;
+        let lost = session.lost.clone();
+        spawn_sweep(
+            "deleting keys put after their clean-up",
+            lost,
+            interval,
+            Retry::new(RETRY_PAUSE, interval),
+            move || {
+                let orphans = Orphans {
+                    session: session.clone(),
+                    client: client.clone(),
+                    names: names.clone(),
+                    request_timeout,
+                };
+                let shutdown = shutdown.clone();
+                async move {
+                    if shutdown.is_cancelled() {
+                        return Ok(Sweep::Done);
+                    }
+                    orphans.delete().await?;
+                    Ok(Sweep::Again(interval))
+                }
+            },
+        );
+    });
+}
+
+/// One round of [`sweep_orphans`].
+struct Orphans {
+    session: Arc<Session>,
+    client: Client,
+    names: Arc<KeyNames>,
+    request_timeout: Duration,
+}
+
+impl Orphans {
+    async fn delete(mut self) -> Result<()> {
+        let lease_id = self.session.lease_id;
+        let listing = self
+            .client
+            .lease_time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()));
+        let keys = match tokio::time::timeout(self.request_timeout, listing).await {
+            Ok(Ok(listed)) => listed.keys().to_vec(),
+            Ok(Err(e)) => return Err(error::map("listing the session's keys", e)),
+            Err(_) => {
+                return Err(error::timed_out(
+                    "listing the session's keys",
+                    self.request_timeout,
+                ));
+            }
+        };
+        // Only lock keys of this session (`.../<lease-hex>-<n>`) that no acquisition uses.
+        let ours = format!("/{lease_id:016x}-");
+        let candidates = keys
+            .into_iter()
+            .map(|key| String::from_utf8_lossy(&key).into_owned())
+            .filter(|key| key.rfind('/').is_some_and(|i| key[i..].starts_with(&ours)))
+            .filter(|key| !self.names.is_claimed(key));
+        for key in candidates {
+            let read = self.client.get(key.clone(), None);
+            let created = match tokio::time::timeout(self.request_timeout, read).await {
+                Ok(Ok(found)) => found.kvs().first().map(KeyValue::create_revision),
+                Ok(Err(e)) => return Err(error::map("reading a stray key", e)),
+                Err(_) => {
+                    return Err(error::timed_out(
+                        "reading a stray key",
+                        self.request_timeout,
+                    ));
+                }
+            };
+            // Claimed since: the acquisition finds the key itself (and moves off it). The
+            // delete compares the create revision, so a key put anew under the name stays.
+            let Some(created) = created.filter(|_| !self.names.is_claimed(&key)) else {
+                continue;
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    created,
+                )])
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            match tokio::time::timeout(self.request_timeout, self.client.txn(txn)).await {
+                Ok(Ok(deleted)) if deleted.succeeded() => {
+                    tracing::warn!(key = %key, "deleted a lock key that a cancelled attempt put after its clean-up");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(error::map("deleting a stray key", e)),
+                Err(_) => {
+                    return Err(error::timed_out(
+                        "deleting a stray key",
+                        self.request_timeout,
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -42,6 +42,14 @@ impl KeyNames {
         }
     }
 
+    /// Whether an acquisition of this backend (or a clean-up of one) uses the name `key`.
+    pub(crate) fn is_claimed(&self, key: &str) -> bool {
+        self.claims
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(key)
+    }
+
     pub(crate) fn free(&self, claim: &Claim) {
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         if claims.get(&claim.key) == Some(&claim.id) {

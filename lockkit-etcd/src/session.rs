@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use lockkit_core::backend::cleanup::Ledger;
 use lockkit_core::{CancellationToken, Result, runtime};
 
 use crate::backend::{EtcdBackend, MIN_TTL_SECS};
@@ -23,6 +24,9 @@ pub(crate) struct Session {
     /// The send time of the last confirmed keep-alive (or of the grant) plus the TTL: the
     /// server cannot expire the lease before then.
     pub(crate) expires_at: StdMutex<Instant>,
+    /// The attempts sent on the session: one left unanswered may still put its key, at any
+    /// later time, on this lease (see [`sweep_orphans`](crate::cleanup::sweep_orphans)).
+    pub(crate) ledger: Arc<Ledger>,
 }
 
 impl Session {
@@ -169,6 +173,7 @@ impl EtcdBackend {
             ttl,
             lost: CancellationToken::new(),
             expires_at: StdMutex::new(sent_at + ttl),
+            ledger: Arc::new(Ledger::new()),
         });
         runtime::spawn(keep_alive(
             session.clone(),
@@ -176,6 +181,13 @@ impl EtcdBackend {
             self.inner.config.request_timeout,
             self.inner.shutdown.clone(),
         ));
+        crate::cleanup::sweep_orphans(
+            session.clone(),
+            self.client(),
+            self.inner.names.clone(),
+            self.inner.shutdown.clone(),
+            self.inner.config.request_timeout,
+        );
         tracing::debug!(lease = %format_args!("{:016x}", session.lease_id), ?ttl, "etcd session started");
         Ok(session)
     }
