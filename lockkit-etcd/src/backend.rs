@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -13,6 +13,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, SortOrder,
     TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
+use lockkit_core::backend::cleanup::Acquisitions;
 use lockkit_core::{
     AcquireRequest, Attempt, CancellationToken, Capabilities, Contention, Error, ErrorKind,
     FencingGuarantee, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
@@ -82,7 +83,7 @@ pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
     pub(crate) sessions: AsyncMutex<HashMap<i64, Arc<Session>>>,
-    pub(crate) entries: StdMutex<HashMap<OwnerToken, Entry>>,
+    pub(crate) entries: Acquisitions<Entry>,
     pub(crate) names: Arc<KeyNames>,
     pub(crate) shutdown: CancellationToken,
 }
@@ -121,7 +122,7 @@ impl EtcdBackend {
                 client,
                 config,
                 sessions: AsyncMutex::new(HashMap::new()),
-                entries: StdMutex::new(HashMap::new()),
+                entries: Acquisitions::new(),
                 names: Arc::default(),
                 shutdown: CancellationToken::new(),
             }),
@@ -232,10 +233,7 @@ impl EtcdBackend {
     }
 
     pub(crate) fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerToken, Entry>> {
-        self.inner
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.inner.entries.lock()
     }
 
     /// Sends one request, again while it fails before reaching any member (the balancer may

@@ -8,7 +8,7 @@ use std::time::Duration;
 use etcd_client::{
     Client, Compare, CompareOp, KeyValue, LeaseTimeToLiveOptions, Txn, TxnOp, TxnResponse,
 };
-use lockkit_core::backend::cleanup::{Retry, Sweep, spawn_sweep};
+use lockkit_core::backend::cleanup::{Retry, Sweep, Unfinished, spawn_sweep};
 use lockkit_core::{AcquireRequest, CancellationToken, Error, ErrorKind, Lease, Result, runtime};
 
 use crate::backend::{EtcdBackend, held_by, txn_of};
@@ -31,70 +31,10 @@ pub(crate) struct Entry {
     pub(crate) predecessor: Option<(String, i64)>,
 }
 
-/// A guarded delete of a lock key. If it fails, or its future is dropped before the answer
-/// (the core does not retry a dropped release), the delete is finished in the background:
-/// the shared session lease would otherwise keep the key for as long as the process lives.
-/// Once it is done, the key's name is freed for reuse, if it gives the claim.
-pub(crate) struct PendingDelete<'a> {
-    pub(crate) backend: &'a EtcdBackend,
-    pub(crate) key: String,
-    pub(crate) guard: Vec<Compare>,
-    pub(crate) session: Arc<Session>,
-    pub(crate) claim: Option<Claim>,
-    pub(crate) unfinished: bool,
-}
-
-impl<'a> PendingDelete<'a> {
-    pub(crate) fn new(
-        backend: &'a EtcdBackend,
-        key: String,
-        guard: Vec<Compare>,
-        session: Arc<Session>,
-        claim: Option<Claim>,
-    ) -> Self {
-        PendingDelete {
-            backend,
-            key,
-            guard,
-            session,
-            claim,
-            unfinished: true,
-        }
-    }
-
-    pub(crate) async fn run(mut self, what: &str) -> Result<TxnResponse> {
-        let txn = Txn::new()
-            .when(self.guard.clone())
-            .and_then([TxnOp::delete(self.key.clone(), None)]);
-        let answer = self.backend.call(what, txn_of(&txn)).await;
-        if answer.is_ok() {
-            self.unfinished = false;
-            if let Some(claim) = self.claim.take() {
-                self.backend.inner.names.free(&claim);
-            }
-        }
-        answer
-    }
-}
-
-impl Drop for PendingDelete<'_> {
-    fn drop(&mut self) {
-        if self.unfinished {
-            self.backend.delete_later(
-                std::mem::take(&mut self.key),
-                std::mem::take(&mut self.guard),
-                self.session.clone(),
-                vec![Duration::ZERO],
-                self.claim.take(),
-            );
-        }
-    }
-}
-
 impl EtcdBackend {
     /// Spawns guarded deletes of `key`, one after each of the `pauses` in turn, each retried
     /// until it succeeds or the session (and the key with it) is gone; then frees `claim`, if
-    /// given.
+    /// given (also when the session ends first: its names are never used again).
     pub(crate) fn delete_later(
         &self,
         key: String,
@@ -103,31 +43,68 @@ impl EtcdBackend {
         pauses: Vec<Duration>,
         claim: Option<Claim>,
     ) {
-        let mut client = self.client();
+        let client = self.client();
         let limit = self.inner.config.request_timeout;
         let shutdown = self.inner.shutdown.clone();
-        let names = self.inner.names.clone();
-        runtime::spawn(async move {
-            'deletes: for mut pause in pauses {
-                loop {
-                    tokio::select! {
-                        () = shutdown.cancelled() => break 'deletes,
-                        () = session.lost.cancelled() => break 'deletes,
-                        () = tokio::time::sleep(pause) => {}
+        let freed = claim.map(|claim| FreeOnDrop(self.inner.names.clone(), claim));
+        let mut pauses = pauses.into_iter();
+        let Some(first) = pauses.next() else {
+            return;
+        };
+        let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
+        spawn_sweep(
+            "deleting a lock key",
+            session.lost.clone(),
+            first,
+            Retry::new(RETRY_PAUSE, RETRY_PAUSE),
+            move || {
+                let _name = &freed;
+                let (mut client, txn, shutdown) = (client.clone(), txn.clone(), shutdown.clone());
+                let next = pauses.next();
+                async move {
+                    if shutdown.is_cancelled() {
+                        return Ok(Sweep::Done);
                     }
-                    let txn = Txn::new()
-                        .when(guard.clone())
-                        .and_then([TxnOp::delete(key.clone(), None)]);
-                    if let Ok(Ok(_)) = tokio::time::timeout(limit, client.txn(txn)).await {
-                        break;
+                    match tokio::time::timeout(limit, client.txn(txn)).await {
+                        Ok(Ok(_)) => Ok(next.map_or(Sweep::Done, Sweep::Again)),
+                        Ok(Err(e)) => {
+                            Err(error::map("deleting a lock key", e).with_retryable(true))
+                        }
+                        Err(_) => Err(error::timed_out("deleting a lock key", limit)),
                     }
-                    pause = RETRY_PAUSE;
                 }
-            }
-            if let Some(claim) = claim {
-                names.free(&claim);
-            }
+            },
+        );
+    }
+
+    /// A guarded delete of a lock key. If it fails, or its future is dropped before the
+    /// answer (the core does not retry a dropped release), the delete is finished in the
+    /// background: the shared session lease would otherwise keep the key for as long as the
+    /// process lives. Once it is done, the key's name is freed for reuse, if `claim` is given.
+    pub(crate) async fn delete_now_or_later(
+        &self,
+        what: &str,
+        key: String,
+        guard: Vec<Compare>,
+        session: Arc<Session>,
+        claim: Option<Claim>,
+    ) -> Result<TxnResponse> {
+        let txn = Txn::new()
+            .when(guard.clone())
+            .and_then([TxnOp::delete(key.clone(), None)]);
+        let backend = self.clone();
+        let later_claim = claim.clone();
+        let later = Unfinished::new(move || {
+            backend.delete_later(key, guard, session, vec![Duration::ZERO], later_claim);
         });
+        let answer = self.call(what, txn_of(&txn)).await;
+        if answer.is_ok() {
+            later.done();
+            if let Some(claim) = claim {
+                self.inner.names.free(&claim);
+            }
+        }
+        answer
     }
 
     /// A cancelled acquisition's put landed after its clean-up, at the name `request` reuses:
@@ -200,10 +177,15 @@ impl EtcdBackend {
                 claim.take(),
             );
         }
-        PendingDelete::new(self, key, guard, entry.session, claim)
-            .run("abandoning an acquisition")
-            .await
-            .map(|_| ())
+        self.delete_now_or_later(
+            "abandoning an acquisition",
+            key,
+            guard,
+            entry.session,
+            claim,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Deletes `lease`'s key if it is still ours (see [`LockBackend::release`](lockkit_core::LockBackend::release)).
@@ -221,14 +203,13 @@ impl EtcdBackend {
         let guard = held_by(key, lease);
         let released = match entry {
             Some(entry) => {
-                PendingDelete::new(
-                    self,
+                self.delete_now_or_later(
+                    "releasing",
                     entry.claim.key.clone(),
                     guard,
                     entry.session,
                     Some(entry.claim),
                 )
-                .run("releasing")
                 .await
             }
             // Not an acquisition of this backend: nothing to finish in the background.
@@ -289,6 +270,15 @@ pub(crate) fn sweep_orphans(
             },
         );
     });
+}
+
+/// Frees a key name when the last clean-up that may touch the key is over.
+struct FreeOnDrop(Arc<KeyNames>, Claim);
+
+impl Drop for FreeOnDrop {
+    fn drop(&mut self) {
+        self.0.free(&self.1);
+    }
 }
 
 /// One round of [`sweep_orphans`].
