@@ -2,7 +2,8 @@
 //! parent), finding it again after a lost reply, and deciding from the queue.
 
 use lockkit_core::{
-    AcquireRequest, Attempt, Contention, Error, ErrorKind, FencingToken, Grant, Lease, Result,
+    AcquireRequest, Attempt, Contention, Error, ErrorKind, FencingToken, Grant, Lease, OwnerToken,
+    Result,
 };
 use zookeeper_client as zk;
 
@@ -29,12 +30,12 @@ impl ZkBackend {
         session: &Session,
         paths: &LockPaths,
         own_prefix: &str,
-        token: &str,
+        token: &OwnerToken,
     ) -> Result<(String, Option<i64>, Vec<String>)> {
         self.inner.janitor.keep(&paths.parent);
         for _ in 0..MAX_ROUNDS {
             self.pending().insert(
-                token.to_owned(),
+                token.clone(),
                 Pending {
                     session_id: session.id(),
                     node: PendingNode::InFlight,
@@ -43,6 +44,9 @@ impl ZkBackend {
             );
             let node = self.node_options();
             let prefix = paths.child(own_prefix);
+            // Unanswered, the create may still be applied: the acquisition's clean-up then
+            // sweeps through the leader until it is settled.
+            let sending = self.ledger(token).send();
             let created = session.client.create(&prefix, &[], &node);
             let listed = session.client.list_children(&paths.parent);
             let Ok((created, listed)) =
@@ -53,10 +57,23 @@ impl ZkBackend {
                     paths,
                     own_prefix,
                     token,
+                    self.ledger(token),
                     self.session_timeout(),
                 );
                 return Err(timed_out("create the lock node"));
             };
+            if let Ok(_)
+            | Err(
+                zk::Error::NoNode
+                | zk::Error::NodeExists
+                | zk::Error::NoAuth
+                | zk::Error::InvalidAcl
+                | zk::Error::NoChildrenForEphemerals
+                | zk::Error::BadArguments(_),
+            ) = &created
+            {
+                sending.answered();
+            }
             match created {
                 Ok((stat, sequence)) => {
                     let name = format!("{own_prefix}{sequence}");
@@ -65,7 +82,7 @@ impl ZkBackend {
                     // invalid the czxid is read separately before a grant.
                     let czxid = (!stat.is_invalid() && stat.czxid > 0).then_some(stat.czxid);
                     self.pending().insert(
-                        token.to_owned(),
+                        token.clone(),
                         Pending {
                             session_id: session.id(),
                             node: PendingNode::Created { name: name.clone() },
@@ -101,6 +118,7 @@ impl ZkBackend {
                         paths,
                         own_prefix,
                         token,
+                        self.ledger(token),
                         self.session_timeout(),
                     );
                     return Err(map("create the lock node", e));
@@ -171,7 +189,7 @@ impl ZkBackend {
         czxid: Option<i64>,
         children: Vec<String>,
     ) -> Result<Step> {
-        let token = request.owner.expose_hex();
+        let token = request.owner.clone();
         let own_prefix = own_prefix(&request.owner);
         self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
             .await?;
@@ -259,7 +277,7 @@ impl ZkBackend {
         let session = self.session().await;
         let paths = LockPaths::new(&request.key);
         let own = own_prefix(&request.owner);
-        let token = request.owner.expose_hex();
+        let token = request.owner.clone();
         for _ in 0..MAX_ROUNDS {
             let known = self
                 .pending()

@@ -3,15 +3,16 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockkit_core::backend::cleanup::{Acquisitions, Ledger};
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
-    FencingToken, Lease, LockBackend, LockInfo, LockKey, Renewal, Result, Tier, WaitStrategy,
-    runtime,
+    FencingToken, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
+    WaitStrategy, runtime,
 };
 use tokio_util::sync::{CancellationToken, DropGuard};
 use zookeeper_client as zk;
@@ -90,7 +91,10 @@ pub(crate) struct Inner {
     pub(crate) config: ZkConfig,
     pub(crate) sessions: Arc<SessionSlot>,
     /// What each acquisition in progress (or granted) has on the server, by owner token.
-    pub(crate) pending: StdMutex<HashMap<String, Pending>>,
+    pub(crate) pending: Acquisitions<Pending>,
+    /// The books of each acquisition's creates, until it is released or abandoned (kept
+    /// apart from `pending`, whose entry an attempt replaces or removes along the way).
+    pub(crate) ledgers: Acquisitions<Arc<Ledger>>,
     pub(crate) janitor: Arc<Janitor>,
     pub(crate) watch_events: AtomicU64,
     /// Stops the janitor's sweep (after a last one) when the backend is dropped.
@@ -149,7 +153,8 @@ impl ZkBackend {
             inner: Arc::new(Inner {
                 config,
                 sessions,
-                pending: StdMutex::new(HashMap::new()),
+                pending: Acquisitions::new(),
+                ledgers: Acquisitions::new(),
                 janitor,
                 watch_events: AtomicU64::new(0),
                 _sweep: stop.drop_guard(),
@@ -209,11 +214,8 @@ impl ZkBackend {
         self.inner.config.request_timeout
     }
 
-    pub(crate) fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerToken, Pending>> {
+        self.inner.pending.lock()
     }
 
     pub(crate) fn container_options(&self) -> zk::CreateOptions<'static> {

@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lockkit_core::{AcquireRequest, Lease, Result, runtime};
+use lockkit_core::backend::cleanup::{Ledger, Retry, Sweep, spawn_sweep};
+use lockkit_core::{AcquireRequest, Lease, OwnerToken, Result};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::backend::{ZkBackend, within};
-use crate::error::map;
+use crate::error::{map, timed_out};
 use crate::naming::{LockPaths, own_prefix, sequence_of};
 use crate::session::{Session, SessionSlot};
 
@@ -171,74 +172,114 @@ impl ZkBackend {
         deleted
     }
 
+    /// The books of `owner`'s creates, from its first create until the acquisition ends.
+    pub(crate) fn ledger(&self, owner: &OwnerToken) -> Arc<Ledger> {
+        self.inner
+            .ledgers
+            .lock()
+            .entry(owner.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Deletes the nodes named `own_prefix…` except `keep`, from a listing read after a
+    /// `sync` with the leader, and settles the creates `ledger` had registered before.
+    ///
+    /// A create whose reply was lost, or whose future was dropped, may be applied after a
+    /// plain listing was served (by a server that has not applied it yet, after a reconnect);
+    /// a listing after a `sync` sent later sees it: the `sync` is answered only once the
+    /// server has applied what the leader had committed, and a create still on its way is
+    /// either ahead of the `sync` on the same connection or refused by the leader once the
+    /// session moved to another.
+    pub(crate) async fn sweep_own(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+        keep: Option<&str>,
+        ledger: &Ledger,
+    ) -> Result<()> {
+        let mark = ledger.mark();
+        let synced = session.client.sync(&paths.parent);
+        let listed = session.client.list_children(&paths.parent);
+        let (synced, listed) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, listed) })
+                .await
+                .map_err(|_| timed_out("list lock nodes through the leader"))?;
+        let children = match synced.and(listed) {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map("list lock nodes through the leader", e)),
+        };
+        self.delete_own_nodes(session, paths, own_prefix, &children, keep)
+            .await?;
+        ledger.settle(mark);
+        Ok(())
+    }
+
     /// Comes back after `delay` to delete the nodes named `own_prefix…` that the acquisition
-    /// `token` no longer uses (all of them once it has ended), retrying until that works or
-    /// the session is gone. While a create of the acquisition is in flight it waits again,
-    /// so as not to delete a node that is being granted.
+    /// of `owner` no longer uses (all of them once it has ended), through the leader, until
+    /// its creates are settled or the session is gone. While a create of the acquisition is
+    /// in flight it waits again, so as not to delete a node that is being granted.
     pub(crate) fn sweep_later(
         &self,
         session_id: i64,
         paths: &LockPaths,
         own_prefix: &str,
-        token: &str,
+        owner: &OwnerToken,
+        ledger: Arc<Ledger>,
         delay: Duration,
     ) {
         let backend = self.clone();
         let paths = paths.clone();
-        let (own_prefix, token) = (own_prefix.to_owned(), token.to_owned());
-        runtime::spawn(async move {
-            let mut delay = delay;
-            let mut retry = SWEEP_RETRY;
-            loop {
-                tokio::time::sleep(delay).await;
-                delay = retry;
-                retry = (retry * 2).min(Duration::from_secs(2));
-                let session = backend.session().await;
-                if session.id() != session_id {
-                    return;
-                }
-                let in_use = backend
-                    .pending()
-                    .get(&token)
-                    .filter(|p| p.session_id == session_id)
-                    .map(|p| p.node.clone());
-                let keep = match in_use {
-                    Some(PendingNode::InFlight) => continue,
-                    Some(PendingNode::Created { name }) => Some(name),
-                    None => None,
-                };
-                let swept = match backend.children(&session, &paths.parent).await {
-                    Ok(children) => {
+        let (own_prefix, owner) = (own_prefix.to_owned(), owner.clone());
+        // ZooKeeper nodes live as long as their session (which a suspension does not end),
+        // so the rounds check the session's id rather than its lost token.
+        spawn_sweep(
+            "sweeping stray lock nodes",
+            CancellationToken::new(),
+            delay,
+            Retry::new(SWEEP_RETRY, Duration::from_secs(2)),
+            move || {
+                let (backend, paths, own_prefix, owner, ledger) = (
+                    backend.clone(),
+                    paths.clone(),
+                    own_prefix.clone(),
+                    owner.clone(),
+                    ledger.clone(),
+                );
+                async move {
+                    let session = backend.session().await;
+                    if session.id() != session_id {
+                        return Ok(Sweep::Done);
+                    }
+                    let in_use = backend
+                        .pending()
+                        .get(&owner)
+                        .filter(|p| p.session_id == session_id)
+                        .map(|p| p.node.clone());
+                    let keep = match in_use {
+                        Some(PendingNode::InFlight) => return Ok(Sweep::Again(SWEEP_RETRY)),
+                        Some(PendingNode::Created { name }) => Some(name),
+                        None => None,
+                    };
+                    backend
+                        .sweep_own(&session, &paths, &own_prefix, keep.as_deref(), &ledger)
+                        .await?;
+                    if keep.is_none() {
                         backend
-                            .delete_own_nodes(
-                                &session,
-                                &paths,
-                                &own_prefix,
-                                &children,
-                                keep.as_deref(),
-                            )
-                            .await
+                            .inner
+                            .janitor
+                            .schedule(&paths.parent, backend.inner.config.empty_parent_linger);
                     }
-                    Err(e) => Err(e),
-                };
-                match swept {
-                    Ok(()) => {
-                        if keep.is_none() {
-                            backend
-                                .inner
-                                .janitor
-                                .schedule(&paths.parent, backend.inner.config.empty_parent_linger);
-                        }
-                        return;
-                    }
-                    Err(e) if e.is_retryable() => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot delete a stray lock node; it goes with the session");
-                        return;
-                    }
+                    Ok(if ledger.has_unsettled() {
+                        Sweep::Again(SWEEP_RETRY)
+                    } else {
+                        Sweep::Done
+                    })
                 }
-            }
-        });
+            },
+        );
     }
 
     /// Deletes our node `path`, and hands the lock's parent to the janitor, which removes
@@ -287,61 +328,84 @@ impl ZkBackend {
     /// whose delete failed would otherwise hold the lock for as long as the session lives.
     pub(crate) fn reap(&self, session_id: i64, path: String) {
         let backend = self.clone();
-        runtime::spawn(async move {
-            let mut delay = Duration::from_millis(100);
-            loop {
-                tokio::time::sleep(delay).await;
-                let session = backend.session().await;
-                if session.id() != session_id {
-                    return;
-                }
-                match backend
-                    .delete_node(&session, &path, "delete the lock node")
-                    .await
-                {
-                    Ok(_) => return,
-                    Err(e) if e.is_retryable() => {
-                        delay = (delay * 2).min(Duration::from_secs(2));
+        spawn_sweep(
+            "deleting a lock node",
+            CancellationToken::new(),
+            SWEEP_RETRY,
+            Retry::new(SWEEP_RETRY, Duration::from_secs(2)),
+            move || {
+                let (backend, path) = (backend.clone(), path.clone());
+                async move {
+                    let session = backend.session().await;
+                    if session.id() != session_id {
+                        return Ok(Sweep::Done);
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot delete a lock node; it goes with the session");
-                        return;
-                    }
+                    backend
+                        .delete_node(&session, &path, "delete the lock node")
+                        .await?;
+                    Ok(Sweep::Done)
                 }
-            }
-        });
+            },
+        );
     }
 
     /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::LockBackend::abandon)).
+    /// A create still unsettled is swept for through the leader, until it is settled.
     pub(crate) async fn abandon_request(&self, request: &AcquireRequest) -> Result<()> {
-        let token = request.owner.expose_hex();
+        let owner = &request.owner;
         // The entry is forgotten only once the clean-up is done (or handed to a sweep): if
         // this future is dropped half-way, the core abandons again and must still find it.
-        let Some(pending) = self.pending().get(&token).cloned() else {
+        let Some(pending) = self.pending().get(owner).cloned() else {
+            self.inner.ledgers.lock().remove(owner);
             return Ok(());
         };
+        let ledger = self.ledger(owner);
         let session = self.session().await;
         if pending.session_id != session.id() {
             // Its nodes went with its session.
-            self.pending().remove(&token);
+            self.forget(owner);
             return Ok(());
         }
         let paths = LockPaths::new(&request.key);
-        let own_prefix = own_prefix(&request.owner);
-        let cleaned = self.delete_all_own(&session, &paths, &own_prefix).await;
-        if cleaned.is_err() {
-            self.sweep_later(session.id(), &paths, &own_prefix, &token, SWEEP_RETRY);
+        let own_prefix = own_prefix(owner);
+        let cleaned = if ledger.has_unsettled() {
+            let swept = self
+                .sweep_own(&session, &paths, &own_prefix, None, &ledger)
+                .await;
+            self.inner
+                .janitor
+                .schedule(&paths.parent, self.inner.config.empty_parent_linger);
+            swept
+        } else {
+            self.delete_all_own(&session, &paths, &own_prefix).await
+        };
+        if cleaned.is_err() || ledger.has_unsettled() {
+            self.sweep_later(
+                session.id(),
+                &paths,
+                &own_prefix,
+                owner,
+                ledger,
+                SWEEP_RETRY,
+            );
         }
-        self.pending().remove(&token);
+        self.forget(owner);
         cleaned
+    }
+
+    /// Forgets the acquisition of `owner`: it has ended.
+    pub(crate) fn forget(&self, owner: &OwnerToken) {
+        self.pending().remove(owner);
+        self.inner.ledgers.lock().remove(owner);
     }
 
     /// Deletes `lease`'s node if it is still ours, and strays of its acquisition.
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool> {
-        let token = lease.owner().expose_hex();
+        let owner = lease.owner();
+        let ledger = self.ledger(owner);
         // The acquisition ends here whatever happens below: a failed release must not leave
         // its entry behind, and what it leaves on the server is swept in the background.
-        self.pending().remove(&token);
+        self.forget(owner);
         let session = self.session().await;
         let paths = LockPaths::new(lease.key());
         let own_prefix = own_prefix(lease.owner());
@@ -357,12 +421,24 @@ impl ZkBackend {
         };
         // Strays of this acquisition go too; the listing is sent right after the delete, so
         // both cost one round trip.
-        let (released, strays) = tokio::join!(
-            release_node,
-            self.delete_all_own(&session, &paths, &own_prefix)
-        );
-        if released.is_err() || strays.is_err() {
-            self.sweep_later(session.id(), &paths, &own_prefix, &token, SWEEP_RETRY);
+        let strays = async {
+            if ledger.has_unsettled() {
+                self.sweep_own(&session, &paths, &own_prefix, None, &ledger)
+                    .await
+            } else {
+                self.delete_all_own(&session, &paths, &own_prefix).await
+            }
+        };
+        let (released, strays) = tokio::join!(release_node, strays);
+        if released.is_err() || strays.is_err() || ledger.has_unsettled() {
+            self.sweep_later(
+                session.id(),
+                &paths,
+                &own_prefix,
+                owner,
+                ledger,
+                SWEEP_RETRY,
+            );
         }
         released
     }

@@ -19,7 +19,7 @@ impl ZkBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        let token = request.owner.expose_hex();
+        let token = request.owner.clone();
         let predecessor = self
             .pending()
             .get(&token)
