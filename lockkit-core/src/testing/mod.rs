@@ -303,6 +303,7 @@ macro_rules! conformance_tests {
             inspect_shows_the_holder,
             release_wakes_a_waiter,
             a_cancelled_waiter_does_not_hold_up_the_next,
+            an_acquisition_dropped_in_flight_leaves_nothing_behind,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {
