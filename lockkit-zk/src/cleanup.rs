@@ -355,13 +355,16 @@ impl ZkBackend {
         let owner = &request.owner;
         // The entry is forgotten only once the clean-up is done (or handed to a sweep): if
         // this future is dropped half-way, the core abandons again and must still find it.
-        let Some(pending) = self.pending().get(owner).cloned() else {
-            self.inner.ledgers.lock().remove(owner);
+        let pending = self.pending().get(owner).cloned();
+        let ledger = self.inner.ledgers.lock().get(owner).cloned();
+        // Between two rounds of an attempt the entry may be gone while a create of an
+        // earlier round is still unsettled: that one is swept for too.
+        let Some(ledger) = ledger.filter(|l| pending.is_some() || l.has_unsettled()) else {
+            self.forget(owner);
             return Ok(());
         };
-        let ledger = self.ledger(owner);
         let session = self.session().await;
-        if pending.session_id != session.id() {
+        if pending.is_some_and(|p| p.session_id != session.id()) {
             // Its nodes went with its session.
             self.forget(owner);
             return Ok(());
