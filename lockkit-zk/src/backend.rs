@@ -50,7 +50,9 @@ pub(crate) const MAX_ROUNDS: usize = 4;
 /// children again after every event. Because the name is derived from the owner token, an
 /// attempt whose reply was lost finds its own node instead of leaving an orphan; a create
 /// that commits after the retry looked leaves a second node with the same name, which the
-/// next round, the release, the clean-up, or a sweep one session timeout later deletes.
+/// next round, the release, the clean-up, or a sweep one session timeout later deletes. An
+/// acquisition that ends with a create unanswered is swept for through the leader (a `sync`
+/// before the listing) until a listing sent after the create has removed what it left.
 ///
 /// # Guarantees
 /// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
