@@ -247,6 +247,10 @@ pub(crate) fn sweep_orphans(
         }
         let interval = session.ttl;
         let lost = session.lost.clone();
+        // A late put can come at any time, so the sweep goes on for the rest of the session
+        // and the ledger has said all it had to: forget what it recorded, so that it does not
+        // grow with every cancelled attempt of a long-lived session.
+        session.ledger.settle(session.ledger.mark());
         spawn_sweep(
             "deleting keys put after their clean-up",
             lost,
@@ -264,6 +268,8 @@ pub(crate) fn sweep_orphans(
                     if shutdown.is_cancelled() {
                         return Ok(Sweep::Done);
                     }
+                    let ledger = &orphans.session.ledger;
+                    ledger.settle(ledger.mark());
                     orphans.delete().await?;
                     Ok(Sweep::Again(interval))
                 }
