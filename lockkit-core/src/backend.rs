@@ -1,4 +1,6 @@
-//! The contract between the core and a backend: a few primitive operations.
+//! The contract between the core and a backend: a few primitive operations, and what
+//! backend authors share beyond it ([`cleanup`]: in-flight clean-up). The types of the
+//! contract are also at the crate root.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,6 +14,9 @@ use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::token::{FencingToken, OwnerToken};
+
+#[path = "cleanup.rs"]
+pub mod cleanup;
 
 /// A backend shared between clients and tasks.
 pub type SharedBackend = Arc<dyn LockBackend>;

@@ -33,7 +33,7 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backend;
+pub mod backend;
 mod backoff;
 mod capabilities;
 mod client;

@@ -72,6 +72,25 @@ impl OwnerToken {
             s
         })
     }
+
+    /// What a backend stores in place of the token where others can read it (a key's value,
+    /// a node's name): the first 128 bits of SHA-256 over [`OwnerToken::expose_hex`], as 32
+    /// lowercase hex digits (`printf %s {hex} | sha256sum | cut -c1-32`).
+    ///
+    /// It finds a request's own record as well as the token does and still ties the record
+    /// to its owner (another token gives another digest), but reveals nothing: the token is
+    /// 128 random bits, so the digest can be neither inverted nor guessed. Whoever can read
+    /// the record learns only what it already shows.
+    pub fn digest_hex(&self) -> String {
+        use fmt::Write as _;
+        let digest = ring::digest::digest(&ring::digest::SHA256, self.expose_hex().as_bytes());
+        digest.as_ref()[..16]
+            .iter()
+            .fold(String::with_capacity(32), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            })
+    }
 }
 
 impl fmt::Debug for OwnerToken {
@@ -97,6 +116,16 @@ mod tests {
         }
         assert_eq!(OwnerToken::from_hex("zz"), None);
         assert_eq!(OwnerToken::from_hex(&"g".repeat(32)), None);
+    }
+
+    /// The digest is SHA-256 of the hex spelling, cut to 128 bits
+    /// (`printf %s 00112233445566778899aabbccddeeff | sha256sum`).
+    #[test]
+    fn the_digest_is_sha256_of_the_hex_cut_to_128_bits() {
+        let t = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
+        assert_eq!(t.digest_hex(), "5947d7c33d783f94b3b4c1a96ebc8991");
+        let other = OwnerToken::from_hex("00112233445566778899aabbccddeef0").expect("hex");
+        assert_ne!(other.digest_hex(), t.digest_hex());
     }
 
     #[test]

@@ -1,36 +1,36 @@
-//! `EtcdBackend`: session leases, the acquire transaction, waiting on the predecessor,
-//! renewal checks and guarded release.
+//! `EtcdBackend`: the connection, the public API, and the trait implementation (renewal
+//! checks, inspection); sessions, naming, attempts, waiting and clean-up have their own
+//! files.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry as Slot;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, TlsOptions,
-    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, SortOrder,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
+use lockkit_core::backend::cleanup::Acquisitions;
 use lockkit_core::{
     AcquireRequest, Attempt, CancellationToken, Capabilities, Contention, Error, ErrorKind,
-    FencingGuarantee, FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken,
-    Renewal, Result, Tier, WaitStrategy, runtime,
+    FencingGuarantee, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
+    WaitStrategy, runtime,
 };
 use tokio::sync::Mutex as AsyncMutex;
 
+use crate::cleanup::Entry;
 use crate::config::EtcdConfig;
 use crate::error::{self, NAME};
+use crate::naming::{KeyNames, by_create, token_of};
+use crate::session::Session;
 
 /// etcd raises shorter lease TTLs to this.
-const MIN_TTL_SECS: i64 = 2;
+pub(crate) const MIN_TTL_SECS: i64 = 2;
 /// etcd's default `--max-txn-ops`: the most operations one transaction may carry.
 const MAX_TXN_OPS: usize = 128;
-/// The pause before retrying a failed keep-alive or clean-up.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// The pause before sending a request again that never reached a member.
 const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 
@@ -44,7 +44,8 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 ///   confirmed keep-alive's send time), or the server says the lease is gone, the session
 ///   ends and every lock on it reports [`lost`](lockkit_core::MutexGuard::lost).
 /// - **Acquire**: one transaction puts `<prefix>/<namespace>/<name>/<lease-hex>-<n>` (value:
-///   the owner token, attached to the session lease) if it does not exist, and reads at the
+///   the owner token's [digest](OwnerToken::digest_hex), never the token itself, since
+///   whoever may read the prefix sees it; attached to the session lease) if it does not exist, and reads at the
 ///   same revision who holds the lock: the key with the lowest create revision under
 ///   `<prefix>/<namespace>/<name>/`. Right after the put, the newest two keys tell it (the
 ///   own key holds the lock if no key precedes it; otherwise that key is the predecessor); a
@@ -60,128 +61,37 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 /// - **Renewal**: the session keeps the key alive; the core's renewal checks in one read-only
 ///   transaction per batch that each key still exists with its create revision and owner.
 /// - **Release and abandon**: delete the own key only if its create revision (release) or its
-///   owner token (abandon) still match. A delete that fails is retried in the background
+///   owner token's digest (abandon) still match. A delete that fails is retried in the background
 ///   while the session lives, since the shared lease would otherwise keep the key forever.
+/// - **Attempts cancelled in flight**: their put may land after the clean-up (it deletes
+///   the key at once, after 50 ms, 500 ms and two request timeouts). Once an attempt of a
+///   session went unanswered, the keys on its lease that no acquisition uses are deleted
+///   every session TTL, so such a late key holds the lock **at most one session TTL plus a
+///   request timeout** after it lands, never for as long as the process lives. (Under RBAC
+///   this needs permission to ask for the lease's keys; without it the sweep logs a warning
+///   and the bound is the process's lifetime, as before.)
 ///
 /// Clones share the connection and the sessions. Dropping the last clone stops the
 /// keep-alives, so the session leases expire after their TTL; [`EtcdBackend::close`] revokes
 /// them at once instead.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    config: EtcdConfig,
-    sessions: AsyncMutex<HashMap<i64, Arc<Session>>>,
-    entries: StdMutex<HashMap<OwnerToken, Entry>>,
-    names: Arc<KeyNames>,
-    shutdown: CancellationToken,
-}
-
-/// The lock key names this backend's acquisitions use. A name is reused once nothing can
-/// touch it any more: etcd keeps every key name ever written in its index until the next
-/// compaction, so a new name per acquisition would make every read of the lock's range
-/// slower (measured: 1.08x instead of 1.2x of the raw floor after a thousand cycles).
-#[derive(Debug, Default)]
-struct KeyNames {
-    claims: StdMutex<HashMap<String, u64>>,
-    next_claim: AtomicU64,
-}
-
-/// A claimed key name: freeing it with a stale claim does nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Claim {
-    key: String,
-    id: u64,
-}
-
-impl KeyNames {
-    /// The lowest free name `<prefix><lease-hex>-<n>`, claimed.
-    fn claim(&self, prefix: &str, lease_id: i64) -> Claim {
-        let id = self.next_claim.fetch_add(1, Ordering::Relaxed);
-        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut n = 0u64;
-        loop {
-            let key = format!("{prefix}{lease_id:016x}-{n:x}");
-            if let Slot::Vacant(slot) = claims.entry(key.clone()) {
-                slot.insert(id);
-                return Claim { key, id };
-            }
-            n += 1;
-        }
-    }
-
-    fn free(&self, claim: &Claim) {
-        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        if claims.get(&claim.key) == Some(&claim.id) {
-            claims.remove(&claim.key);
-        }
-    }
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) config: EtcdConfig,
+    pub(crate) sessions: AsyncMutex<HashMap<i64, Arc<Session>>>,
+    pub(crate) entries: Acquisitions<Entry>,
+    pub(crate) names: Arc<KeyNames>,
+    pub(crate) shutdown: CancellationToken,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
-}
-
-/// One session lease and what is known about its expiry.
-#[derive(Debug)]
-struct Session {
-    lease_id: i64,
-    ttl: Duration,
-    /// Cancelled when the lease is lost; every grant on the session carries it.
-    lost: CancellationToken,
-    /// The send time of the last confirmed keep-alive (or of the grant) plus the TTL: the
-    /// server cannot expire the lease before then.
-    expires_at: StdMutex<Instant>,
-}
-
-impl Session {
-    fn expires_at(&self) -> Instant {
-        *self
-            .expires_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn confirm(&self, sent_at: Instant, ttl: Duration) {
-        let mut expires_at = self
-            .expires_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *expires_at = (*expires_at).max(sent_at + ttl);
-    }
-
-    fn is_alive(&self) -> bool {
-        !self.lost.is_cancelled() && Instant::now() < self.expires_at()
-    }
-
-    /// How long the lease is known to live, counted from `sent_at`.
-    fn valid_from(&self, sent_at: Instant) -> Duration {
-        self.expires_at().saturating_duration_since(sent_at)
-    }
-
-    fn lose(&self, why: &str) {
-        if !self.lost.is_cancelled() {
-            tracing::warn!(lease = %format_args!("{:016x}", self.lease_id), why, "etcd session lost; its locks are lost");
-            self.lost.cancel();
-        }
-    }
-}
-
-/// The key of one acquisition, from its first attempt until it is released or abandoned.
-#[derive(Debug)]
-struct Entry {
-    claim: Claim,
-    session: Arc<Session>,
-    create_revision: Option<i64>,
-    /// A put of the key may have reached the server.
-    maybe_on_server: bool,
-    /// An attempt was sent and not answered: it may still put the key.
-    in_flight: bool,
 }
 
 impl EtcdBackend {
@@ -212,7 +122,7 @@ impl EtcdBackend {
                 client,
                 config,
                 sessions: AsyncMutex::new(HashMap::new()),
-                entries: StdMutex::new(HashMap::new()),
+                entries: Acquisitions::new(),
                 names: Arc::default(),
                 shutdown: CancellationToken::new(),
             }),
@@ -246,7 +156,7 @@ impl EtcdBackend {
 
     /// Runs `ops` in one transaction that applies only while `lease` still holds its lock:
     /// it compares the lock key's create revision with the lease's fencing token and its value
-    /// with the owner token. This is the fenced write of etcd: a holder that was paused past
+    /// with the owner token's digest. This is the fenced write of etcd: a holder that was paused past
     /// its session and lost the lock cannot overwrite what the next holder wrote.
     ///
     /// ```no_run
@@ -322,17 +232,14 @@ impl EtcdBackend {
         outcome
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerToken, Entry>> {
-        self.inner
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerToken, Entry>> {
+        self.inner.entries.lock()
     }
 
     /// Sends one request, again while it fails before reaching any member (the balancer may
     /// pick a member that is down and refuses the connection), all within the request
     /// timeout. `None` when the timeout passed.
-    async fn send<T, Fut>(
+    pub(crate) async fn send<T, Fut>(
         &self,
         mut request: impl FnMut(Client) -> Fut,
     ) -> Option<Result<T, etcd_client::Error>>
@@ -357,7 +264,11 @@ impl EtcdBackend {
     }
 
     /// [`send`](Self::send), with errors mapped for `what`.
-    async fn call<T, Fut>(&self, what: &str, request: impl FnMut(Client) -> Fut) -> Result<T>
+    pub(crate) async fn call<T, Fut>(
+        &self,
+        what: &str,
+        request: impl FnMut(Client) -> Fut,
+    ) -> Result<T>
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
@@ -368,172 +279,7 @@ impl EtcdBackend {
         }
     }
 
-    /// The live session for `ttl`, starting one if there is none.
-    async fn session_for(&self, ttl: Duration) -> Result<Arc<Session>> {
-        let whole_secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-        let secs = i64::try_from(whole_secs)
-            .unwrap_or(i64::MAX)
-            .max(MIN_TTL_SECS);
-        let mut sessions = self.inner.sessions.lock().await;
-        if let Some(session) = sessions.get(&secs)
-            && session.is_alive()
-        {
-            return Ok(session.clone());
-        }
-        let session = self.start_session(secs).await?;
-        sessions.insert(secs, session.clone());
-        Ok(session)
-    }
-
-    async fn start_session(&self, secs: i64) -> Result<Arc<Session>> {
-        let sent_at = Instant::now();
-        let granted = self
-            .call("granting a session lease", |mut client| async move {
-                client.lease_grant(secs, None).await
-            })
-            .await?;
-        let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
-        let session = Arc::new(Session {
-            lease_id: granted.id(),
-            ttl,
-            lost: CancellationToken::new(),
-            expires_at: StdMutex::new(sent_at + ttl),
-        });
-        runtime::spawn(keep_alive(
-            session.clone(),
-            self.client(),
-            self.inner.config.request_timeout,
-            self.inner.shutdown.clone(),
-        ));
-        tracing::debug!(lease = %format_args!("{:016x}", session.lease_id), ?ttl, "etcd session started");
-        Ok(session)
-    }
-
-    /// The key of `request` on `session` (the one of an earlier attempt, or a new one) and
-    /// its create revision if known; marks an attempt as in flight.
-    fn entry_for(
-        &self,
-        request: &AcquireRequest,
-        session: &Arc<Session>,
-        prefix: &str,
-    ) -> (String, Option<i64>) {
-        let mut entries = self.entries();
-        let fresh = || {
-            let claim = self.inner.names.claim(prefix, session.lease_id);
-            Entry {
-                claim,
-                session: session.clone(),
-                create_revision: None,
-                maybe_on_server: false,
-                in_flight: false,
-            }
-        };
-        let entry = entries.entry(request.owner.clone()).or_insert_with(fresh);
-        if !Arc::ptr_eq(&entry.session, session) {
-            // The earlier key went with its session's lease: queue again on the new session.
-            self.inner.names.free(&entry.claim);
-            *entry = fresh();
-        }
-        entry.maybe_on_server = true;
-        entry.in_flight = true;
-        (entry.claim.key.clone(), entry.create_revision)
-    }
-
-    /// Spawns guarded deletes of `key`, one after each of the `pauses` in turn, each retried
-    /// until it succeeds or the session (and the key with it) is gone; then frees `claim`, if
-    /// given.
-    fn delete_later(
-        &self,
-        key: String,
-        guard: Vec<Compare>,
-        session: Arc<Session>,
-        pauses: Vec<Duration>,
-        claim: Option<Claim>,
-    ) {
-        let mut client = self.client();
-        let limit = self.inner.config.request_timeout;
-        let shutdown = self.inner.shutdown.clone();
-        let names = self.inner.names.clone();
-        runtime::spawn(async move {
-            'deletes: for mut pause in pauses {
-                loop {
-                    tokio::select! {
-                        () = shutdown.cancelled() => break 'deletes,
-                        () = session.lost.cancelled() => break 'deletes,
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                    let txn = Txn::new()
-                        .when(guard.clone())
-                        .and_then([TxnOp::delete(key.clone(), None)]);
-                    if let Ok(Ok(_)) = tokio::time::timeout(limit, client.txn(txn)).await {
-                        break;
-                    }
-                    pause = RETRY_PAUSE;
-                }
-            }
-            if let Some(claim) = claim {
-                names.free(&claim);
-            }
-        });
-    }
-
-    async fn find_predecessor(&self, request: &AcquireRequest) -> Result<Option<(String, i64)>> {
-        let own_revision = self
-            .entries()
-            .get(&request.owner)
-            .and_then(|entry| entry.create_revision);
-        let Some(own_revision) = own_revision else {
-            return Ok(None);
-        };
-        let prefix = self.lock_prefix(&request.key);
-        let response = self
-            .call("finding the predecessor", |mut client| {
-                let prefix = prefix.clone();
-                async move { client.get(prefix, Some(predecessor_of(own_revision))).await }
-            })
-            .await?;
-        let revision = response.header().map_or(0, |h| h.revision());
-        Ok(response.kvs().first().map(|kv| (key_of(kv), revision)))
-    }
-
-    /// A cancelled acquisition's put landed after its clean-up, at the name `request` reuses:
-    /// deletes that key (by its value) and gives `request` a new name.
-    fn move_off_stale_key(
-        &self,
-        request: &AcquireRequest,
-        session: &Arc<Session>,
-        prefix: &str,
-        stale_value: &[u8],
-    ) -> Error {
-        let stale_claim = self.entries().get_mut(&request.owner).map(|entry| {
-            let claim = self.inner.names.claim(prefix, session.lease_id);
-            entry.create_revision = None;
-            entry.maybe_on_server = false;
-            entry.in_flight = false;
-            std::mem::replace(&mut entry.claim, claim)
-        });
-        if let Some(stale) = stale_claim {
-            let guard = vec![Compare::value(
-                stale.key.clone(),
-                CompareOp::Equal,
-                stale_value.to_vec(),
-            )];
-            self.delete_later(
-                stale.key.clone(),
-                guard,
-                session.clone(),
-                vec![Duration::ZERO],
-                Some(stale),
-            );
-        }
-        Error::new(
-            ErrorKind::Unavailable,
-            NAME,
-            "a stale key of a cancelled acquisition held this acquisition's key name; retrying under another",
-        )
-    }
-
-    fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {
+    pub(crate) fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {
         if lease.session().is_none_or(CancellationToken::is_cancelled) {
             return None;
         }
@@ -545,68 +291,8 @@ impl EtcdBackend {
     }
 }
 
-/// A guarded delete of a lock key. If it fails, or its future is dropped before the answer
-/// (the core does not retry a dropped release), the delete is finished in the background:
-/// the shared session lease would otherwise keep the key for as long as the process lives.
-/// Once it is done, the key's name is freed for reuse, if it gives the claim.
-struct PendingDelete<'a> {
-    backend: &'a EtcdBackend,
-    key: String,
-    guard: Vec<Compare>,
-    session: Arc<Session>,
-    claim: Option<Claim>,
-    unfinished: bool,
-}
-
-impl<'a> PendingDelete<'a> {
-    fn new(
-        backend: &'a EtcdBackend,
-        key: String,
-        guard: Vec<Compare>,
-        session: Arc<Session>,
-        claim: Option<Claim>,
-    ) -> Self {
-        PendingDelete {
-            backend,
-            key,
-            guard,
-            session,
-            claim,
-            unfinished: true,
-        }
-    }
-
-    async fn run(mut self, what: &str) -> Result<TxnResponse> {
-        let txn = Txn::new()
-            .when(self.guard.clone())
-            .and_then([TxnOp::delete(self.key.clone(), None)]);
-        let answer = self.backend.call(what, txn_of(&txn)).await;
-        if answer.is_ok() {
-            self.unfinished = false;
-            if let Some(claim) = self.claim.take() {
-                self.backend.inner.names.free(&claim);
-            }
-        }
-        answer
-    }
-}
-
-impl Drop for PendingDelete<'_> {
-    fn drop(&mut self) {
-        if self.unfinished {
-            self.backend.delete_later(
-                std::mem::take(&mut self.key),
-                std::mem::take(&mut self.guard),
-                self.session.clone(),
-                vec![Duration::ZERO],
-                self.claim.take(),
-            );
-        }
-    }
-}
-
 /// A request that runs `txn`.
-fn txn_of(
+pub(crate) fn txn_of(
     txn: &Txn,
 ) -> impl FnMut(
     Client,
@@ -620,33 +306,12 @@ fn txn_of(
 }
 
 /// The compares that hold while `lease` holds the lock at `key`.
-fn held_by(key: &str, lease: &Lease) -> Vec<Compare> {
+pub(crate) fn held_by(key: &str, lease: &Lease) -> Vec<Compare> {
     let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
     vec![
         Compare::create_revision(key, CompareOp::Equal, token),
-        Compare::value(key, CompareOp::Equal, lease.owner().expose_hex()),
+        Compare::value(key, CompareOp::Equal, lease.owner().digest_hex()),
     ]
-}
-
-/// A range read of the lock's keys in create order, `limit` of them.
-fn by_create(order: SortOrder, limit: i64) -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, order)
-        .with_limit(limit)
-}
-
-/// The key created last before `own_revision`.
-fn predecessor_of(own_revision: i64) -> GetOptions {
-    by_create(SortOrder::Descend, 1).with_max_create_revision(own_revision - 1)
-}
-
-fn key_of(kv: &KeyValue) -> String {
-    String::from_utf8_lossy(kv.key()).into_owned()
-}
-
-fn token_of(revision: i64) -> FencingToken {
-    FencingToken(u64::try_from(revision).unwrap_or(0))
 }
 
 fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
@@ -680,86 +345,6 @@ fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
     Ok(options)
 }
 
-/// Keeps `session`'s lease alive at a third of its TTL until the backend is dropped; ends the
-/// session when the lease cannot be renewed before it runs out or the server says it is gone.
-async fn keep_alive(
-    session: Arc<Session>,
-    mut client: Client,
-    request_timeout: Duration,
-    shutdown: CancellationToken,
-) {
-    let interval = session.ttl / 3;
-    let mut stream = None;
-    let mut next = Instant::now() + interval;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = session.lost.cancelled() => return,
-            () = tokio::time::sleep_until(next.min(session.expires_at()).into()) => {}
-        }
-        if Instant::now() >= session.expires_at() {
-            session.lose("keep-alive could not renew the session lease before its TTL ran out");
-            let _ =
-                tokio::time::timeout(request_timeout, client.lease_revoke(session.lease_id)).await;
-            return;
-        }
-        let sent_at = Instant::now();
-        let deadline = (sent_at + request_timeout).min(session.expires_at());
-        let round = tokio::time::timeout_at(
-            deadline.into(),
-            renew_once(&mut client, session.lease_id, &mut stream),
-        );
-        let outcome = tokio::select! {
-            () = shutdown.cancelled() => return,
-            outcome = round => outcome,
-        };
-        match outcome {
-            Ok(Ok(ttl)) if ttl > 0 => {
-                session.confirm(sent_at, Duration::from_secs(ttl.unsigned_abs()));
-                next = sent_at + interval;
-            }
-            Ok(Ok(_)) => {
-                session.lose("the server says the session lease is gone");
-                return;
-            }
-            Ok(Err(e)) if error::is_lease_gone(&e) => {
-                session.lose("the server says the session lease is gone");
-                return;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "etcd keep-alive failed; reopening the stream");
-                stream = None;
-                next = Instant::now() + RETRY_PAUSE.min(interval);
-            }
-            Err(_) => {
-                tracing::debug!("etcd keep-alive timed out; reopening the stream");
-                stream = None;
-                next = Instant::now();
-            }
-        }
-    }
-}
-
-/// One keep-alive round on the stream (opening it first if needed); the TTL the server
-/// answered, 0 when the lease is gone.
-async fn renew_once(
-    client: &mut Client,
-    lease_id: i64,
-    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-) -> Result<i64, etcd_client::Error> {
-    let (keeper, responses) = match stream {
-        Some(open) => open,
-        None => stream.insert(client.lease_keep_alive(lease_id).await?),
-    };
-    keeper.keep_alive().await?;
-    match responses.message().await? {
-        Some(response) => Ok(response.ttl()),
-        None => Err(etcd_client::Error::LeaseKeepAliveError(
-            "the keep-alive stream ended".into(),
-        )),
-    }
-}
-
 #[async_trait]
 impl LockBackend for EtcdBackend {
     fn name(&self) -> &'static str {
@@ -776,272 +361,22 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        let started = Instant::now();
-        let session = self.session_for(request.ttl).await?;
-        let prefix = self.lock_prefix(&request.key);
-        let (own, own_revision) = self.entry_for(request, &session, &prefix);
-        let owner_hex = request.owner.expose_hex();
-        let put = TxnOp::put(
-            own.clone(),
-            owner_hex.clone(),
-            Some(PutOptions::new().with_lease(session.lease_id)),
-        );
-        // Right after the put the own key is the newest: it holds the lock when no key was
-        // created before it, and otherwise the one just before it is the predecessor.
-        let newest_two = TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Descend, 2)));
-        let mut otherwise = vec![
-            TxnOp::get(own.clone(), None),
-            TxnOp::get(prefix.clone(), Some(by_create(SortOrder::Ascend, 1))),
-        ];
-        if let Some(revision) = own_revision.filter(|_| request.wait) {
-            otherwise.push(TxnOp::get(prefix.clone(), Some(predecessor_of(revision))));
-        }
-        let put_if = if request.wait {
-            Compare::create_revision(own.clone(), CompareOp::Equal, 0)
-        } else {
-            // try_lock queues only on a free lock, so contention leaves nothing behind.
-            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
-        };
-        // After a wait the own key is normally still there, and then only reads decide: a
-        // read-only txn of the same reads answers at one revision, linearizably, without the
-        // raft write (a disk sync on a majority) that a txn holding a put costs even when the
-        // put is not taken. Without the own key, the full txn queues it again.
-        let mut read_only = own_revision.is_some() && request.wait;
-        let full = Txn::new()
-            .when([put_if])
-            .and_then([put, newest_two])
-            .or_else(otherwise.clone());
-        let response = loop {
-            let txn = if read_only {
-                Txn::new().and_then(otherwise.clone())
-            } else {
-                full.clone()
-            };
-            let response = match self.send(txn_of(&txn)).await {
-                Some(Ok(response)) => response,
-                Some(Err(e)) if error::is_lease_gone(&e) => {
-                    session.lose("the server says the session lease is gone");
-                    return Err(Error::new(
-                        ErrorKind::Unavailable,
-                        NAME,
-                        "the session lease expired; the next attempt starts a new session",
-                    )
-                    .with_source(e));
-                }
-                Some(Err(e)) => return Err(error::map("acquiring", e)),
-                None => {
-                    return Err(error::timed_out(
-                        "acquiring",
-                        self.inner.config.request_timeout,
-                    ));
-                }
-            };
-            let own_missing = || match response.op_responses().into_iter().next() {
-                Some(TxnOpResponse::Get(get)) => get.kvs().is_empty(),
-                _ => true,
-            };
-            if read_only && own_missing() {
-                read_only = false;
-                continue;
-            }
-            break response;
-        };
-        let put_taken = !read_only && response.succeeded();
-        let revision = response.header().map_or(0, |h| h.revision());
-        let mut reads = response.op_responses().into_iter().map(|op| match op {
-            TxnOpResponse::Get(mut get) => get.take_kvs(),
-            _ => Vec::new(),
-        });
-        let (own_revision, ours, predecessor) = if put_taken {
-            let _put = reads.next();
-            let mut newest = reads.next().unwrap_or_default().into_iter();
-            let newest_is_own = newest.next().is_some_and(|kv| kv.key() == own.as_bytes());
-            let predecessor = newest.next().map(|kv| key_of(&kv));
-            (
-                Some(revision),
-                newest_is_own && predecessor.is_none(),
-                predecessor,
-            )
-        } else {
-            let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
-            if let Some(stale) = own_kv
-                .as_ref()
-                .filter(|kv| kv.value() != owner_hex.as_bytes())
-            {
-                return Err(self.move_off_stale_key(request, &session, &prefix, stale.value()));
-            }
-            let holder = reads.next().and_then(|kvs| kvs.into_iter().next());
-            let predecessor = reads
-                .next()
-                .and_then(|kvs| kvs.into_iter().next())
-                .map(|kv| key_of(&kv));
-            let ours = holder.is_some_and(|kv| kv.key() == own.as_bytes());
-            (own_kv.map(|kv| kv.create_revision()), ours, predecessor)
-        };
-        if let Some(entry) = self.entries().get_mut(&request.owner) {
-            entry.in_flight = false;
-            entry.maybe_on_server = own_revision.is_some();
-            entry.create_revision = own_revision;
-        }
-        match own_revision {
-            Some(own_revision) if ours => {
-                // Re-verified: the own key was the lowest at one revision, on this session's
-                // lease, and the session is still alive.
-                if session.lost.is_cancelled() {
-                    return Err(Error::new(
-                        ErrorKind::Unavailable,
-                        NAME,
-                        "the session was lost while acquiring; the next attempt starts a new one",
-                    ));
-                }
-                Ok(Attempt::Granted(
-                    Grant::new(token_of(own_revision), session.valid_from(started))
-                        .with_handle(own)
-                        .with_session(session.lost.clone()),
-                ))
-            }
-            _ => {
-                let mut contention = Contention::new();
-                contention.revision = Some(revision);
-                if let Some(predecessor) = predecessor {
-                    contention = contention.with_predecessor(predecessor, Some(revision));
-                }
-                Ok(Attempt::Contended(contention))
-            }
-        }
+        self.attempt(request).await
     }
 
+    /// Ends early, too, when the session of the request's key is lost: the key went with
+    /// the lease, so the wait is for nothing, and the next attempt queues on a new session.
     async fn wait_for_change(
         &self,
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + max_wait;
-        let (predecessor, revision) = match (&contention.predecessor, contention.revision) {
-            (Some(predecessor), Some(revision)) => (predecessor.clone(), revision),
-            _ => match tokio::time::timeout_at(deadline, self.find_predecessor(request)).await {
-                Ok(Ok(Some(found))) => found,
-                Ok(Ok(None)) | Err(_) => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-            },
-        };
-        // The watch starts now, not at `revision + 1`: a watch from a past revision joins
-        // the server's unsynced watchers, which it catches up only every 100 ms
-        // (`syncWatchersLoop`), so under steady writes every handoff would wait for that tick.
-        // A delete between the attempt and the watch is found by the read below instead.
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let opening = self.send(|mut client| {
-            let (predecessor, options) = (predecessor.clone(), options.clone());
-            async move { client.watch(predecessor, Some(options)).await }
-        });
-        let mut watch = match tokio::time::timeout_at(deadline, opening).await {
-            Ok(Some(Ok(watch))) => watch,
-            Ok(Some(Err(e))) => return Err(error::map("watching the predecessor", e)),
-            Ok(None) => {
-                return Err(error::timed_out(
-                    "watching the predecessor",
-                    self.inner.config.request_timeout,
-                ));
-            }
-            Err(_) => return Ok(()),
-        };
-        let created = async {
-            while let Some(response) = watch.message().await? {
-                if response.canceled() {
-                    break;
-                }
-                if response.created() {
-                    return Ok(Some(response.header().map_or(i64::MAX, |h| h.revision())));
-                }
-            }
-            Ok::<_, etcd_client::Error>(None)
-        };
-        let watched_from = match tokio::time::timeout_at(deadline, created).await {
-            Ok(Ok(Some(watched_from))) => watched_from,
-            Ok(Ok(None)) | Err(_) => return Ok(()),
-            Ok(Err(e)) => return Err(error::map("watching the predecessor", e)),
-        };
-        // Nothing was written between the attempt's read and the watch: the predecessor was
-        // there when the watch started. Otherwise the watch sees a delete only if the
-        // predecessor is still there now (a linearizable read, after the watch started).
-        if watched_from > revision {
-            let reading = self.send(|mut client| {
-                let predecessor = predecessor.clone();
-                async move {
-                    client
-                        .get(predecessor, Some(GetOptions::new().with_count_only()))
-                        .await
-                }
-            });
-            match tokio::time::timeout_at(deadline, reading).await {
-                Ok(Some(Ok(found))) if found.count() > 0 => {}
-                Ok(Some(Ok(_))) | Err(_) => return Ok(()),
-                Ok(Some(Err(e))) => return Err(error::map("reading the predecessor", e)),
-                Ok(None) => {
-                    return Err(error::timed_out(
-                        "reading the predecessor",
-                        self.inner.config.request_timeout,
-                    ));
-                }
-            }
-        }
-        let deleted = async {
-            while let Some(response) = watch.message().await? {
-                let gone = response
-                    .events()
-                    .iter()
-                    .any(|event| event.event_type() == EventType::Delete);
-                // A cancelled watch (compacted revision, lost leader) ends the wait: the next
-                // attempt reads the queue afresh.
-                if gone || response.canceled() {
-                    break;
-                }
-            }
-            Ok::<(), etcd_client::Error>(())
-        };
-        match tokio::time::timeout_at(deadline, deleted).await {
-            Ok(Ok(())) | Err(_) => Ok(()),
-            Ok(Err(e)) => Err(error::map("watching the predecessor", e)),
-        }
+        self.wait_for(request, contention, max_wait).await
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        let Some(entry) = self.entries().remove(&request.owner) else {
-            return Ok(());
-        };
-        if !entry.maybe_on_server {
-            self.inner.names.free(&entry.claim);
-            return Ok(());
-        }
-        let key = entry.claim.key.clone();
-        let guard = vec![Compare::value(
-            key.clone(),
-            CompareOp::Equal,
-            request.owner.expose_hex(),
-        )];
-        let mut claim = Some(entry.claim);
-        if entry.in_flight {
-            // The cancelled attempt may still be applied after the delete below (it may even
-            // go to another member): delete again soon, and once more when it must have been
-            // applied or dropped, and only then reuse the name.
-            let pauses = vec![
-                Duration::from_millis(50),
-                Duration::from_millis(450),
-                self.inner.config.request_timeout * 2,
-            ];
-            self.delete_later(
-                key.clone(),
-                guard.clone(),
-                entry.session.clone(),
-                pauses,
-                claim.take(),
-            );
-        }
-        PendingDelete::new(self, key, guard, entry.session, claim)
-            .run("abandoning an acquisition")
-            .await
-            .map(|_| ())
+        self.abandon_request(request).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
@@ -1096,7 +431,7 @@ impl LockBackend for EtcdBackend {
                 let still_ours = found.next().flatten().is_some_and(|kv| {
                     kv.create_revision() == i64::try_from(lease.fencing_token().get()).unwrap_or(-1)
                         && kv.lease() == session.lease_id
-                        && kv.value() == lease.owner().expose_hex().as_bytes()
+                        && kv.value() == lease.owner().digest_hex().as_bytes()
                 });
                 answers.push(Ok(if still_ours {
                     Renewal::Extended(session.valid_from(sent_at))
@@ -1109,36 +444,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        let Some(key) = lease.handle() else {
-            return Ok(false);
-        };
-        let entry = {
-            let mut entries = self.entries();
-            match entries.get(lease.owner()) {
-                Some(entry) if entry.claim.key == key => entries.remove(lease.owner()),
-                _ => None,
-            }
-        };
-        let guard = held_by(key, lease);
-        let released = match entry {
-            Some(entry) => {
-                PendingDelete::new(
-                    self,
-                    entry.claim.key.clone(),
-                    guard,
-                    entry.session,
-                    Some(entry.claim),
-                )
-                .run("releasing")
-                .await
-            }
-            // Not an acquisition of this backend: nothing to finish in the background.
-            None => {
-                let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
-                self.call("releasing", txn_of(&txn)).await
-            }
-        };
-        released.map(|response| response.succeeded())
+        self.release_lease(lease).await
     }
 
     /// One read of the own key: once a key is the lowest of its lock it stays the lowest for
@@ -1155,7 +461,7 @@ impl LockBackend for EtcdBackend {
             .await?;
         let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
         Ok(response.kvs().first().is_some_and(|kv| {
-            kv.create_revision() == token && kv.value() == lease.owner().expose_hex().as_bytes()
+            kv.create_revision() == token && kv.value() == lease.owner().digest_hex().as_bytes()
         }))
     }
 
@@ -1214,28 +520,5 @@ impl fmt::Debug for EtcdBackend {
         f.debug_struct("EtcdBackend")
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_key_name_is_reused_only_after_it_is_freed_and_stale_frees_do_nothing() {
-        let names = KeyNames::default();
-        let first = names.claim("p/ns/k/", 0xab);
-        assert_eq!(first.key, "p/ns/k/00000000000000ab-0");
-        let second = names.claim("p/ns/k/", 0xab);
-        assert_eq!(second.key, "p/ns/k/00000000000000ab-1");
-        names.free(&first);
-        let again = names.claim("p/ns/k/", 0xab);
-        assert_eq!(again.key, first.key, "a freed name is reused");
-        names.free(&first);
-        let third = names.claim("p/ns/k/", 0xab);
-        assert_eq!(
-            third.key, "p/ns/k/00000000000000ab-2",
-            "a stale claim freed a name in use"
-        );
     }
 }

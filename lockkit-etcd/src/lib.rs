@@ -28,9 +28,14 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 mod backend;
+mod cleanup;
 mod config;
 mod error;
+mod naming;
+mod session;
+mod wait;
 
 pub use backend::EtcdBackend;
 pub use config::EtcdConfig;

@@ -446,3 +446,224 @@ async fn one_client_reuses_its_key_name_and_contenders_get_their_own() {
     let admin = EtcdBackend::connect(config).await.expect("connect");
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
+
+/// Two clients take and release one lock in tight loops. Each reuses its key name, so a
+/// holder that releases and queues again at once reappears under the name its rival is
+/// about to watch, now behind the rival: a waiter that checked its predecessor by name
+/// alone would wait on a key queued after its own, and both would sit out `backoff_max`.
+/// Every handoff must instead take a few round trips.
+///
+/// A stall from waiting on the wrong key lasts the whole `backoff_max` (4 s here), so the
+/// test counts waits of a quarter of that: a handoff on a saturated machine takes tens of
+/// milliseconds (a 100 ms threshold was crossed by a correct handoff with both cores busy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_looping_on_one_lock_never_wait_on_a_requeued_predecessor() {
+    const CYCLES: usize = 200;
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("pingpong");
+    let backoff_max = Duration::from_secs(4);
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(10))
+        .with_backoff(Duration::from_millis(5), backoff_max);
+    let stall = backoff_max / 4;
+    let mut loops = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let locks = client(&config, &ns, options.clone()).await;
+        loops.spawn(async move {
+            let mutex = locks.mutex("pingpong").expect("key");
+            let mut stalls = Vec::new();
+            for _ in 0..CYCLES {
+                let asked = Instant::now();
+                let guard = mutex
+                    .lock_timeout(Duration::from_secs(30))
+                    .await
+                    .expect("lock");
+                let waited = asked.elapsed();
+                if waited > stall {
+                    stalls.push(waited);
+                }
+                assert!(guard.release().await.expect("release"));
+                if stalls.len() >= 3 {
+                    break;
+                }
+            }
+            stalls
+        });
+    }
+    let mut stalls = Vec::new();
+    while let Some(done) = loops.join_next().await {
+        stalls.extend(done.expect("a loop panicked"));
+    }
+    assert!(
+        stalls.is_empty(),
+        "lock() waited longer than {stall:?} for a lock released at once: {stalls:?}"
+    );
+    let admin = EtcdBackend::connect(config).await.expect("connect");
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+/// Whoever may read the lock's prefix sees the key's value: it holds a digest of the owner
+/// token, never the token, which would let that reader release or extend the lock. The
+/// lookups by value still find the own key: release, the renewal check, and `is_held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_key_holds_a_digest_of_the_owner_token_not_the_token() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("digest");
+    let locks = client(
+        &config,
+        &ns,
+        LockOptions::default().with_ttl(Duration::from_secs(2)),
+    )
+    .await;
+    let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
+    let admin = EtcdBackend::connect(config).await.expect("connect");
+    let key = guard.lease().handle().expect("etcd grants carry their key");
+    let stored = admin.client().get(key, None).await.expect("get");
+    let stored = String::from_utf8_lossy(stored.kvs()[0].value()).into_owned();
+    let owner = guard.lease().owner();
+    assert!(
+        !stored.contains(&owner.expose_hex()),
+        "the lock key shows the owner token"
+    );
+    assert_eq!(stored, owner.digest_hex());
+    // Past the TTL: the renewal checks found the key by its value.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!guard.is_lost());
+    assert!(guard.is_held().await.expect("is_held"));
+    assert!(guard.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+/// A waiter's queue key lives on its session lease. When that session is lost (here the
+/// lease is revoked behind its back), the key is gone and waiting on the predecessor is for
+/// nothing: the wait ends and the waiter queues again on a new session, long before its
+/// polling cap, while the holder keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_session_is_lost_stops_waiting_and_queues_on_a_new_one() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("waitlost");
+    let options = LockOptions::default().with_ttl(Duration::from_secs(6));
+    let holder = client(&config, &ns, options.clone()).await;
+    // Only the end of the wait can bring it back in time: its polling cap is a minute.
+    let waiter = client(
+        &config,
+        &ns,
+        options.with_backoff(Duration::from_millis(5), Duration::from_secs(60)),
+    )
+    .await;
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let (held, waiting) = hold_with_a_waiter(&holder, waiter).await;
+    let holder_key = held.lease().handle().expect("key").to_owned();
+    let waiter_key = || async {
+        let keys = support::keys_under(&admin, &ns).await.expect("list keys");
+        keys.into_iter().find(|k| *k != holder_key)
+    };
+    let queued_by = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        if let Some(key) = waiter_key().await {
+            break key;
+        }
+        assert!(Instant::now() < queued_by, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let revoked = support::lease_of(&first);
+    admin
+        .client()
+        .lease_revoke(revoked)
+        .await
+        .expect("revoke the waiter's session lease");
+    // The keep-alive notices within a third of the TTL; the waiter then queues at once.
+    let requeued_by = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(key) = waiter_key().await
+            && support::lease_of(&key) != revoked
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < requeued_by,
+            "the waiter did not queue again after its session was lost"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(held.release().await.expect("release"));
+    let (next, _) = waiting.await.expect("join").expect("the waiter is granted");
+    assert!(next.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}
+
+/// A cancelled attempt's put can land after every clean-up delete (held up on a slow link
+/// to one member while the deletes went to another). It then sits on the session lease,
+/// which the backend renews for as long as it lives, and holds the lock for good. Such a key
+/// is deleted within the documented bound: one session TTL (plus a request) after it lands.
+///
+/// The attempt is cancelled in flight for real (a proxy delays it); the put landing late is
+/// then replayed by an operator client, as the server would see it: the acquisition's key
+/// name, on the session's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_landing_after_its_clean_up_is_deleted_within_a_session_ttl() {
+    let Some(mut config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("lateput");
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let proxy = FaultProxy::start(&config.endpoints)
+        .await
+        .expect("a fault proxy");
+    config.endpoints = proxy.hosts();
+    config.request_timeout = Duration::from_secs(1);
+    let ttl = Duration::from_secs(2);
+    let options = LockOptions::default().with_ttl(ttl);
+    let locks = client(&config, &ns, options.clone()).await;
+    // The session and the key name its acquisitions of "job" reuse.
+    let first = locks.mutex("job").expect("key").lock().await.expect("lock");
+    let name = first.lease().handle().expect("key").to_owned();
+    assert!(first.release().await.expect("release"));
+
+    proxy.set(
+        Direction::Requests,
+        Fault::Delay {
+            base: Duration::from_millis(300),
+            jitter: Duration::ZERO,
+        },
+    );
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(50),
+        locks.mutex("job").expect("key").lock(),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the attempt was not in flight");
+    proxy.heal();
+    // The clean-up deletes run, the last one two request timeouts later; then the name is
+    // free again and nothing of this backend looks at it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+
+    let late = OwnerToken::generate().expect("token").digest_hex();
+    let mut operator = admin.client();
+    operator
+        .put(
+            name.as_str(),
+            late,
+            Some(lockkit_etcd::etcd_client::PutOptions::new().with_lease(support::lease_of(&name))),
+        )
+        .await
+        .expect("the late put");
+    let landed = Instant::now();
+    let other = client(&config, &ns, options).await;
+    let next = other
+        .mutex("job")
+        .expect("key")
+        .lock_timeout(Duration::from_secs(15))
+        .await
+        .expect("the late key blocked the lock");
+    eprintln!("granted {:?} after the late put landed", landed.elapsed());
+    assert!(next.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
+}

@@ -459,9 +459,10 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
     let key = guard.lease().handle().unwrap().to_owned();
     let stored = root.get(key.as_str(), None).await.unwrap();
     let stored = String::from_utf8_lossy(stored.kvs()[0].value()).into_owned();
-    assert!(
-        stored.contains(&guard.lease().owner().expose_hex()),
-        "the key holds {stored:?}, not the token this test searches for"
+    assert_eq!(
+        stored,
+        guard.lease().owner().digest_hex(),
+        "the key holds {stored:?}, not the owner token's digest"
     );
     let mut secrets = owner_token_spellings(guard.lease().owner());
     assert!(guard.release().await.unwrap());

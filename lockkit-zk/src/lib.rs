@@ -1,11 +1,15 @@
 #![doc = include_str!("../README.md")]
 
+mod acquire;
 mod backend;
+mod cleanup;
 mod config;
 mod error;
+mod naming;
 mod session;
 #[cfg(feature = "tls")]
 mod tls;
+mod wait;
 
-pub use backend::ZkBackend;
+pub use backend::{MIN_TTL, ZkBackend};
 pub use config::{ZkAcl, ZkConfig};

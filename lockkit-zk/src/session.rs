@@ -4,12 +4,14 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lockkit_core::{CancellationToken, Error, ErrorKind, Result, runtime};
+use lockkit_core::{CancellationToken, Error, ErrorKind, Lease, Result, runtime};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
+use crate::backend::ZkBackend;
 use crate::config::ZkConfig;
-use crate::error::{BACKEND, map};
+use crate::error::{BACKEND, map, timed_out};
+use crate::naming::LockPaths;
 
 /// A connected client and the token every grant made through it carries.
 #[derive(Debug)]
@@ -286,4 +288,149 @@ async fn open_here_bounded(config: &ZkConfig) -> Result<zk::Client> {
                 "no new session within connect_timeout",
             ))
         })
+}
+
+/// The part of the session timeout after which `zookeeper-client` declares a silent
+/// connection dead (8 of its ticks of 1/20 of the timeout).
+pub(crate) const DEAD_CONNECTION_FRACTION: f64 = 0.4;
+
+/// The largest part of the session timeout a grant or renewal is trusted for, whatever the
+/// grace (see [`trusted_for`]).
+pub(crate) const MAX_TRUSTED_FRACTION: f64 = 0.5;
+
+/// How long a grant or a renewal is trusted, counted (by the core) from when its request was
+/// sent: `min(ttl, T × min(1 − 0.4 − suspended_grace_fraction, 0.5))`, `T` being the
+/// negotiated session timeout; 0.3 `T` with the default grace.
+///
+/// A lock node lives as long as its session, and the leader expires a session `T` after it
+/// last heard of it; it may then grant the lock to someone else. The request behind a grant or
+/// renewal reached the leader, with the session alive, after it was sent: a create is a write,
+/// and a renewal (or the grant of a node found again) issues a `sync` first; both fail on a
+/// server cut off from the leader. The leader hears of a session from the server the client
+/// is connected to, which reports the sessions it saw whenever the leader pings it (every half
+/// `tickTime`), and the client sends something at least every 0.2 `T` (`zookeeper-client`
+/// pings after 3/20 `T` of silence, checked every 1/20 `T`). So the leader's last news of the
+/// session is at most 0.2 `T` + `tickTime`/2 older than the send time, and it cannot expire
+/// the session before 0.8 `T` − `tickTime`/2 after that send: at least 0.55 `T` as long as
+/// `tickTime` ≤ `T`/2 (the servers' default `minSessionTimeout` is 2 `tickTime`). 0.5 `T`
+/// leaves the rest for network delay; the core takes clock drift off as well.
+///
+/// What this rests on besides: `sync` is not a quorum operation. A leader that has just lost
+/// its quorum still answers it until it notices (within `syncLimit × tickTime`); its
+/// followers notice the loss within the same limit before they elect a new leader, and a new
+/// leader starts every session's timeout afresh, so this is covered as long as the servers
+/// agree on the limit (they share one configuration).
+///
+/// The `1 − 0.4 − grace` term is the tighter one for a grace above 0.1. With it, the time a
+/// verified contact is trusted and the longest disconnection the session watcher rides out
+/// (`(0.4 + grace) × T`, see [`ZkConfig::suspended_grace_fraction`]) add up to the session
+/// timeout: a longer grace buys tolerance of disconnections with more frequent renewals.
+pub(crate) fn trusted_for(
+    ttl: Duration,
+    session_timeout: Duration,
+    grace_fraction: f64,
+) -> Duration {
+    let fraction = (1.0 - DEAD_CONNECTION_FRACTION - grace_fraction).min(MAX_TRUSTED_FRACTION);
+    ttl.min(session_timeout.mul_f64(fraction.max(0.0)))
+}
+
+pub(crate) fn is_connected(client: &zk::Client) -> bool {
+    client.state() == zk::SessionState::SyncConnected
+}
+
+impl ZkBackend {
+    /// The stat of `path` as the leader sees it: a `sync` and the read, sent back to back
+    /// (a server answers a session's requests in order, so the read waits for the sync).
+    /// `sync` is answered through the leader, so it fails (or times out) on a server cut off
+    /// from it, and its success shows the session was alive on the leader after it was sent.
+    pub(crate) async fn stat_via_leader(
+        &self,
+        session: &Session,
+        path: &str,
+    ) -> Result<std::result::Result<Option<zk::Stat>, zk::Error>> {
+        let synced = session.client.sync(path);
+        let read = session.client.check_stat(path);
+        let (synced, read) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, read) })
+                .await
+                .map_err(|_| timed_out("read the lock node through the leader"))?;
+        Ok(synced.and(read))
+    }
+
+    /// The queue and our node `name`'s czxid, both read after a `sync` with the leader, in
+    /// one round trip (the three requests are sent back to back and applied in order). This
+    /// is the check [`Self::evaluate`] would otherwise make through the leader after a plain
+    /// listing, one round trip later, when our node comes first: the listing is now at least
+    /// as recent as that check. The czxid is `None` when the node is not ours on this
+    /// session, which leaves the decision to `evaluate`.
+    pub(crate) async fn queue_via_leader(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        name: &str,
+    ) -> Result<(Vec<String>, Option<i64>)> {
+        let path = paths.child(name);
+        let synced = session.client.sync(&paths.parent);
+        let listed = session.client.list_children(&paths.parent);
+        let read = session.client.check_stat(&path);
+        let (synced, listed, read) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, listed, read) })
+                .await
+                .map_err(|_| timed_out("read the lock queue through the leader"))?;
+        let children = match synced.and(listed) {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map("read the lock queue through the leader", e)),
+        };
+        let czxid = match read {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id() => Some(stat.czxid),
+            Ok(_) => None,
+            Err(e) => return Err(map("read the lock node through the leader", e)),
+        };
+        Ok((children, czxid))
+    }
+
+    /// How long a grant or renewal is trusted: see [`trusted_for`].
+    pub(crate) fn trusted_for(&self, ttl: Duration) -> Duration {
+        trusted_for(
+            ttl,
+            self.session_timeout(),
+            self.inner.config.suspended_grace_fraction,
+        )
+    }
+
+    /// Whether `lease`'s node still exists and belongs to the current, trusted session, as
+    /// the leader sees it: the read follows a `sync`, so a server cut off from the leader
+    /// (which keeps serving its stale view until it notices, `syncLimit × tickTime`) makes
+    /// the check fail instead of confirming a lock the leader may have given away.
+    pub(crate) async fn owns(&self, lease: &Lease) -> Result<bool> {
+        if lease.session().is_some_and(|s| s.is_cancelled()) {
+            return Ok(false);
+        }
+        let session = self.session().await;
+        let Some(path) = self.lease_node(&session, lease).await? else {
+            return Ok(false);
+        };
+        match self.stat_via_leader(&session, &path).await? {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == session.id()),
+            Ok(None) | Err(zk::Error::SessionExpired) => Ok(false),
+            Err(e) => Err(map("read the lock node through the leader", e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_are_trusted_for_less_than_the_leader_needs_to_expire_the_session() {
+        let session = Duration::from_secs(10);
+        let ttl = Duration::from_secs(30);
+        assert_eq!(trusted_for(ttl, session, 0.3), Duration::from_secs(3));
+        assert_eq!(trusted_for(ttl, session, 0.5), Duration::from_secs(1));
+        assert_eq!(trusted_for(ttl, session, 0.0), Duration::from_secs(5));
+        let short = Duration::from_secs(2);
+        assert_eq!(trusted_for(short, session, 0.3), short);
+    }
 }

@@ -707,3 +707,39 @@ async fn a_lost_create_is_swept_when_the_clean_up_fails() {
     drop(backend);
     assert_no_znodes(&admin, &ns).await;
 }
+
+/// A 10 ms TTL would have the renewal scheduler `sync` with the leader every few
+/// milliseconds for each lock. It is raised to the documented minimum, so a lock held for a
+/// second is renewed a handful of times, not hundreds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_below_the_minimum_is_raised_to_it() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let backend = ZkBackend::connect(config).await.expect("connect");
+    let recording = Arc::new(lockkit_core::testing::Recording::new(Arc::new(backend)));
+    let locks = LockClient::with_options(
+        recording.clone(),
+        &ns,
+        LockOptions::default().with_ttl(Duration::from_millis(10)),
+    )
+    .expect("client");
+    let guard = locks
+        .mutex("short")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    assert_eq!(guard.lease().ttl(), lockkit_zk::MIN_TTL);
+    let held_for = Duration::from_secs(1);
+    tokio::time::sleep(held_for).await;
+    assert!(!guard.is_lost());
+    let renewals = recording.count("renew_many") + recording.count("renew");
+    // A third of the 1 s validity apart: about three. A 10 ms TTL made it about 300.
+    assert!(
+        renewals <= 10,
+        "{renewals} renewals in {held_for:?} for one lock"
+    );
+    assert!(guard.release().await.expect("release"));
+    assert_no_znodes(&admin, &ns).await;
+}

@@ -304,6 +304,7 @@ macro_rules! conformance_tests {
             release_wakes_a_waiter,
             a_cancelled_waiter_does_not_hold_up_the_next,
             a_cancelled_release_still_releases,
+            an_acquisition_dropped_in_flight_leaves_nothing_behind,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

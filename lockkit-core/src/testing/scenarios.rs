@@ -48,7 +48,70 @@ scenarios!(
     release_wakes_a_waiter,
     a_cancelled_waiter_does_not_hold_up_the_next,
     a_cancelled_release_still_releases,
+    an_acquisition_dropped_in_flight_leaves_nothing_behind,
 );
+
+/// An acquisition whose future is dropped while its request is in flight (a queue entry
+/// being created behind a holder, or the grant of a free lock on its way back) leaves
+/// nothing once its clean-up has run, however late the request takes effect: the queue
+/// shows the holder alone, and the next acquirer gets the lock promptly. The dropped
+/// acquisitions ask for a 60 s TTL, so a leftover would block the key far longer.
+async fn an_acquisition_dropped_in_flight_leaves_nothing_behind(h: &dyn Harness) -> Outcome {
+    let ns = namespace();
+    let clients = clients(h, &ns, 3).await?;
+    let holder = clients[0]
+        .mutex("in-flight")?
+        .lock_timeout(patience(h))
+        .await?;
+    // Cut at points spread over a round trip, so some requests are on their way.
+    for round in 0..20u64 {
+        let contender = clients[1].mutex("in-flight")?.with_ttl(LONG_TTL);
+        let _ = tokio::time::timeout(Duration::from_micros(round * 500), contender.lock()).await;
+    }
+    let deadline = Instant::now() + patience(h);
+    loop {
+        let Some(info) = clients[2].inspect("in-flight").await? else {
+            return Err(Failure("the holder's lock vanished".into()));
+        };
+        if info.waiters.unwrap_or(0) == 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "dropped acquisitions left {:?} queue entries behind the holder",
+            info.waiters
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    holder.release().await?;
+    for round in 0..20u64 {
+        let racer = clients[1].mutex("in-flight")?.with_ttl(LONG_TTL);
+        if let Ok(won) =
+            tokio::time::timeout(Duration::from_micros(round * 500), racer.lock()).await
+        {
+            drop(won?);
+        }
+    }
+    let next = clients[2]
+        .mutex("in-flight")?
+        .lock_timeout(Duration::from_secs(15))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "the key stayed blocked after acquisitions dropped in flight: {e}"
+            ))
+        })?;
+    let queued = clients[2]
+        .inspect("in-flight")
+        .await?
+        .and_then(|i| i.waiters);
+    ensure!(
+        queued.unwrap_or(0) == 0,
+        "queue entries left behind the next holder: {queued:?}"
+    );
+    next.release().await?;
+    expect_no_leftovers(h, &ns).await
+}
 
 /// A long TTL: a lock that is freed before it runs out was freed on purpose.
 const LONG_TTL: Duration = Duration::from_secs(60);

@@ -1,0 +1,361 @@
+//! Clean-up on etcd: deleting the key of an acquisition that ended (released or
+//! abandoned), in the background when it cannot be done at once, and keys that a cancelled
+//! attempt put after its clean-up looked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, KeyValue, LeaseTimeToLiveOptions, Txn, TxnOp, TxnResponse,
+};
+use lockkit_core::backend::cleanup::{Retry, Sweep, Unfinished, spawn_sweep};
+use lockkit_core::{AcquireRequest, CancellationToken, Error, ErrorKind, Lease, Result, runtime};
+
+use crate::backend::{EtcdBackend, held_by, txn_of};
+use crate::error::{self, NAME};
+use crate::naming::{Claim, KeyNames};
+use crate::session::{RETRY_PAUSE, Session};
+
+/// The key of one acquisition, from its first attempt until it is released or abandoned.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) claim: Claim,
+    pub(crate) session: Arc<Session>,
+    pub(crate) create_revision: Option<i64>,
+    /// A put of the key may have reached the server.
+    pub(crate) maybe_on_server: bool,
+    /// An attempt was sent and not answered: it may still put the key.
+    pub(crate) in_flight: bool,
+    /// The key just ahead of ours, as the last attempt read it, and its create revision:
+    /// names are reused, so only the revision tells that key from a later one of that name.
+    pub(crate) predecessor: Option<(String, i64)>,
+}
+
+impl EtcdBackend {
+    /// Spawns guarded deletes of `key`, one after each of the `pauses` in turn, each retried
+    /// until it succeeds or the session (and the key with it) is gone; then frees `claim`, if
+    /// given (also when the session ends first: its names are never used again).
+    pub(crate) fn delete_later(
+        &self,
+        key: String,
+        guard: Vec<Compare>,
+        session: Arc<Session>,
+        pauses: Vec<Duration>,
+        claim: Option<Claim>,
+    ) {
+        let client = self.client();
+        let limit = self.inner.config.request_timeout;
+        let shutdown = self.inner.shutdown.clone();
+        let freed = claim.map(|claim| FreeOnDrop(self.inner.names.clone(), claim));
+        let mut pauses = pauses.into_iter();
+        let Some(first) = pauses.next() else {
+            return;
+        };
+        let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
+        spawn_sweep(
+            "deleting a lock key",
+            session.lost.clone(),
+            first,
+            Retry::new(RETRY_PAUSE, RETRY_PAUSE),
+            move || {
+                let _name = &freed;
+                let (mut client, txn, shutdown) = (client.clone(), txn.clone(), shutdown.clone());
+                let next = pauses.next();
+                async move {
+                    if shutdown.is_cancelled() {
+                        return Ok(Sweep::Done);
+                    }
+                    match tokio::time::timeout(limit, client.txn(txn)).await {
+                        Ok(Ok(_)) => Ok(next.map_or(Sweep::Done, Sweep::Again)),
+                        Ok(Err(e)) => {
+                            Err(error::map("deleting a lock key", e).with_retryable(true))
+                        }
+                        Err(_) => Err(error::timed_out("deleting a lock key", limit)),
+                    }
+                }
+            },
+        );
+    }
+
+    /// A guarded delete of a lock key. If it fails, or its future is dropped before the
+    /// answer (the core does not retry a dropped release), the delete is finished in the
+    /// background: the shared session lease would otherwise keep the key for as long as the
+    /// process lives. Once it is done, the key's name is freed for reuse, if `claim` is given.
+    pub(crate) async fn delete_now_or_later(
+        &self,
+        what: &str,
+        key: String,
+        guard: Vec<Compare>,
+        session: Arc<Session>,
+        claim: Option<Claim>,
+    ) -> Result<TxnResponse> {
+        let txn = Txn::new()
+            .when(guard.clone())
+            .and_then([TxnOp::delete(key.clone(), None)]);
+        let backend = self.clone();
+        let later_claim = claim.clone();
+        let later = Unfinished::new(move || {
+            backend.delete_later(key, guard, session, vec![Duration::ZERO], later_claim);
+        });
+        let answer = self.call(what, txn_of(&txn)).await;
+        if answer.is_ok() {
+            later.done();
+            if let Some(claim) = claim {
+                self.inner.names.free(&claim);
+            }
+        }
+        answer
+    }
+
+    /// A cancelled acquisition's put landed after its clean-up, at the name `request` reuses:
+    /// deletes that key (by its value) and gives `request` a new name.
+    pub(crate) fn move_off_stale_key(
+        &self,
+        request: &AcquireRequest,
+        session: &Arc<Session>,
+        prefix: &str,
+        stale_value: &[u8],
+    ) -> Error {
+        let stale_claim = self.entries().get_mut(&request.owner).map(|entry| {
+            let claim = self.inner.names.claim(prefix, session.lease_id);
+            entry.create_revision = None;
+            entry.maybe_on_server = false;
+            entry.in_flight = false;
+            std::mem::replace(&mut entry.claim, claim)
+        });
+        if let Some(stale) = stale_claim {
+            let guard = vec![Compare::value(
+                stale.key.clone(),
+                CompareOp::Equal,
+                stale_value.to_vec(),
+            )];
+            self.delete_later(
+                stale.key.clone(),
+                guard,
+                session.clone(),
+                vec![Duration::ZERO],
+                Some(stale),
+            );
+        }
+        Error::new(
+            ErrorKind::Unavailable,
+            NAME,
+            "a stale key of a cancelled acquisition held this acquisition's key name; retrying under another",
+        )
+    }
+
+    /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::LockBackend::abandon)).
+    pub(crate) async fn abandon_request(&self, request: &AcquireRequest) -> Result<()> {
+        let Some(entry) = self.entries().remove(&request.owner) else {
+            return Ok(());
+        };
+        if !entry.maybe_on_server {
+            self.inner.names.free(&entry.claim);
+            return Ok(());
+        }
+        let key = entry.claim.key.clone();
+        let guard = vec![Compare::value(
+            key.clone(),
+            CompareOp::Equal,
+            request.owner.digest_hex(),
+        )];
+        let mut claim = Some(entry.claim);
+        if entry.in_flight {
+            // The cancelled attempt may still be applied after the delete below (it may even
+            // go to another member): delete again soon, and once more when it must have been
+            // applied or dropped, and only then reuse the name.
+            let pauses = vec![
+                Duration::from_millis(50),
+                Duration::from_millis(450),
+                self.inner.config.request_timeout * 2,
+            ];
+            self.delete_later(
+                key.clone(),
+                guard.clone(),
+                entry.session.clone(),
+                pauses,
+                claim.take(),
+            );
+        }
+        self.delete_now_or_later(
+            "abandoning an acquisition",
+            key,
+            guard,
+            entry.session,
+            claim,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Deletes `lease`'s key if it is still ours (see [`LockBackend::release`](lockkit_core::LockBackend::release)).
+    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        let Some(key) = lease.handle() else {
+            return Ok(false);
+        };
+        let entry = {
+            let mut entries = self.entries();
+            match entries.get(lease.owner()) {
+                Some(entry) if entry.claim.key == key => entries.remove(lease.owner()),
+                _ => None,
+            }
+        };
+        let guard = held_by(key, lease);
+        let released = match entry {
+            Some(entry) => {
+                self.delete_now_or_later(
+                    "releasing",
+                    entry.claim.key.clone(),
+                    guard,
+                    entry.session,
+                    Some(entry.claim),
+                )
+                .await
+            }
+            // Not an acquisition of this backend: nothing to finish in the background.
+            None => {
+                let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
+                self.call("releasing", txn_of(&txn)).await
+            }
+        };
+        released.map(|response| response.succeeded())
+    }
+}
+
+/// Starts the sweep of `session`'s orphans, keys that cancelled attempts put after their
+/// clean-up: once an attempt on the session went unanswered (cancelled in flight, timed
+/// out, cut off), every session TTL the keys on the session's lease are listed, and those
+/// no acquisition of this backend uses are deleted, for as long as the session lives.
+///
+/// The three clean-up deletes of an abandoned attempt catch a put that lands within two
+/// request timeouts; a put can be held up longer (a member that forwards it late), and
+/// would then sit on the shared, always-renewed lease, holding the lock for good. With this
+/// sweep it lives at most one session TTL, plus a request timeout, after it lands. A
+/// session whose attempts were all answered is never swept: it costs nothing.
+pub(crate) fn sweep_orphans(
+    session: Arc<Session>,
+    client: Client,
+    names: Arc<KeyNames>,
+    shutdown: CancellationToken,
+    request_timeout: Duration,
+) {
+    runtime::spawn(async move {
+        tokio::select! {
+            () = session.ledger.unsettled_request() => {}
+            () = session.lost.cancelled() => return,
+            () = shutdown.cancelled() => return,
+        }
+        let interval = session.ttl;
+        let lost = session.lost.clone();
+        // A late put can come at any time, so the sweep goes on for the rest of the session
+        // and the ledger has said all it had to: forget what it recorded, so that it does not
+        // grow with every cancelled attempt of a long-lived session.
+        session.ledger.settle(session.ledger.mark());
+        spawn_sweep(
+            "deleting keys put after their clean-up",
+            lost,
+            interval,
+            Retry::new(RETRY_PAUSE, interval),
+            move || {
+                let orphans = Orphans {
+                    session: session.clone(),
+                    client: client.clone(),
+                    names: names.clone(),
+                    request_timeout,
+                };
+                let shutdown = shutdown.clone();
+                async move {
+                    if shutdown.is_cancelled() {
+                        return Ok(Sweep::Done);
+                    }
+                    let ledger = &orphans.session.ledger;
+                    ledger.settle(ledger.mark());
+                    orphans.delete().await?;
+                    Ok(Sweep::Again(interval))
+                }
+            },
+        );
+    });
+}
+
+/// Frees a key name when the last clean-up that may touch the key is over.
+struct FreeOnDrop(Arc<KeyNames>, Claim);
+
+impl Drop for FreeOnDrop {
+    fn drop(&mut self) {
+        self.0.free(&self.1);
+    }
+}
+
+/// One round of [`sweep_orphans`].
+struct Orphans {
+    session: Arc<Session>,
+    client: Client,
+    names: Arc<KeyNames>,
+    request_timeout: Duration,
+}
+
+impl Orphans {
+    async fn delete(mut self) -> Result<()> {
+        let lease_id = self.session.lease_id;
+        let listing = self
+            .client
+            .lease_time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()));
+        let keys = match tokio::time::timeout(self.request_timeout, listing).await {
+            Ok(Ok(listed)) => listed.keys().to_vec(),
+            Ok(Err(e)) => return Err(error::map("listing the session's keys", e)),
+            Err(_) => {
+                return Err(error::timed_out(
+                    "listing the session's keys",
+                    self.request_timeout,
+                ));
+            }
+        };
+        // Only lock keys of this session (`.../<lease-hex>-<n>`) that no acquisition uses.
+        let ours = format!("/{lease_id:016x}-");
+        let candidates = keys
+            .into_iter()
+            .map(|key| String::from_utf8_lossy(&key).into_owned())
+            .filter(|key| key.rfind('/').is_some_and(|i| key[i..].starts_with(&ours)))
+            .filter(|key| !self.names.is_claimed(key));
+        for key in candidates {
+            let read = self.client.get(key.clone(), None);
+            let created = match tokio::time::timeout(self.request_timeout, read).await {
+                Ok(Ok(found)) => found.kvs().first().map(KeyValue::create_revision),
+                Ok(Err(e)) => return Err(error::map("reading a stray key", e)),
+                Err(_) => {
+                    return Err(error::timed_out(
+                        "reading a stray key",
+                        self.request_timeout,
+                    ));
+                }
+            };
+            // Claimed since: the acquisition finds the key itself (and moves off it). The
+            // delete compares the create revision, so a key put anew under the name stays.
+            let Some(created) = created.filter(|_| !self.names.is_claimed(&key)) else {
+                continue;
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    created,
+                )])
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            match tokio::time::timeout(self.request_timeout, self.client.txn(txn)).await {
+                Ok(Ok(deleted)) if deleted.succeeded() => {
+                    tracing::warn!(key = %key, "deleted a lock key that a cancelled attempt put after its clean-up");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(error::map("deleting a stray key", e)),
+                Err(_) => {
+                    return Err(error::timed_out(
+                        "deleting a stray key",
+                        self.request_timeout,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

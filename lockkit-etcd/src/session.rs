@@ -1,0 +1,194 @@
+//! The etcd backend's sessions: one lease per distinct TTL, kept alive in the background,
+//! and the token every grant on it carries, cancelled when the lease is lost.
+
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use lockkit_core::backend::cleanup::Ledger;
+use lockkit_core::{CancellationToken, Result, runtime};
+
+use crate::backend::{EtcdBackend, MIN_TTL_SECS};
+use crate::error;
+
+/// The pause before retrying a failed keep-alive or clean-up.
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// One session lease and what is known about its expiry.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) lease_id: i64,
+    pub(crate) ttl: Duration,
+    /// Cancelled when the lease is lost; every grant on the session carries it.
+    pub(crate) lost: CancellationToken,
+    /// The send time of the last confirmed keep-alive (or of the grant) plus the TTL: the
+    /// server cannot expire the lease before then.
+    pub(crate) expires_at: StdMutex<Instant>,
+    /// The attempts sent on the session: one left unanswered may still put its key, at any
+    /// later time, on this lease (see [`sweep_orphans`](crate::cleanup::sweep_orphans)).
+    pub(crate) ledger: Arc<Ledger>,
+}
+
+impl Session {
+    pub(crate) fn expires_at(&self) -> Instant {
+        *self
+            .expires_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn confirm(&self, sent_at: Instant, ttl: Duration) {
+        let mut expires_at = self
+            .expires_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *expires_at = (*expires_at).max(sent_at + ttl);
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.lost.is_cancelled() && Instant::now() < self.expires_at()
+    }
+
+    /// How long the lease is known to live, counted from `sent_at`.
+    pub(crate) fn valid_from(&self, sent_at: Instant) -> Duration {
+        self.expires_at().saturating_duration_since(sent_at)
+    }
+
+    pub(crate) fn lose(&self, why: &str) {
+        if !self.lost.is_cancelled() {
+            tracing::warn!(lease = %format_args!("{:016x}", self.lease_id), why, "etcd session lost; its locks are lost");
+            self.lost.cancel();
+        }
+    }
+}
+
+/// Keeps `session`'s lease alive at a third of its TTL until the backend is dropped; ends the
+/// session when the lease cannot be renewed before it runs out or the server says it is gone.
+pub(crate) async fn keep_alive(
+    session: Arc<Session>,
+    mut client: Client,
+    request_timeout: Duration,
+    shutdown: CancellationToken,
+) {
+    let interval = session.ttl / 3;
+    let mut stream = None;
+    let mut next = Instant::now() + interval;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = session.lost.cancelled() => return,
+            () = tokio::time::sleep_until(next.min(session.expires_at()).into()) => {}
+        }
+        if Instant::now() >= session.expires_at() {
+            session.lose("keep-alive could not renew the session lease before its TTL ran out");
+            let _ =
+                tokio::time::timeout(request_timeout, client.lease_revoke(session.lease_id)).await;
+            return;
+        }
+        let sent_at = Instant::now();
+        let deadline = (sent_at + request_timeout).min(session.expires_at());
+        let round = tokio::time::timeout_at(
+            deadline.into(),
+            renew_once(&mut client, session.lease_id, &mut stream),
+        );
+        let outcome = tokio::select! {
+            () = shutdown.cancelled() => return,
+            outcome = round => outcome,
+        };
+        match outcome {
+            Ok(Ok(ttl)) if ttl > 0 => {
+                session.confirm(sent_at, Duration::from_secs(ttl.unsigned_abs()));
+                next = sent_at + interval;
+            }
+            Ok(Ok(_)) => {
+                session.lose("the server says the session lease is gone");
+                return;
+            }
+            Ok(Err(e)) if error::is_lease_gone(&e) => {
+                session.lose("the server says the session lease is gone");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "etcd keep-alive failed; reopening the stream");
+                stream = None;
+                next = Instant::now() + RETRY_PAUSE.min(interval);
+            }
+            Err(_) => {
+                tracing::debug!("etcd keep-alive timed out; reopening the stream");
+                stream = None;
+                next = Instant::now();
+            }
+        }
+    }
+}
+
+/// One keep-alive round on the stream (opening it first if needed); the TTL the server
+/// answered, 0 when the lease is gone.
+async fn renew_once(
+    client: &mut Client,
+    lease_id: i64,
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+) -> Result<i64, etcd_client::Error> {
+    let (keeper, responses) = match stream {
+        Some(open) => open,
+        None => stream.insert(client.lease_keep_alive(lease_id).await?),
+    };
+    keeper.keep_alive().await?;
+    match responses.message().await? {
+        Some(response) => Ok(response.ttl()),
+        None => Err(etcd_client::Error::LeaseKeepAliveError(
+            "the keep-alive stream ended".into(),
+        )),
+    }
+}
+
+impl EtcdBackend {
+    /// The live session for `ttl`, starting one if there is none.
+    pub(crate) async fn session_for(&self, ttl: Duration) -> Result<Arc<Session>> {
+        let whole_secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let secs = i64::try_from(whole_secs)
+            .unwrap_or(i64::MAX)
+            .max(MIN_TTL_SECS);
+        let mut sessions = self.inner.sessions.lock().await;
+        if let Some(session) = sessions.get(&secs)
+            && session.is_alive()
+        {
+            return Ok(session.clone());
+        }
+        let session = self.start_session(secs).await?;
+        sessions.insert(secs, session.clone());
+        Ok(session)
+    }
+
+    async fn start_session(&self, secs: i64) -> Result<Arc<Session>> {
+        let sent_at = Instant::now();
+        let granted = self
+            .call("granting a session lease", |mut client| async move {
+                client.lease_grant(secs, None).await
+            })
+            .await?;
+        let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
+        let session = Arc::new(Session {
+            lease_id: granted.id(),
+            ttl,
+            lost: CancellationToken::new(),
+            expires_at: StdMutex::new(sent_at + ttl),
+            ledger: Arc::new(Ledger::new()),
+        });
+        runtime::spawn(keep_alive(
+            session.clone(),
+            self.client(),
+            self.inner.config.request_timeout,
+            self.inner.shutdown.clone(),
+        ));
+        crate::cleanup::sweep_orphans(
+            session.clone(),
+            self.client(),
+            self.inner.names.clone(),
+            self.inner.shutdown.clone(),
+            self.inner.config.request_timeout,
+        );
+        tracing::debug!(lease = %format_args!("{:016x}", session.lease_id), ?ttl, "etcd session started");
+        Ok(session)
+    }
+}

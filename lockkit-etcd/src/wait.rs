@@ -1,0 +1,174 @@
+//! Waiting in the etcd backend: a contender watches only the key just ahead of its own,
+//! so a release wakes exactly one waiter.
+
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
+use lockkit_core::{AcquireRequest, Contention, Result};
+
+use crate::backend::EtcdBackend;
+use crate::error;
+use crate::naming::{key_of, predecessor_of};
+
+impl EtcdBackend {
+    /// Ends early, too, when the session of the request's key is lost: the key went with
+    /// the lease, so the wait is for nothing, and the next attempt queues on a new session.
+    pub(crate) async fn wait_for(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let session = self
+            .entries()
+            .get(&request.owner)
+            .map(|entry| entry.session.lost.clone());
+        let Some(lost) = session else {
+            return self
+                .wait_on_predecessor(request, contention, max_wait)
+                .await;
+        };
+        tokio::select! {
+            waited = self.wait_on_predecessor(request, contention, max_wait) => waited,
+            () = lost.cancelled() => Ok(()),
+        }
+    }
+
+    /// The key just ahead of `request`'s own: its name, its create revision and the store
+    /// revision of the read.
+    pub(crate) async fn find_predecessor(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<Option<(String, i64, i64)>> {
+        let own_revision = self
+            .entries()
+            .get(&request.owner)
+            .and_then(|entry| entry.create_revision);
+        let Some(own_revision) = own_revision else {
+            return Ok(None);
+        };
+        let prefix = self.lock_prefix(&request.key);
+        let response = self
+            .call("finding the predecessor", |mut client| {
+                let prefix = prefix.clone();
+                async move { client.get(prefix, Some(predecessor_of(own_revision))).await }
+            })
+            .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        Ok(response
+            .kvs()
+            .first()
+            .map(|kv| (key_of(kv), kv.create_revision(), revision)))
+    }
+
+    /// Waits until the predecessor of `request`'s key is deleted, or `max_wait` passes.
+    pub(crate) async fn wait_on_predecessor(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let known = self
+            .entries()
+            .get(&request.owner)
+            .and_then(|entry| entry.predecessor.clone());
+        let (predecessor, predecessor_created, revision) =
+            match (&contention.predecessor, known, contention.revision) {
+                (Some(name), Some((known, created)), Some(revision)) if *name == known => {
+                    (known, created, revision)
+                }
+                _ => {
+                    match tokio::time::timeout_at(deadline, self.find_predecessor(request)).await {
+                        Ok(Ok(Some(found))) => found,
+                        Ok(Ok(None)) | Err(_) => return Ok(()),
+                        Ok(Err(e)) => return Err(e),
+                    }
+                }
+            };
+        // The watch starts now, not at `revision + 1`: a watch from a past revision joins
+        // the server's unsynced watchers, which it catches up only every 100 ms
+        // (`syncWatchersLoop`), so under steady writes every handoff would wait for that tick.
+        // A delete between the attempt and the watch is found by the read below instead.
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let opening = self.send(|mut client| {
+            let (predecessor, options) = (predecessor.clone(), options.clone());
+            async move { client.watch(predecessor, Some(options)).await }
+        });
+        let mut watch = match tokio::time::timeout_at(deadline, opening).await {
+            Ok(Some(Ok(watch))) => watch,
+            Ok(Some(Err(e))) => return Err(error::map("watching the predecessor", e)),
+            Ok(None) => {
+                return Err(error::timed_out(
+                    "watching the predecessor",
+                    self.inner.config.request_timeout,
+                ));
+            }
+            Err(_) => return Ok(()),
+        };
+        let created = async {
+            while let Some(response) = watch.message().await? {
+                if response.canceled() {
+                    break;
+                }
+                if response.created() {
+                    return Ok(Some(response.header().map_or(i64::MAX, |h| h.revision())));
+                }
+            }
+            Ok::<_, etcd_client::Error>(None)
+        };
+        let watched_from = match tokio::time::timeout_at(deadline, created).await {
+            Ok(Ok(Some(watched_from))) => watched_from,
+            Ok(Ok(None)) | Err(_) => return Ok(()),
+            Ok(Err(e)) => return Err(error::map("watching the predecessor", e)),
+        };
+        // Nothing was written between the attempt's read and the watch: the predecessor was
+        // there when the watch started. Otherwise the watch sees the delete only if the
+        // predecessor is still there now (a linearizable read, after the watch started),
+        // and still the same key: its name may be back by now, created anew behind ours
+        // (names are reused), and a delete of that key would never come while we wait.
+        if watched_from > revision {
+            let reading = self.send(|mut client| {
+                let predecessor = predecessor.clone();
+                async move {
+                    client
+                        .get(predecessor, Some(GetOptions::new().with_keys_only()))
+                        .await
+                }
+            });
+            match tokio::time::timeout_at(deadline, reading).await {
+                Ok(Some(Ok(found)))
+                    if found
+                        .kvs()
+                        .first()
+                        .is_some_and(|kv| kv.create_revision() == predecessor_created) => {}
+                Ok(Some(Ok(_))) | Err(_) => return Ok(()),
+                Ok(Some(Err(e))) => return Err(error::map("reading the predecessor", e)),
+                Ok(None) => {
+                    return Err(error::timed_out(
+                        "reading the predecessor",
+                        self.inner.config.request_timeout,
+                    ));
+                }
+            }
+        }
+        let deleted = async {
+            while let Some(response) = watch.message().await? {
+                let gone = response
+                    .events()
+                    .iter()
+                    .any(|event| event.event_type() == EventType::Delete);
+                // A cancelled watch (compacted revision, lost leader) ends the wait: the next
+                // attempt reads the queue afresh.
+                if gone || response.canceled() {
+                    break;
+                }
+            }
+            Ok::<(), etcd_client::Error>(())
+        };
+        match tokio::time::timeout_at(deadline, deleted).await {
+            Ok(Ok(())) | Err(_) => Ok(()),
+            Ok(Err(e)) => Err(error::map("watching the predecessor", e)),
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! One acquisition attempt on the ZooKeeper ensemble: creating the own node (and the lock's
+//! parent), finding it again after a lost reply, and deciding from the queue.
+
+use lockkit_core::{
+    AcquireRequest, Attempt, Contention, Error, ErrorKind, FencingToken, Grant, Lease, OwnerToken,
+    Result,
+};
+use zookeeper_client as zk;
+
+use crate::backend::{MAX_ROUNDS, ZkBackend, within};
+use crate::cleanup::{Pending, PendingNode};
+use crate::error::{BACKEND, map, timed_out};
+use crate::naming::{LockPaths, own_prefix, public_name, queue, sequence_of};
+use crate::session::{Session, is_connected};
+
+/// What evaluating the queue decided.
+pub(crate) enum Step {
+    Done(Attempt),
+    /// Our node is gone (deleted by an operator, or the session changed): start over.
+    Recreate,
+}
+
+impl ZkBackend {
+    /// Creates our node and lists the queue: both requests are sent back to back, so the
+    /// step costs about one round trip (the session's requests are applied in order, so the
+    /// listing sees the node). A missing parent is created (a container node) and the step
+    /// tried again.
+    pub(crate) async fn create_node(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+        token: &OwnerToken,
+    ) -> Result<(String, Option<i64>, Vec<String>)> {
+        self.inner.janitor.keep(&paths.parent);
+        for _ in 0..MAX_ROUNDS {
+            self.pending().insert(
+                token.clone(),
+                Pending {
+                    session_id: session.id(),
+                    node: PendingNode::InFlight,
+                    predecessor: None,
+                },
+            );
+            let node = self.node_options();
+            let prefix = paths.child(own_prefix);
+            // Unanswered, the create may still be applied: the acquisition's clean-up then
+            // sweeps through the leader until it is settled.
+            let sending = self.ledger(token).send();
+            let created = session.client.create(&prefix, &[], &node);
+            let listed = session.client.list_children(&paths.parent);
+            let Ok((created, listed)) =
+                tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) }).await
+            else {
+                self.sweep_later(
+                    session.id(),
+                    paths,
+                    own_prefix,
+                    token,
+                    self.ledger(token),
+                    self.session_timeout(),
+                );
+                return Err(timed_out("create the lock node"));
+            };
+            if let Ok(_)
+            | Err(
+                zk::Error::NoNode
+                | zk::Error::NodeExists
+                | zk::Error::NoAuth
+                | zk::Error::InvalidAcl
+                | zk::Error::NoChildrenForEphemerals
+                | zk::Error::BadArguments(_),
+            ) = &created
+            {
+                sending.answered();
+            }
+            match created {
+                Ok((stat, sequence)) => {
+                    let name = format!("{own_prefix}{sequence}");
+                    // ZOOKEEPER-4026 (servers before 3.8.2) answers a create inside a multi
+                    // with an invalid Stat; a plain create is fine, but should the Stat be
+                    // invalid the czxid is read separately before a grant.
+                    let czxid = (!stat.is_invalid() && stat.czxid > 0).then_some(stat.czxid);
+                    self.pending().insert(
+                        token.clone(),
+                        Pending {
+                            session_id: session.id(),
+                            node: PendingNode::Created { name: name.clone() },
+                            predecessor: None,
+                        },
+                    );
+                    let children = match listed {
+                        Ok(children) => children,
+                        Err(_) => self.children(session, &paths.parent).await?,
+                    };
+                    return Ok((name, czxid, children));
+                }
+                Err(zk::Error::NoNode) => {
+                    // Nothing was created: make the parent and go again.
+                    self.pending().remove(token);
+                    self.create_parents(session, paths).await?;
+                }
+                Err(
+                    e @ (zk::Error::NoAuth
+                    | zk::Error::InvalidAcl
+                    | zk::Error::NoChildrenForEphemerals
+                    | zk::Error::BadArguments(_)),
+                ) => {
+                    self.pending().remove(token);
+                    return Err(map("create the lock node", e));
+                }
+                // A lost reply: the node may exist. The entry stays in flight, so the next
+                // attempt (or abandon) looks for it by name; and since the create may still
+                // commit after they looked, a sweep comes back for it later.
+                Err(e) => {
+                    self.sweep_later(
+                        session.id(),
+                        paths,
+                        own_prefix,
+                        token,
+                        self.ledger(token),
+                        self.session_timeout(),
+                    );
+                    return Err(map("create the lock node", e));
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the lock's parent kept disappearing while creating the lock node",
+        )
+        .with_retryable(true))
+    }
+
+    /// Creates the lock's parent, and the namespace node above it when that is missing
+    /// too (first use, or removed by the server as an empty container).
+    pub(crate) async fn create_parents(&self, session: &Session, paths: &LockPaths) -> Result<()> {
+        let container = self.container_options();
+        for path in [&paths.parent, &paths.namespace, &paths.parent] {
+            match within(
+                self.timeout(),
+                "create the lock's parent",
+                session.client.create(path, &[], &container),
+            )
+            .await?
+            {
+                Ok(_) | Err(zk::Error::NodeExists) if path == &paths.parent => return Ok(()),
+                Ok(_) | Err(zk::Error::NodeExists | zk::Error::NoNode) => {}
+                Err(e) => return Err(map("create the lock's parent", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds the nodes named `own_prefix…` an earlier attempt left: the lowest is kept,
+    /// duplicates (from a create retried after a lost reply) are deleted.
+    pub(crate) async fn find_own(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+        children: &[String],
+    ) -> Result<Option<String>> {
+        let Some(first) = children
+            .iter()
+            .filter(|c| c.starts_with(own_prefix) && sequence_of(c).is_some())
+            .min_by_key(|c| sequence_of(c))
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        self.delete_own_nodes(session, paths, own_prefix, children, Some(&first))
+            .await?;
+        Ok(Some(first))
+    }
+
+    /// Decides from the queue whether our node `name` holds the lock. `czxid` is known when
+    /// the node was created by this call: the create went through the leader after the
+    /// request was sent, and the listing (same session, after it) is at least that recent.
+    /// Without it the node was found in a listing that a server cut off from the leader may
+    /// have served stale, so a grant first syncs with the leader and reads the node again.
+    pub(crate) async fn evaluate(
+        &self,
+        session: &Session,
+        request: &AcquireRequest,
+        paths: &LockPaths,
+        name: &str,
+        czxid: Option<i64>,
+        children: Vec<String>,
+    ) -> Result<Step> {
+        let token = request.owner.clone();
+        let own_prefix = own_prefix(&request.owner);
+        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
+            .await?;
+        let mut queue = queue(children);
+        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
+        let Some(index) = queue.iter().position(|c| c == name) else {
+            self.pending().remove(&token);
+            return Ok(Step::Recreate);
+        };
+        if index > 0 {
+            let predecessor = &queue[index - 1];
+            if let Some(entry) = self.pending().get_mut(&token) {
+                entry.predecessor = Some(predecessor.clone());
+            }
+            let contention = Contention::new().with_predecessor(public_name(predecessor), None);
+            if !request.wait {
+                self.delete_node(session, &paths.child(name), "withdraw from the queue")
+                    .await?;
+                self.pending().remove(&token);
+            }
+            return Ok(Step::Done(Attempt::Contended(contention)));
+        }
+        // Re-verify before granting: the node is ours on a live session, and its czxid.
+        let path = paths.child(name);
+        let czxid = match czxid {
+            Some(czxid) => czxid,
+            None => match self.stat_via_leader(session, &path).await? {
+                Ok(Some(stat)) if stat.ephemeral_owner == session.id() => stat.czxid,
+                Ok(_) => {
+                    self.pending().remove(&token);
+                    return Ok(Step::Recreate);
+                }
+                Err(e) => return Err(map("read the lock node through the leader", e)),
+            },
+        };
+        if session.lost.is_cancelled() || !is_connected(&session.client) {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                "the session was suspended while granting; trying again",
+            ));
+        }
+        if let Some(entry) = self.pending().get_mut(&token) {
+            entry.node = PendingNode::Created {
+                name: name.to_owned(),
+            };
+        }
+        let fencing = u64::try_from(czxid).map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                BACKEND,
+                format!("the lock node has an invalid czxid {czxid}"),
+            )
+        })?;
+        let grant = Grant::new(FencingToken(fencing), self.trusted_for(request.ttl))
+            .with_handle(public_name(name))
+            .with_session(session.lost.clone());
+        Ok(Step::Done(Attempt::Granted(grant)))
+    }
+
+    /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
+    /// its handle, or else found by that prefix among the lock's children.
+    pub(crate) async fn lease_node(
+        &self,
+        session: &Session,
+        lease: &Lease,
+    ) -> Result<Option<String>> {
+        let paths = LockPaths::new(lease.key());
+        let own_prefix = own_prefix(lease.owner());
+        if let Some(sequence) = lease.handle()
+            && !sequence.is_empty()
+            && sequence.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Ok(Some(paths.child(&format!("{own_prefix}{sequence}"))));
+        }
+        let children = self.children(session, &paths.parent).await?;
+        Ok(children
+            .iter()
+            .find(|c| c.starts_with(&own_prefix) && sequence_of(c).is_some())
+            .map(|c| paths.child(c)))
+    }
+
+    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::LockBackend::try_acquire)).
+    pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let session = self.session().await;
+        let paths = LockPaths::new(&request.key);
+        let own = own_prefix(&request.owner);
+        let token = request.owner.clone();
+        for _ in 0..MAX_ROUNDS {
+            let known = self
+                .pending()
+                .get(&token)
+                .filter(|p| p.session_id == session.id())
+                .map(|p| p.node.clone());
+            let (name, czxid, children) = match known {
+                // Nodes found again, rather than created by this call, are verified through
+                // the leader before a grant: a czxid is passed on only when read after a sync.
+                Some(PendingNode::Created { name }) => {
+                    let (children, czxid) = self.queue_via_leader(&session, &paths, &name).await?;
+                    (name, czxid, children)
+                }
+                Some(PendingNode::InFlight) => {
+                    let children = self.children(&session, &paths.parent).await?;
+                    match self.find_own(&session, &paths, &own, &children).await? {
+                        Some(name) => (name, None, children),
+                        None => {
+                            self.pending().remove(&token);
+                            continue;
+                        }
+                    }
+                }
+                None => {
+                    if !request.wait {
+                        // try_lock: a held lock answers without queueing a node.
+                        let children = self.children(&session, &paths.parent).await?;
+                        if let Some(holder) = queue(children).into_iter().next() {
+                            return Ok(Attempt::Contended(
+                                Contention::new().with_predecessor(public_name(&holder), None),
+                            ));
+                        }
+                    }
+                    self.create_node(&session, &paths, &own, &token).await?
+                }
+            };
+            match self
+                .evaluate(&session, request, &paths, &name, czxid, children)
+                .await?
+            {
+                Step::Done(attempt) => return Ok(attempt),
+                Step::Recreate => continue,
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the lock node kept disappearing while acquiring",
+        )
+        .with_retryable(true))
+    }
+}

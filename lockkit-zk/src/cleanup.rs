@@ -1,0 +1,448 @@
+//! Clean-up on the ZooKeeper ensemble: the nodes an acquisition leaves when it ends
+//! (released, abandoned, or cancelled with a create in flight), and the lock parents
+//! nobody here uses any more.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use lockkit_core::backend::cleanup::{Ledger, Retry, Sweep, spawn_sweep};
+use lockkit_core::{AcquireRequest, Lease, OwnerToken, Result};
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use crate::backend::{ZkBackend, within};
+use crate::error::{map, timed_out};
+use crate::naming::{LockPaths, own_prefix, sequence_of};
+use crate::session::{Session, SessionSlot};
+
+/// How soon a background sweep tries again after a clean-up failed.
+pub(crate) const SWEEP_RETRY: Duration = Duration::from_millis(100);
+
+/// The lock parents this backend stopped using, and when each may be removed.
+///
+/// Removing a parent on every release would make the next acquisition create it again:
+/// two more writes per cycle. Deleting it once the key has been idle here for a while keeps
+/// the tree clean at no cost to a busy key. The server refuses to delete a parent that has
+/// children, so the delete never races a contender: one whose create comes right after it
+/// gets `NoNode` and creates the parent again.
+#[derive(Debug, Default)]
+pub(crate) struct Janitor {
+    due: StdMutex<HashMap<String, Instant>>,
+}
+
+impl Janitor {
+    fn due(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.due.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn schedule(&self, parent: &str, linger: Duration) {
+        self.due()
+            .insert(parent.to_owned(), Instant::now() + linger);
+    }
+
+    pub(crate) fn keep(&self, parent: &str) {
+        self.due().remove(parent);
+    }
+
+    pub(crate) fn take_all(&self) -> Vec<String> {
+        self.due().drain().map(|(parent, _)| parent).collect()
+    }
+
+    pub(crate) fn take_due(&self, now: Instant) -> Vec<String> {
+        let mut due = self.due();
+        let ready: Vec<String> = due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(parent, _)| parent.clone())
+            .collect();
+        for parent in &ready {
+            due.remove(parent);
+        }
+        ready
+    }
+}
+
+/// Deletes idle lock parents; when the backend is dropped, deletes every scheduled one at
+/// once (before the session closes) and ends.
+pub(crate) async fn sweep(
+    janitor: Arc<Janitor>,
+    sessions: Arc<SessionSlot>,
+    stop: CancellationToken,
+    tick: Duration,
+    timeout: Duration,
+) {
+    loop {
+        let stopping = tokio::select! {
+            () = tokio::time::sleep(tick) => false,
+            () = stop.cancelled() => true,
+        };
+        let idle = if stopping {
+            janitor.take_all()
+        } else {
+            janitor.take_due(Instant::now())
+        };
+        if !idle.is_empty() {
+            let session = sessions.current();
+            let deletes: Vec<_> = idle
+                .iter()
+                .map(|parent| session.client.delete(parent, None))
+                .collect();
+            // NotEmpty (someone queued meanwhile) and NoNode are the expected refusals.
+            let _ = tokio::time::timeout(timeout, futures_util::future::join_all(deletes)).await;
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Pending {
+    pub(crate) session_id: i64,
+    pub(crate) node: PendingNode,
+    /// The node just ahead of ours, to watch (kept here; the [`Contention`] shows only its
+    /// sequence number).
+    pub(crate) predecessor: Option<String>,
+}
+
+#[derive(Clone)]
+pub(crate) enum PendingNode {
+    /// A create was sent and its answer not seen: the node may or may not exist.
+    InFlight,
+    /// The node exists (or existed) under this name.
+    Created { name: String },
+}
+
+impl ZkBackend {
+    /// Deletes a node; `Ok(true)` if it was there.
+    pub(crate) async fn delete_node(
+        &self,
+        session: &Session,
+        path: &str,
+        what: &str,
+    ) -> Result<bool> {
+        match within(self.timeout(), what, session.client.delete(path, None)).await? {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map(what, e)),
+        }
+    }
+
+    /// Deletes every node among `children` whose name starts with `own_prefix`, except
+    /// `keep`. Such strays come from a create whose reply was lost and that committed after
+    /// the retry had looked (on another server, or simply later): owned by our long-lived
+    /// session, one left behind would become the head of the queue after our release and
+    /// block the key for as long as the session lives.
+    pub(crate) async fn delete_own_nodes(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+        children: &[String],
+        keep: Option<&str>,
+    ) -> Result<()> {
+        for child in children {
+            if child.starts_with(own_prefix)
+                && sequence_of(child).is_some()
+                && Some(child.as_str()) != keep
+            {
+                self.delete_node(session, &paths.child(child), "delete a stray lock node")
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every node of an acquisition that has ended (named `own_prefix…`), and hands
+    /// the lock's parent to the janitor.
+    pub(crate) async fn delete_all_own(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+    ) -> Result<()> {
+        let children = self.children(session, &paths.parent).await?;
+        let deleted = self
+            .delete_own_nodes(session, paths, own_prefix, &children, None)
+            .await;
+        self.inner
+            .janitor
+            .schedule(&paths.parent, self.inner.config.empty_parent_linger);
+        deleted
+    }
+
+    /// The books of `owner`'s creates, from its first create until the acquisition ends.
+    pub(crate) fn ledger(&self, owner: &OwnerToken) -> Arc<Ledger> {
+        self.inner
+            .ledgers
+            .lock()
+            .entry(owner.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Deletes the nodes named `own_prefix…` except `keep`, from a listing read after a
+    /// `sync` with the leader, and settles the creates `ledger` had registered before.
+    ///
+    /// A create whose reply was lost, or whose future was dropped, may be applied after a
+    /// plain listing was served (by a server that has not applied it yet, after a reconnect);
+    /// a listing after a `sync` sent later sees it: the `sync` is answered only once the
+    /// server has applied what the leader had committed, and a create still on its way is
+    /// either ahead of the `sync` on the same connection or refused by the leader once the
+    /// session moved to another.
+    pub(crate) async fn sweep_own(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+        own_prefix: &str,
+        keep: Option<&str>,
+        ledger: &Ledger,
+    ) -> Result<()> {
+        let mark = ledger.mark();
+        let synced = session.client.sync(&paths.parent);
+        let listed = session.client.list_children(&paths.parent);
+        let (synced, listed) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, listed) })
+                .await
+                .map_err(|_| timed_out("list lock nodes through the leader"))?;
+        let children = match synced.and(listed) {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map("list lock nodes through the leader", e)),
+        };
+        self.delete_own_nodes(session, paths, own_prefix, &children, keep)
+            .await?;
+        ledger.settle(mark);
+        Ok(())
+    }
+
+    /// Comes back after `delay` to delete the nodes named `own_prefix…` that the acquisition
+    /// of `owner` no longer uses (all of them once it has ended), through the leader, until
+    /// its creates are settled or the session is gone. While a create of the acquisition is
+    /// in flight it waits again, so as not to delete a node that is being granted.
+    pub(crate) fn sweep_later(
+        &self,
+        session_id: i64,
+        paths: &LockPaths,
+        own_prefix: &str,
+        owner: &OwnerToken,
+        ledger: Arc<Ledger>,
+        delay: Duration,
+    ) {
+        let backend = self.clone();
+        let paths = paths.clone();
+        let (own_prefix, owner) = (own_prefix.to_owned(), owner.clone());
+        // ZooKeeper nodes live as long as their session (which a suspension does not end),
+        // so the rounds check the session's id rather than its lost token.
+        spawn_sweep(
+            "sweeping stray lock nodes",
+            CancellationToken::new(),
+            delay,
+            Retry::new(SWEEP_RETRY, Duration::from_secs(2)),
+            move || {
+                let (backend, paths, own_prefix, owner, ledger) = (
+                    backend.clone(),
+                    paths.clone(),
+                    own_prefix.clone(),
+                    owner.clone(),
+                    ledger.clone(),
+                );
+                async move {
+                    let session = backend.session().await;
+                    if session.id() != session_id {
+                        return Ok(Sweep::Done);
+                    }
+                    let in_use = backend
+                        .pending()
+                        .get(&owner)
+                        .filter(|p| p.session_id == session_id)
+                        .map(|p| p.node.clone());
+                    let keep = match in_use {
+                        Some(PendingNode::InFlight) => return Ok(Sweep::Again(SWEEP_RETRY)),
+                        Some(PendingNode::Created { name }) => Some(name),
+                        None => None,
+                    };
+                    backend
+                        .sweep_own(&session, &paths, &own_prefix, keep.as_deref(), &ledger)
+                        .await?;
+                    if keep.is_none() {
+                        backend
+                            .inner
+                            .janitor
+                            .schedule(&paths.parent, backend.inner.config.empty_parent_linger);
+                    }
+                    Ok(if ledger.has_unsettled() {
+                        Sweep::Again(SWEEP_RETRY)
+                    } else {
+                        Sweep::Done
+                    })
+                }
+            },
+        );
+    }
+
+    /// Deletes our node `path`, and hands the lock's parent to the janitor, which removes
+    /// it once nobody here has used it for `empty_parent_linger`.
+    pub(crate) async fn delete_own(
+        &self,
+        session: &Session,
+        path: &str,
+        parent: &str,
+        version: Option<i32>,
+    ) -> Result<bool> {
+        let deleted = within(
+            self.timeout(),
+            "delete the lock node",
+            session.client.delete(path, version),
+        )
+        .await;
+        self.inner
+            .janitor
+            .schedule(parent, self.inner.config.empty_parent_linger);
+        let deleted = match deleted {
+            Ok(deleted) => deleted,
+            Err(timeout) => {
+                // The delete may not have been applied: the node would hold the lock for
+                // as long as the session lives.
+                self.reap(session.id(), path.to_owned());
+                return Err(timeout);
+            }
+        };
+        match deleted {
+            Ok(()) => Ok(true),
+            // An expired session takes its ephemeral nodes with it, and sessions are only
+            // replaced when they expire: the node is gone whichever session made it.
+            Err(zk::Error::NoNode | zk::Error::BadVersion | zk::Error::SessionExpired) => Ok(false),
+            Err(e) => {
+                let error = map("delete the lock node", e);
+                if error.is_retryable() {
+                    self.reap(session.id(), path.to_owned());
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Keeps deleting `path` in the background until it is gone or its session is: a node
+    /// whose delete failed would otherwise hold the lock for as long as the session lives.
+    pub(crate) fn reap(&self, session_id: i64, path: String) {
+        let backend = self.clone();
+        spawn_sweep(
+            "deleting a lock node",
+            CancellationToken::new(),
+            SWEEP_RETRY,
+            Retry::new(SWEEP_RETRY, Duration::from_secs(2)),
+            move || {
+                let (backend, path) = (backend.clone(), path.clone());
+                async move {
+                    let session = backend.session().await;
+                    if session.id() != session_id {
+                        return Ok(Sweep::Done);
+                    }
+                    backend
+                        .delete_node(&session, &path, "delete the lock node")
+                        .await?;
+                    Ok(Sweep::Done)
+                }
+            },
+        );
+    }
+
+    /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::LockBackend::abandon)).
+    /// A create still unsettled is swept for through the leader, until it is settled.
+    pub(crate) async fn abandon_request(&self, request: &AcquireRequest) -> Result<()> {
+        let owner = &request.owner;
+        // The entry is forgotten only once the clean-up is done (or handed to a sweep): if
+        // this future is dropped half-way, the core abandons again and must still find it.
+        let pending = self.pending().get(owner).cloned();
+        let ledger = self.inner.ledgers.lock().get(owner).cloned();
+        // Between two rounds of an attempt the entry may be gone while a create of an
+        // earlier round is still unsettled: that one is swept for too.
+        let Some(ledger) = ledger.filter(|l| pending.is_some() || l.has_unsettled()) else {
+            self.forget(owner);
+            return Ok(());
+        };
+        let session = self.session().await;
+        if pending.is_some_and(|p| p.session_id != session.id()) {
+            // Its nodes went with its session.
+            self.forget(owner);
+            return Ok(());
+        }
+        let paths = LockPaths::new(&request.key);
+        let own_prefix = own_prefix(owner);
+        let cleaned = if ledger.has_unsettled() {
+            let swept = self
+                .sweep_own(&session, &paths, &own_prefix, None, &ledger)
+                .await;
+            self.inner
+                .janitor
+                .schedule(&paths.parent, self.inner.config.empty_parent_linger);
+            swept
+        } else {
+            self.delete_all_own(&session, &paths, &own_prefix).await
+        };
+        if cleaned.is_err() || ledger.has_unsettled() {
+            self.sweep_later(
+                session.id(),
+                &paths,
+                &own_prefix,
+                owner,
+                ledger,
+                SWEEP_RETRY,
+            );
+        }
+        self.forget(owner);
+        cleaned
+    }
+
+    /// Forgets the acquisition of `owner`: it has ended.
+    pub(crate) fn forget(&self, owner: &OwnerToken) {
+        self.pending().remove(owner);
+        self.inner.ledgers.lock().remove(owner);
+    }
+
+    /// Deletes `lease`'s node if it is still ours, and strays of its acquisition.
+    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        let owner = lease.owner();
+        let ledger = self.ledger(owner);
+        // The acquisition ends here whatever happens below: a failed release must not leave
+        // its entry behind, and what it leaves on the server is swept in the background.
+        self.forget(owner);
+        let session = self.session().await;
+        let paths = LockPaths::new(lease.key());
+        let own_prefix = own_prefix(lease.owner());
+        let release_node = async {
+            match self.lease_node(&session, lease).await? {
+                // Lock nodes are never written, so their version stays 0.
+                Some(path) => {
+                    self.delete_own(&session, &path, &paths.parent, Some(0))
+                        .await
+                }
+                None => Ok(false),
+            }
+        };
+        // Strays of this acquisition go too; the listing is sent right after the delete, so
+        // both cost one round trip.
+        let strays = async {
+            if ledger.has_unsettled() {
+                self.sweep_own(&session, &paths, &own_prefix, None, &ledger)
+                    .await
+            } else {
+                self.delete_all_own(&session, &paths, &own_prefix).await
+            }
+        };
+        let (released, strays) = tokio::join!(release_node, strays);
+        if released.is_err() || strays.is_err() || ledger.has_unsettled() {
+            self.sweep_later(
+                session.id(),
+                &paths,
+                &own_prefix,
+                owner,
+                ledger,
+                SWEEP_RETRY,
+            );
+        }
+        released
+    }
+}

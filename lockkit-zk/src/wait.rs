@@ -1,0 +1,55 @@
+//! Waiting in the ZooKeeper backend: a contender watches only the node just ahead of its
+//! own, so a release wakes exactly one waiter.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lockkit_core::{AcquireRequest, Contention, Result};
+
+use crate::backend::{ZkBackend, within};
+use crate::error::map;
+use crate::naming::LockPaths;
+
+impl ZkBackend {
+    /// Waits until the node ahead of `request`'s own changes (it is deleted, normally),
+    /// `max_wait` passes, or the session is lost.
+    pub(crate) async fn wait_on_predecessor(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let token = request.owner.clone();
+        let predecessor = self
+            .pending()
+            .get(&token)
+            .and_then(|p| p.predecessor.clone());
+        let (Some(predecessor), Some(_)) = (predecessor, &contention.predecessor) else {
+            tokio::time::sleep(max_wait).await;
+            return Ok(());
+        };
+        let session = self.session().await;
+        let path = LockPaths::new(&request.key).child(&predecessor);
+        let (stat, watcher) = match within(
+            self.timeout(),
+            "watch the predecessor",
+            session.client.check_and_watch_stat(&path),
+        )
+        .await?
+        {
+            Ok(watched) => watched,
+            Err(e) => return Err(map("watch the predecessor", e)),
+        };
+        if stat.is_none() {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = watcher.changed() => {
+                self.inner.watch_events.fetch_add(1, Ordering::Relaxed);
+            }
+            () = tokio::time::sleep(max_wait) => {}
+            () = session.lost.cancelled() => {}
+        }
+        Ok(())
+    }
+}
