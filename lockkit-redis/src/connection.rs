@@ -120,6 +120,19 @@ impl Dialer {
             .map_err(|e| from_redis(self.backend, e))
     }
 
+    /// As [`Dialer::lazy`], with no response timeout: for callers that bound every request
+    /// themselves and need a request to stay pending (and so be sent) after they stop
+    /// waiting for it. The client drops a timed-out request that it has not written yet.
+    pub(crate) fn lazy_without_response_timeout(
+        &self,
+        info: ConnectionInfo,
+    ) -> Result<ConnectionManager> {
+        let client = self.client(info)?;
+        let config = self.manager_config().set_response_timeout(None);
+        ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| from_redis(self.backend, e))
+    }
+
     /// A manager that is connected (and authenticated) before this returns.
     pub(crate) async fn connect(&self, info: ConnectionInfo) -> Result<ConnectionManager> {
         let client = self.client(info)?;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockkit_core::{
@@ -20,6 +22,7 @@ use redis::{ProtocolVersion, Value};
 use crate::config::{RedlockConfig, parse_host};
 use crate::connection::Dialer;
 use crate::error::{from_redis, timed_out, unexpected};
+use crate::lanes::Lanes;
 use crate::notify::{Notifier, Refusal};
 use crate::scripts::{self, AcquireReply, Holder, Keys, millis};
 
@@ -76,8 +79,12 @@ pub struct RedlockBackend {
 
 struct Node {
     addr: String,
-    /// For acquire, release and inspect, called from the user's tasks.
+    /// For acquire, release and inspect, called from the user's tasks. It has no response
+    /// timeout of its own: each caller bounds its wait, and a lock's requests are pursued
+    /// for the lock's TTL (see `lanes.rs`).
     connection: ConnectionManager,
+    /// The order of each lock's acquire, write-back and release requests to this node.
+    lanes: Arc<Lanes>,
     /// For renewals only, used on lockkit's runtime (see `RedisBackend`).
     renewals: ConnectionManager,
     /// Release notifications from this node.
@@ -120,7 +127,8 @@ impl RedlockBackend {
                     let pushes = dialer.info(&host, port, ProtocolVersion::RESP3)?;
                     Ok(Node {
                         addr,
-                        connection: dialer.lazy(info.clone())?,
+                        connection: dialer.lazy_without_response_timeout(info.clone())?,
+                        lanes: Arc::default(),
                         renewals: dialer.lazy(info)?,
                         notifier: Notifier::sharing(dialer.clone(), pushes, sequence.clone()),
                         refusal: Refusal::default(),
@@ -192,13 +200,11 @@ impl RedlockBackend {
     }
 
     /// As [`RedlockBackend::on_all`], but returns as soon as `enough` says the answers so
-    /// far decide the outcome; the nodes that have not answered yet are `None`. Their
-    /// requests may still be applied, so callers treat them as "may hold".
+    /// far decide the outcome; the nodes that have not answered yet are `None`.
     ///
     /// The requests still pending then are driven to their end (or the bound) on lockkit's
-    /// runtime: a redis request future dropped early may not have been written to its
-    /// connection yet, and a release that is never sent leaves its key on that node until
-    /// the TTL.
+    /// runtime. Only for requests whose order does not matter (reads, renewals, script
+    /// loads); what changes a lock goes through [`RedlockBackend::script_until`].
     async fn on_all_until<T, F, Fut>(
         &self,
         bound: Duration,
@@ -211,8 +217,8 @@ impl RedlockBackend {
         F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
     {
-        let deadline = tokio::time::Instant::now() + bound;
-        let mut pending: FuturesUnordered<_> = self
+        let deadline = Instant::now() + bound;
+        let pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
@@ -222,12 +228,37 @@ impl RedlockBackend {
                 } else {
                     &node.connection
                 };
-                let reply = request(connection.clone());
-                async move { (i, reply.await.map_err(|e| from_redis(BACKEND, e))) }
+                let reply = tokio::time::timeout_at(deadline, request(connection.clone()));
+                async move {
+                    let answer = match reply.await {
+                        Ok(answer) => answer.map_err(|e| from_redis(BACKEND, e)),
+                        Err(_) => Err(timed_out(BACKEND, "a node", bound)),
+                    };
+                    (i, answer)
+                }
             })
             .collect();
+        let (answers, pending) = self.gather(deadline, bound, pending, enough).await;
+        if !pending.is_empty() {
+            lockkit_core::runtime::spawn(pending.for_each(|_| std::future::ready(())));
+        }
+        answers
+    }
+
+    /// Collects the answers of `pending` until `enough` says they decide the outcome or
+    /// `deadline` passes (the nodes still silent then count as timed out after `bound`), and
+    /// returns them with the requests still pending.
+    async fn gather<T, Fut>(
+        &self,
+        deadline: Instant,
+        bound: Duration,
+        mut pending: FuturesUnordered<Fut>,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool + Send + Sync,
+    ) -> (Vec<Option<NodeResult<T>>>, FuturesUnordered<Fut>)
+    where
+        Fut: Future<Output = (usize, NodeResult<T>)>,
+    {
         let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
-        // One deadline for all, as all were sent at once; the stragglers keep it too.
         let late = tokio::time::timeout_at(deadline, async {
             while let Some((i, answer)) = pending.next().await {
                 answers[i] = Some(answer);
@@ -245,22 +276,22 @@ impl RedlockBackend {
                 }
             }
         }
-        if !pending.is_empty() {
-            lockkit_core::runtime::spawn(tokio::time::timeout_at(
-                deadline,
-                pending.for_each(|_| std::future::ready(())),
-            ));
-        }
-        answers
+        (answers, pending)
     }
 
-    /// Runs one script on every node at once, each bounded by the node timeout, until
-    /// `enough` (see [`RedlockBackend::on_all_until`]).
+    /// Runs one script that changes the lock of `keys[0]` on every node at once, until
+    /// `enough` (see [`RedlockBackend::on_all_until`]), waiting for each node at most the
+    /// node timeout. Each node's request goes through that node's lane for the lock (see
+    /// `lanes.rs`): it reaches the node after the lock's earlier requests there and is
+    /// pursued for `ttl` (the lock's TTL), whether or not anyone still waits for it. So the
+    /// nodes that have not answered when this returns may still apply it: callers treat them
+    /// as "may hold".
     async fn script_until(
         &self,
         script: &'static redis::Script,
         keys: &[&str],
         args: &[String],
+        ttl: Duration,
         enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync,
     ) -> Vec<Option<NodeResult<Value>>> {
         let mut invocation = script.prepare_invoke();
@@ -271,26 +302,42 @@ impl RedlockBackend {
             invocation.arg(arg);
         }
         let invocation = Arc::new(invocation);
-        self.on_all_until(
-            self.config.node_timeout,
-            false,
-            move |mut con| {
+        let lane = keys.first().copied().unwrap_or_default();
+        let now = Instant::now();
+        let bound = self.config.node_timeout;
+        let pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let mut con = node.connection.clone();
                 let invocation = invocation.clone();
-                async move { invocation.invoke_async::<Value>(&mut con).await }
-            },
-            enough,
-        )
-        .await
+                let reply = node.lanes.submit(lane, now + ttl.max(bound), async move {
+                    invocation.invoke_async::<Value>(&mut con).await
+                });
+                async move {
+                    let answer = match reply.await {
+                        Ok(answer) => answer.map_err(|e| from_redis(BACKEND, e)),
+                        Err(_) => Err(timed_out(BACKEND, "a node", ttl)),
+                    };
+                    (i, answer)
+                }
+            })
+            .collect();
+        // The requests are in their lanes' tasks: dropping the pending answers sends nothing less.
+        self.gather(now + bound, bound, pending, enough).await.0
     }
 
-    /// Runs one script on every node at once and waits for every answer (or its timeout).
+    /// Runs one script that changes a lock on every node (see
+    /// [`RedlockBackend::script_until`]) and waits for every answer (or its timeout).
     async fn script_on_all(
         &self,
         script: &'static redis::Script,
         keys: &[&str],
         args: &[String],
+        ttl: Duration,
     ) -> Vec<NodeResult<Value>> {
-        self.script_until(script, keys, args, |_| false)
+        self.script_until(script, keys, args, ttl, |_| false)
             .await
             .into_iter()
             .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))
@@ -327,24 +374,40 @@ impl RedlockBackend {
         .with_retryable(true)
     }
 
-    async fn release_on_all(&self, key: &LockKey, owner: &OwnerToken) -> Vec<NodeResult<Value>> {
+    /// Releases the lock on every node, pursuing each node for `ttl` (see
+    /// [`RedlockBackend::script_until`]).
+    async fn release_on_all(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Vec<NodeResult<Value>> {
         let keys = Keys::of(key);
         self.script_on_all(
             &scripts::RELEASE,
             &[&keys.lock],
             &[owner.expose_hex(), keys.channel.clone(), "1".to_owned()],
+            ttl,
         )
         .await
     }
 
     /// Every node's view of the holder.
     async fn holders(&self, key: &LockKey) -> Vec<NodeResult<Option<Holder>>> {
-        let keys = Keys::of(key);
-        self.script_on_all(&scripts::INSPECT, &[&keys.lock], &[])
-            .await
-            .into_iter()
-            .map(|reply| reply.and_then(|value| scripts::inspect_reply(BACKEND, &value)))
-            .collect()
+        let lock = Keys::of(key).lock;
+        self.on_all(self.config.node_timeout, false, move |mut con| {
+            let lock = lock.clone();
+            async move {
+                scripts::INSPECT
+                    .key(lock)
+                    .invoke_async::<Value>(&mut con)
+                    .await
+            }
+        })
+        .await
+        .into_iter()
+        .map(|reply| reply.and_then(|value| scripts::inspect_reply(BACKEND, &value)))
+        .collect()
     }
 
     /// Writes `token` back to every node; succeeds once a majority took it and still has the
@@ -367,6 +430,7 @@ impl RedlockBackend {
                     token.get().to_string(),
                     millis(self.config.fence_ttl).to_string(),
                 ],
+                request.ttl,
                 |answers| ours(answers) >= quorum,
             )
             .await;
@@ -487,6 +551,7 @@ impl LockBackend for RedlockBackend {
                     millis(self.config.fence_ttl).to_string(),
                     proposed_token().to_string(),
                 ],
+                request.ttl,
                 |answers| granted(answers) >= quorum,
             )
             .await;
@@ -523,13 +588,15 @@ impl LockBackend for RedlockBackend {
                     self.validity(request.ttl),
                 ))),
                 Err(e) => {
-                    self.release_on_all(&request.key, &request.owner).await;
+                    self.release_on_all(&request.key, &request.owner, request.ttl)
+                        .await;
                     Err(e)
                 }
             };
         }
         if !tokens.is_empty() || answers.iter().any(Result::is_err) {
-            self.release_on_all(&request.key, &request.owner).await;
+            self.release_on_all(&request.key, &request.owner, request.ttl)
+                .await;
         }
         if tokens.len() + holder_ttls.len() < quorum {
             return Err(self.quorum_error("acquiring", tokens.len() + holder_ttls.len(), &answers));
@@ -598,7 +665,9 @@ impl LockBackend for RedlockBackend {
         for node in self.nodes.iter() {
             node.notifier.pass_on(&channel);
         }
-        let replies = self.release_on_all(&request.key, &request.owner).await;
+        let replies = self
+            .release_on_all(&request.key, &request.owner, request.ttl)
+            .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         if answered >= self.quorum() {
             Ok(())
@@ -657,6 +726,7 @@ impl LockBackend for RedlockBackend {
                     keys.channel.clone(),
                     "1".to_owned(),
                 ],
+                lease.ttl(),
                 |answers| released(answers) >= quorum,
             )
             .await;
