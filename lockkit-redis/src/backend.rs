@@ -12,7 +12,7 @@ use lockkit_core::{
 use redis::Value;
 
 use crate::config::{RedisConfig, parse_host};
-use crate::connection::{Dialer, Primary};
+use crate::connection::{Dialer, Epoch, Primary};
 use crate::error::{BACKEND, unexpected};
 use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
@@ -169,11 +169,22 @@ impl RedisBackend {
     }
 
     async fn release_keys(&self, keys: &Keys, owner_hex: String) -> Result<bool> {
+        self.release_keys_on(keys, owner_hex, |epoch| &epoch.connection)
+            .await
+    }
+
+    /// As [`RedisBackend::release_keys`], on the connection `pick` chooses.
+    async fn release_keys_on(
+        &self,
+        keys: &Keys,
+        owner_hex: String,
+        pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
+    ) -> Result<bool> {
         let lock = keys.lock.clone();
         let channel = keys.channel.clone();
         let released: i64 = self
             .primary
-            .request("releasing", |mut con| async move {
+            .request_on("releasing", pick, |mut con| async move {
                 scripts::RELEASE
                     .key(lock)
                     .arg(owner_hex)
@@ -360,7 +371,15 @@ impl LockBackend for RedisBackend {
         let keys = Keys::of(&request.key);
         // This acquisition may have taken the wake-up of a release: another waiter retries.
         self.primary.epoch().notifier.pass_on(&keys.channel);
-        self.release_keys(&keys, request.owner.expose_hex())
+        // An attempt with min_replicas went out on the replication connection, where it may
+        // still wait behind other tasks' WAITs: the clean-up follows it there, so the server
+        // runs it after the attempt, never before (a grant nobody holds, for a TTL).
+        let pick: fn(&Epoch) -> &redis::aio::ConnectionManager = if self.config.min_replicas > 0 {
+            |epoch| &epoch.replication
+        } else {
+            |epoch| &epoch.connection
+        };
+        self.release_keys_on(&keys, request.owner.expose_hex(), pick)
             .await
             .map(drop)
     }
