@@ -209,7 +209,7 @@ impl RedisBackend {
 
     /// One pipelined round trip of compare-and-`PEXPIRE`s (plus `WAIT` with `min_replicas`).
     async fn renew_batch(&self, leases: &[Lease]) -> Result<Vec<Renewal>> {
-        let mut pipe = scripts::renew_pipeline(leases);
+        let mut pipe = scripts::renew_pipeline(leases, self.config.fence_ttl);
         if self.config.min_replicas > 0 {
             pipe.cmd("WAIT")
                 .arg(self.config.min_replicas)

@@ -60,8 +60,9 @@ pub struct RedisConfig {
     /// How long `WAIT` waits for `min_replicas`. Default: 100ms.
     #[serde(with = "humantime_serde")]
     pub replica_timeout: Duration,
-    /// How long a key's fence counter outlives its last grant. Tokens also follow the
-    /// server's clock, so this only matters if that clock steps back. Default: 1h.
+    /// How long a key's fence counter outlives the lock (its last grant or renewal; renewals
+    /// keep the counter alive while the lock is held). Tokens also follow the server's clock,
+    /// so this only matters if that clock steps back. Default: 1h.
     #[serde(with = "humantime_serde")]
     pub fence_ttl: Duration,
 }
@@ -269,8 +270,8 @@ pub struct RedlockConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub max_hold: Option<Duration>,
-    /// How long a key's fence counters outlive its last grant (see [`RedisConfig::fence_ttl`]).
-    /// Default: 1h.
+    /// How long a key's fence counters outlive the lock, its last grant or renewal (see
+    /// [`RedisConfig::fence_ttl`]). Default: 1h.
     #[serde(with = "humantime_serde")]
     pub fence_ttl: Duration,
 }

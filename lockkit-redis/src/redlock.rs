@@ -63,8 +63,8 @@ const BACKEND: &str = "redlock";
 ///   for longer than the TTL, as the Redlock paper says);
 /// - bounded clock drift between the nodes and this client (the core's drift allowance) and
 ///   pauses of this process shorter than the validity it checks;
-/// - the counters not expiring: they live [`RedlockConfig::fence_ttl`] past the key's last
-///   grant. After that, tokens restart from the acquiring client's clock, which keeps them
+/// - the counters not expiring: they live [`RedlockConfig::fence_ttl`] past the lock's last
+///   grant or renewal (renewals keep them alive while the lock is held). After that, tokens restart from the acquiring client's clock, which keeps them
 ///   increasing unless the clients' clocks disagree by more than the time since that grant.
 ///
 /// Tokens can still be out of order with exclusion broken (a holder paused past its
@@ -448,7 +448,7 @@ impl RedlockBackend {
     /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
     /// nodes extended it, how many said it is not ours, and the failures.
     async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let pipe = Arc::new(scripts::renew_pipeline(leases));
+        let pipe = Arc::new(scripts::renew_pipeline(leases, self.config.fence_ttl));
         let replies = self
             .on_all(self.config.node_timeout, true, move |mut con| {
                 let pipe = pipe.clone();

@@ -19,7 +19,7 @@ const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 /// Compare-and-delete plus a release notification.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-/// Compare-and-`PEXPIRE`.
+/// Compare-and-`PEXPIRE` of the lock, keeping its fence counter alive.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 /// The holder's value and remaining TTL, read atomically.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
@@ -42,18 +42,22 @@ pub(crate) fn load_all() -> redis::Pipeline {
     pipe
 }
 
-/// One pipeline of compare-and-`PEXPIRE` calls, one per lease; a failed call gives an error
-/// reply in its place instead of failing the pipeline.
-pub(crate) fn renew_pipeline(leases: &[Lease]) -> redis::Pipeline {
+/// One pipeline of compare-and-`PEXPIRE` calls, one per lease, each also keeping the lock's
+/// fence counter alive for at least `fence_ttl`; a failed call gives an error reply in its
+/// place instead of failing the pipeline.
+pub(crate) fn renew_pipeline(leases: &[Lease], fence_ttl: Duration) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for lease in leases {
+        let keys = Keys::of(lease.key());
         pipe.cmd("EVALSHA")
             .arg(RENEW.get_hash())
-            .arg(1)
-            .arg(Keys::of(lease.key()).lock)
+            .arg(2)
+            .arg(keys.lock)
+            .arg(keys.fence)
             .arg(lease.owner().expose_hex())
-            .arg(millis(lease.ttl()));
+            .arg(millis(lease.ttl()))
+            .arg(millis(fence_ttl));
     }
     pipe
 }

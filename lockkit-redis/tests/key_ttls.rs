@@ -133,3 +133,53 @@ async fn a_redlock_release_reaches_every_node() {
     };
     assert!(left.is_empty(), "released locks left keys behind: {left:?}");
 }
+
+/// A lock held longer than `fence_ttl` keeps its fence counter: renewal keeps the counter
+/// alive with the lock (on every node), so the next grant's token counts on from it instead
+/// of falling back to a clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_past_fence_ttl_keeps_its_fence_counter() {
+    let mut harnesses = Vec::new();
+    for var in [
+        "LOCKKIT_TEST_REDIS_URL",
+        "LOCKKIT_TEST_SENTINEL_URL",
+        "LOCKKIT_TEST_REDLOCK_URL",
+    ] {
+        if let Some(harness) = common::harness(var).await {
+            harnesses.push(harness);
+        }
+    }
+    let fence_ttl = Duration::from_millis(100);
+    for harness in &mut harnesses {
+        match &mut harness.topology {
+            common::Topology::Single(c) | common::Topology::Sentinel(c) => c.fence_ttl = fence_ttl,
+            common::Topology::Redlock(c) => c.fence_ttl = fence_ttl,
+        }
+        let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+        let locks = LockClient::with_options(
+            harness.backend().await.unwrap(),
+            &namespace,
+            LockOptions::default().with_ttl(Duration::from_secs(1)),
+        )
+        .unwrap();
+        let mutex = locks.mutex("long").unwrap();
+        let guard = mutex.lock().await.unwrap();
+        // Many fence TTLs, and a few renewals.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(guard.is_held().await.unwrap(), "the lock was lost");
+        let fence = format!("{}:fence", common::lock_key(mutex.key()));
+        for (node, mut con) in harness.servers().await.unwrap().into_iter().enumerate() {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&fence)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            assert!(
+                pttl > 0,
+                "{:?}: the fence counter of a held lock expired on server {node} (PTTL {pttl})",
+                harness.topology
+            );
+        }
+        assert!(guard.release().await.unwrap());
+    }
+}
