@@ -134,13 +134,28 @@ impl Dialer {
     }
 
     /// A manager that is connected (and authenticated) before this returns.
+    ///
+    /// # Errors
+    /// As [`Dialer::bounded`]; [`ErrorKind::InvalidConfig`] when the server has no database
+    /// numbered `db`.
     pub(crate) async fn connect(&self, info: ConnectionInfo) -> Result<ConnectionManager> {
         let client = self.client(info)?;
         let config = self.manager_config();
-        self.bounded("connect", async move {
-            ConnectionManager::new_with_config(client, config).await
-        })
-        .await
+        let bound = self.request_bound();
+        match tokio::time::timeout(bound, ConnectionManager::new_with_config(client, config)).await
+        {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(e)) if crate::error::is_missing_database(&e) => Err(Error::new(
+                ErrorKind::InvalidConfig,
+                self.backend,
+                format!(
+                    "the server has no database {}: redis.db (the URL's /db) must be below the server's `databases` setting (16 by default)",
+                    self.db
+                ),
+            )),
+            Ok(Err(e)) => Err(from_redis(self.backend, e)),
+            Err(_) => Err(timed_out(self.backend, "connect", bound)),
+        }
     }
 
     /// A manager for pub/sub pushes (RESP3), which resubscribes after a reconnect.

@@ -158,10 +158,11 @@ pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Opti
     let Value::Array(items) = value else {
         return Err(unexpected(backend, "the inspect script"));
     };
+    // Anything but a value (or none) and a PTTL is an error, never "not held": a client
+    // that cannot read the holder does not know it.
     let (stored, pttl) = match items.as_slice() {
         [Value::BulkString(stored), Value::Int(pttl)] => (stored, *pttl),
-        [Value::Nil, _] | [] => return Ok(None),
-        [_, _] => return Ok(None),
+        [Value::Nil, Value::Int(_)] => return Ok(None),
         _ => return Err(unexpected(backend, "the inspect script")),
     };
     let parsed = std::str::from_utf8(stored)
@@ -184,4 +185,39 @@ pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Opti
 /// Whether a reply says `NOSCRIPT` (the server lost its script cache).
 pub(crate) fn is_noscript(value: &Value) -> bool {
     matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unexpected_inspect_reply_is_an_error_not_a_free_lock() {
+        for reply in [
+            Value::Array(vec![Value::Int(1), Value::Int(100)]),
+            Value::Array(vec![Value::Nil, Value::Nil]),
+            Value::Array(vec![Value::Okay, Value::Int(100)]),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Nil]),
+            Value::Nil,
+        ] {
+            assert!(
+                inspect_reply("redis", &reply).is_err(),
+                "{reply:?} was taken for an answer"
+            );
+        }
+    }
+
+    #[test]
+    fn an_inspect_reply_names_the_holder_or_none() {
+        let free = Value::Array(vec![Value::Nil, Value::Int(-2)]);
+        assert_eq!(inspect_reply("redis", &free).ok(), Some(None));
+        let held = Value::Array(vec![
+            Value::BulkString(b"ab12:42".to_vec()),
+            Value::Int(1500),
+        ]);
+        let holder = inspect_reply("redis", &held).ok().flatten();
+        assert_eq!(holder.as_ref().map(|h| h.owner_hex.as_str()), Some("ab12"));
+        assert_eq!(holder.map(|h| h.info.fencing_token), Some(FencingToken(42)));
+    }
 }
