@@ -85,7 +85,28 @@ impl RedisBackend {
             refusal: Arc::default(),
         };
         backend.load_scripts().await?;
+        backend.check_eviction().await?;
         Ok(backend)
+    }
+
+    /// Refuses a server that may evict lock keys, unless the configuration accepts it.
+    async fn check_eviction(&self) -> Result<()> {
+        let (host, port) = self.primary.epoch().addr.clone();
+        let answer = self
+            .primary
+            .request("reading the eviction policy", |mut con| async move {
+                crate::eviction::info_memory()
+                    .query_async::<String>(&mut con)
+                    .await
+            })
+            .await;
+        crate::eviction::judge(
+            BACKEND,
+            &format!("{host}:{port}"),
+            answer,
+            self.config.allow_eviction,
+            "redis.allow_eviction",
+        )
     }
 
     /// The configuration this backend was built with.

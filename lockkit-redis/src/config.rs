@@ -65,6 +65,13 @@ pub struct RedisConfig {
     /// so this only matters if that clock steps back. Default: 1h.
     #[serde(with = "humantime_serde")]
     pub fence_ttl: Duration,
+    /// Accept a server that may evict lock keys: one with a `maxmemory` limit and a
+    /// `maxmemory-policy` other than `noeviction` (every lock key has a TTL, so even the
+    /// `volatile-*` policies take them). An evicted lock is granted again while its holder
+    /// still holds it. When false, `connect` refuses such a server with `InvalidConfig`
+    /// (it reads `INFO memory`; a user that may not run `INFO` gets a logged warning
+    /// instead). With Sentinel, the primary found at connect time is checked. Default: false.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisConfig {
@@ -83,6 +90,7 @@ impl Default for RedisConfig {
             min_replicas: 0,
             replica_timeout: Duration::from_millis(100),
             fence_ttl: Duration::from_secs(3600),
+            allow_eviction: false,
         }
     }
 }
@@ -229,6 +237,7 @@ impl fmt::Debug for RedisConfig {
             .field("min_replicas", &self.min_replicas)
             .field("replica_timeout", &self.replica_timeout)
             .field("fence_ttl", &self.fence_ttl)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }
@@ -274,6 +283,10 @@ pub struct RedlockConfig {
     /// [`RedisConfig::fence_ttl`]). Default: 1h.
     #[serde(with = "humantime_serde")]
     pub fence_ttl: Duration,
+    /// Accept nodes that may evict lock keys (see [`RedisConfig::allow_eviction`]); when
+    /// false, `connect` refuses if any node that answers has a memory limit with an evicting
+    /// policy. Default: false.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedlockConfig {
@@ -288,6 +301,7 @@ impl Default for RedlockConfig {
             node_timeout: Duration::from_millis(100),
             max_hold: None,
             fence_ttl: Duration::from_secs(3600),
+            allow_eviction: false,
         }
     }
 }
@@ -387,6 +401,7 @@ impl fmt::Debug for RedlockConfig {
             .field("node_timeout", &self.node_timeout)
             .field("max_hold", &self.max_hold)
             .field("fence_ttl", &self.fence_ttl)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }

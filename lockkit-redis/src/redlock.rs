@@ -167,7 +167,35 @@ impl RedlockBackend {
         if answered < backend.quorum() {
             return Err(backend.quorum_error("connecting", answered, &loaded));
         }
+        backend.check_eviction().await?;
         Ok(backend)
+    }
+
+    /// Refuses nodes that may evict lock keys, unless the configuration accepts it. A node
+    /// that does not answer now is not checked (the quorum tolerates it down).
+    async fn check_eviction(&self) -> Result<()> {
+        let answers = self
+            .on_all(self.config.node_timeout, false, |mut con| async move {
+                crate::eviction::info_memory()
+                    .query_async::<String>(&mut con)
+                    .await
+            })
+            .await;
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match crate::eviction::judge(
+                BACKEND,
+                &node.addr,
+                answer,
+                self.config.allow_eviction,
+                "redlock.allow_eviction",
+            ) {
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    tracing::debug!(node = %node.addr, error = %e, "cannot check the eviction policy of a node that does not answer");
+                }
+                outcome => outcome?,
+            }
+        }
+        Ok(())
     }
 
     /// The configuration this backend was built with.
