@@ -254,7 +254,7 @@ const LOCK_FIELDS: &[&str] = &[
     "backoff_min",
     "backoff_max",
     "clock_drift_factor",
-    "error_retries",
+    "error_budget",
 ];
 /// Fields of the `[redis]` table.
 #[cfg(feature = "redis")]

@@ -273,6 +273,19 @@ fn bad_input_and_unreachable_servers_have_their_exit_codes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A 3,000-year lease would let a crashed holder block the key for good.
+    let out = env.run(&["run", "--ttl", "99999999999s", "k", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(78),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lock.ttl must be at most"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = env.run(&["run", "k", "--", "/nonexistent/program"]);
     assert_eq!(
         out.status.code(),

@@ -78,7 +78,7 @@ fn toml_with_every_field_set_round_trips() {
         backoff_min = "5ms"
         backoff_max = "1s"
         clock_drift_factor = 0.02
-        error_retries = 0
+        error_budget = "1s"
         "#,
     )
     .expect("valid");
@@ -87,7 +87,7 @@ fn toml_with_every_field_set_round_trips() {
     assert_eq!(config.lock.ttl, Duration::from_secs(2));
     assert_eq!(config.lock.wait_timeout, Some(Duration::from_secs(60)));
     assert!(!config.lock.auto_renew);
-    assert_eq!(config.lock.error_retries, 0);
+    assert_eq!(config.lock.error_budget, Duration::from_secs(1));
 }
 
 fn config_error(toml: &str) -> lockkit::Error {
@@ -217,7 +217,7 @@ fn environment_overrides_top_level_and_table_fields() {
         ("LOCKKIT_NAMESPACE", "from-env"),
         ("LOCKKIT_LOCK_TTL", "3s"),
         ("LOCKKIT_LOCK_AUTO_RENEW", "false"),
-        ("LOCKKIT_LOCK_ERROR_RETRIES", "7"),
+        ("LOCKKIT_LOCK_ERROR_BUDGET", "7s"),
         ("LOCKKIT_REQUIRE_BACKENDS", "1"),
         ("LOCKKIT_TEST_REDIS_URL", "redis://127.0.0.1:20000"),
         ("PATH", "/usr/bin"),
@@ -227,7 +227,7 @@ fn environment_overrides_top_level_and_table_fields() {
     assert_eq!(config.namespace, "from-env");
     assert_eq!(config.lock.ttl, Duration::from_secs(3));
     assert!(!config.lock.auto_renew);
-    assert_eq!(config.lock.error_retries, 7);
+    assert_eq!(config.lock.error_budget, Duration::from_secs(7));
 }
 
 #[test]

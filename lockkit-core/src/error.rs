@@ -15,15 +15,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     /// The lock was not acquired before the wait deadline (`lock_timeout`, `wait_timeout`).
+    /// A lock that is merely taken is not an error: `try_lock` answers `Ok(None)`.
     Timeout,
-    /// The lock is held by someone else and the operation does not wait.
-    Contended,
     /// The lock was held but is no longer: it expired, was taken away, or renewal failed past
-    /// its validity deadline. Whatever the holder did after that point is unprotected.
+    /// its validity deadline. Whatever the holder did after that point is unprotected. (A
+    /// release that finds the lock gone is not an error: `release()` answers `Ok(false)`.)
     Lost,
-    /// The operation needs the caller to own the lock, and it does not (a release or extend
-    /// with a token that is not the current holder's).
-    NotOwner,
     /// A quorum backend (Redlock) reached fewer nodes than it needs.
     QuorumNotReached {
         /// How many nodes agreed.
@@ -53,10 +50,7 @@ impl ErrorKind {
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            ErrorKind::Timeout
-                | ErrorKind::Contended
-                | ErrorKind::QuorumNotReached { .. }
-                | ErrorKind::Unavailable
+            ErrorKind::Timeout | ErrorKind::QuorumNotReached { .. } | ErrorKind::Unavailable
         )
     }
 }
@@ -65,9 +59,7 @@ impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ErrorKind::Timeout => f.write_str("timed out waiting for the lock"),
-            ErrorKind::Contended => f.write_str("lock is held by another owner"),
             ErrorKind::Lost => f.write_str("lock lost"),
-            ErrorKind::NotOwner => f.write_str("not the owner of the lock"),
             ErrorKind::QuorumNotReached { got, need } => {
                 write!(f, "quorum not reached ({got} of {need} needed nodes)")
             }
@@ -141,6 +133,14 @@ impl Error {
         self.retryable
     }
 
+    /// The error followed by each of its sources, `": "`-separated: for logs and command-line
+    /// output, where nothing walks [`source`](std::error::Error::source). ([`Display`](fmt::Display)
+    /// alone leaves the source out, so that error reporters that walk the chain, such as
+    /// anyhow and eyre, do not print it twice.)
+    pub fn display_chain(&self) -> impl fmt::Display + '_ {
+        Chain(self)
+    }
+
     /// A [`ErrorKind::InvalidConfig`] error, raised while loading configuration.
     pub fn invalid_config(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::InvalidConfig, "config", message)
@@ -167,8 +167,19 @@ impl fmt::Display for Error {
         if !self.message.is_empty() {
             write!(f, ": {}", self.message)?;
         }
-        if let Some(source) = &self.source {
-            write!(f, " ({source})")?;
+        Ok(())
+    }
+}
+
+struct Chain<'a>(&'a Error);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
         }
         Ok(())
     }
@@ -203,6 +214,24 @@ mod tests {
             Error::new(ErrorKind::Backend, "redis", "x")
                 .with_retryable(true)
                 .is_retryable()
+        );
+    }
+
+    #[test]
+    fn the_source_is_shown_once_by_a_chain_walking_reporter() {
+        let e = Error::new(ErrorKind::Unavailable, "redis", "connect failed")
+            .with_source(std::io::Error::other("connection refused"));
+        assert_eq!(e.to_string(), "redis: backend unavailable: connect failed");
+        let walked: Vec<String> =
+            std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                e.source()
+            })
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(walked.concat().matches("connection refused").count(), 1);
+        assert_eq!(
+            e.display_chain().to_string(),
+            "redis: backend unavailable: connect failed: connection refused"
         );
     }
 

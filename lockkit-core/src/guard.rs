@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::renewal::{self, HeldLease};
@@ -148,6 +148,11 @@ impl MutexGuard {
     ///
     /// # Errors
     /// Backend failures; the lock then expires with its TTL.
+    ///
+    /// # Cancel safety
+    /// The release runs on lockkit's runtime, so dropping this future (a timeout around it or
+    /// around [`Mutex::with_lock`](crate::Mutex::with_lock)) does not stop it: it finishes in
+    /// the background, as when the guard is dropped.
     pub async fn release(mut self) -> Result<bool> {
         let Some(held) = self.held.take() else {
             return Ok(false);
@@ -155,7 +160,21 @@ impl MutexGuard {
         if !held.drop_holder() {
             return Ok(!held.is_lost());
         }
-        release_now(&held).await
+        let backend = held.backend.name();
+        let (answer, outcome) = tokio::sync::oneshot::channel();
+        runtime::spawn(async move {
+            let result = release_now(&held).await;
+            if let Err(Err(e)) = answer.send(result) {
+                tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "release failed after its caller stopped waiting; the lock expires with its TTL");
+            }
+        });
+        outcome.await.unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Backend,
+                backend,
+                "the release task on lockkit's runtime ended without an answer",
+            ))
+        })
     }
 }
 
@@ -175,7 +194,7 @@ impl Drop for MutexGuard {
         {
             runtime::spawn(async move {
                 if let Err(e) = release_now(&held).await {
-                    tracing::warn!(key = %held.lease.key(), error = %e, "background release failed; the lock expires with its TTL");
+                    tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "background release failed; the lock expires with its TTL");
                 }
             });
         }

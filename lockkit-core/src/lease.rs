@@ -12,12 +12,16 @@ use crate::token::{FencingToken, OwnerToken};
 /// The margin taken off a lease's validity for clock drift between client and server:
 /// `factor × ttl + 2 ms` (Redlock's rule, with `factor` usually 0.01).
 pub fn clock_drift(ttl: Duration, factor: f64) -> Duration {
-    ttl.mul_f64(factor.clamp(0.0, 1.0)) + Duration::from_millis(2)
+    Duration::try_from_secs_f64(ttl.as_secs_f64() * factor.clamp(0.0, 1.0))
+        .unwrap_or(Duration::MAX)
+        .saturating_add(Duration::from_millis(2))
 }
 
 /// The local deadline until which a grant may be trusted: measured from the moment the request
 /// was *sent* (so network and queueing time count against it), for the validity the server
-/// promised, minus drift. `None` when nothing is left.
+/// promised, minus drift. `None` when nothing is left. A validity beyond
+/// [`LockOptions::MAX_TTL`](crate::LockOptions::MAX_TTL) (a server's answer no grant can
+/// have) counts as that maximum, so no answer can overflow the deadline.
 ///
 /// Only [`Instant`] is used, so wall-clock steps on the client cannot stretch a lease.
 pub fn validity_deadline(
@@ -29,7 +33,7 @@ pub fn validity_deadline(
     if usable.is_zero() {
         return None;
     }
-    Some(sent_at + usable)
+    sent_at.checked_add(usable.min(crate::LockOptions::MAX_TTL))
 }
 
 /// One grant of a lock: key, secret owner token, fencing token and TTL.
@@ -164,6 +168,20 @@ mod tests {
         assert_eq!(
             validity_deadline(sent, Duration::from_millis(1), Duration::from_millis(2)),
             None
+        );
+    }
+
+    #[test]
+    fn an_absurd_validity_from_a_server_is_capped_not_a_panic() {
+        let sent = Instant::now();
+        assert_eq!(
+            validity_deadline(sent, Duration::MAX, Duration::from_millis(2)),
+            Some(sent + crate::LockOptions::MAX_TTL)
+        );
+        assert_eq!(
+            clock_drift(Duration::MAX, 1.0),
+            Duration::MAX,
+            "drift saturates"
         );
     }
 

@@ -88,18 +88,20 @@ impl Mutex {
     ///
     /// # Errors
     /// [`ErrorKind::Timeout`] when `wait_timeout` passes; backend errors that are not
-    /// retryable, or retryable ones more than `error_retries` times in a row.
+    /// retryable, or retryable ones that keep coming for longer than the options'
+    /// `error_budget`.
     pub async fn lock(&self) -> Result<MutexGuard> {
-        let deadline = self.options.wait_timeout.map(|d| Instant::now() + d);
+        let deadline = self.options.wait_timeout.and_then(deadline_after);
         self.acquire_guard(Wait::Until(deadline)).await
     }
 
-    /// Takes the lock, waiting at most `timeout`.
+    /// Takes the lock, waiting at most `timeout` (a timeout too large to be a deadline, such
+    /// as `Duration::MAX`, waits for as long as it takes).
     ///
     /// # Errors
     /// [`ErrorKind::Timeout`] when `timeout` passes; backend errors as for [`Mutex::lock`].
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
-        self.acquire_guard(Wait::Until(Some(Instant::now() + timeout)))
+        self.acquire_guard(Wait::Until(deadline_after(timeout)))
             .await
     }
 
@@ -156,7 +158,7 @@ impl Mutex {
                 ),
             )),
             Err(e) if protected_to_the_end => {
-                tracing::warn!(key = %self.key, error = %e, "release failed after the critical section; the lock expires with its TTL");
+                tracing::warn!(key = %self.key, error = %e.display_chain(), "release failed after the critical section; the lock expires with its TTL");
                 Ok(value)
             }
             Err(e) => Err(e),
@@ -228,7 +230,7 @@ impl Mutex {
             started: Instant::now(),
             waited: Duration::ZERO,
             backoff: Backoff::new(self.options.backoff_min, self.options.backoff_max),
-            errors: 0,
+            failing_since: None,
         };
         run.run().instrument(span).await
     }
@@ -242,8 +244,8 @@ struct Acquisition<'a> {
     started: Instant,
     waited: Duration,
     backoff: Backoff,
-    /// Retryable errors in a row.
-    errors: u32,
+    /// When the current streak of retryable errors began; `None` after any other answer.
+    failing_since: Option<Instant>,
 }
 
 impl Acquisition<'_> {
@@ -281,7 +283,7 @@ impl Acquisition<'_> {
                 }
                 Ok(Attempt::Contended(contention)) => {
                     metrics::contended(backend.name());
-                    self.errors = 0;
+                    self.failing_since = None;
                     if matches!(self.wait, Wait::No) {
                         self.give_up("contended").await;
                         return Ok(None);
@@ -358,8 +360,11 @@ impl Acquisition<'_> {
                 let delay = self.backoff.next_delay();
                 holder_gone_by.map_or(delay, |gone| delay.min(gone))
             }
-            // Notifications and watches wake us; the cap only covers a missed notification.
-            _ => holder_gone_by.unwrap_or(self.options.backoff_max),
+            // Notifications and watches wake us; the cap only covers a missed notification
+            // (a pub/sub reconnect, say), so one missed message costs at most `backoff_max`.
+            _ => holder_gone_by.map_or(self.options.backoff_max, |gone| {
+                gone.min(self.options.backoff_max)
+            }),
         };
         let pause = self.remaining().map_or(pause, |left| pause.min(left));
         let wait_started = Instant::now();
@@ -388,19 +393,19 @@ impl Acquisition<'_> {
         outcome
     }
 
-    /// Retries after a retryable error (at most `error_retries` in a row, within the wait
-    /// deadline), or gives up with it.
+    /// Retries after a retryable error (while the streak of errors is younger than
+    /// `error_budget`, within the wait deadline), or gives up with it.
     async fn absorb(&mut self, error: Error) -> Result<()> {
-        self.errors += 1;
+        let failing_since = *self.failing_since.get_or_insert_with(Instant::now);
         let give_up = matches!(self.wait, Wait::No)
             || !error.is_retryable()
-            || self.errors > self.options.error_retries
+            || failing_since.elapsed() >= self.options.error_budget
             || self.remaining() == Some(Duration::ZERO);
         if give_up {
             self.give_up("error").await;
             return Err(error);
         }
-        tracing::debug!(error = %error, attempt = self.errors, "retryable error while acquiring; retrying");
+        tracing::debug!(error = %error.display_chain(), failing_for_ms = failing_since.elapsed().as_millis() as u64, "retryable error while acquiring; retrying");
         let delay = self.backoff.next_delay();
         tokio::time::sleep(self.remaining().map_or(delay, |left| delay.min(left))).await;
         Ok(())
@@ -416,6 +421,12 @@ impl Acquisition<'_> {
             self.waited,
         );
     }
+}
+
+/// The instant `timeout` from now, or `None` (no deadline) when that is past what an
+/// [`Instant`] can represent.
+fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
 }
 
 impl fmt::Debug for Mutex {
@@ -443,7 +454,7 @@ impl PendingAcquire {
         // Disarmed only now: if this future is dropped mid-way, `Drop` cleans up instead.
         self.armed = false;
         if let Err(e) = outcome {
-            tracing::warn!(key = %self.request.key, error = %e, "could not clean up after an acquisition; leftovers expire with their TTL");
+            tracing::warn!(key = %self.request.key, error = %e.display_chain(), "could not clean up after an acquisition; leftovers expire with their TTL");
         }
     }
 }
@@ -455,7 +466,7 @@ impl Drop for PendingAcquire {
             let request = self.request.clone();
             crate::runtime::spawn(async move {
                 if let Err(e) = backend.abandon(&request).await {
-                    tracing::warn!(key = %request.key, error = %e, "could not clean up after a cancelled acquisition; leftovers expire with their TTL");
+                    tracing::warn!(key = %request.key, error = %e.display_chain(), "could not clean up after a cancelled acquisition; leftovers expire with their TTL");
                 }
             });
         }

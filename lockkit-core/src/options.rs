@@ -33,9 +33,15 @@ pub struct LockOptions {
     /// The share of the TTL assumed lost to clock drift between client and server, on top of a
     /// fixed 2 ms (see [`clock_drift`](crate::clock_drift)).
     pub clock_drift_factor: f64,
-    /// How many retryable backend errors in a row an acquisition tolerates while it waits,
-    /// before it gives up with the last one.
-    pub error_retries: u32,
+    /// How long an acquisition that waits keeps retrying retryable backend errors in a row
+    /// (an etcd or ZooKeeper leader election, a Sentinel failover, a rolling restart), with
+    /// backoff between the retries, before it gives up with the last one. The streak is counted
+    /// from its first error and ends with any answer that is not an error. The wait timeout
+    /// still bounds the whole acquisition. The default, 10 s, covers an election (about 1-2 s
+    /// for etcd and ZooKeeper with their default timeouts) and a Sentinel failover with
+    /// `down-after-milliseconds` up to a few seconds. `try_lock` never retries errors.
+    #[serde(with = "humantime_serde")]
+    pub error_budget: Duration,
 }
 
 impl Default for LockOptions {
@@ -47,12 +53,16 @@ impl Default for LockOptions {
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_millis(500),
             clock_drift_factor: 0.01,
-            error_retries: 3,
+            error_budget: Duration::from_secs(10),
         }
     }
 }
 
 impl LockOptions {
+    /// The longest TTL lockkit accepts: a crashed holder blocks its key at most this long.
+    /// Longer critical sections keep a shorter TTL and rely on renewal.
+    pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
     /// Sets the TTL.
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
@@ -82,6 +92,13 @@ impl LockOptions {
         self
     }
 
+    /// Sets how long retryable errors in a row are retried while waiting.
+    #[must_use]
+    pub fn with_error_budget(mut self, error_budget: Duration) -> Self {
+        self.error_budget = error_budget;
+        self
+    }
+
     /// Checks that the values make sense together.
     ///
     /// # Errors
@@ -90,6 +107,13 @@ impl LockOptions {
         if self.ttl < Duration::from_millis(10) {
             return Err(Error::invalid_config(format!(
                 "lock.ttl must be at least 10ms, got {}",
+                humantime::format_duration(self.ttl)
+            )));
+        }
+        if self.ttl > Self::MAX_TTL {
+            return Err(Error::invalid_config(format!(
+                "lock.ttl must be at most {} (a crashed holder blocks the key for a TTL; renewal keeps longer critical sections alive), got {}",
+                humantime::format_duration(Self::MAX_TTL),
                 humantime::format_duration(self.ttl)
             )));
         }
@@ -128,6 +152,13 @@ mod tests {
                 .to_string()
                 .contains("lock.ttl")
         );
+        let huge = LockOptions::default().with_ttl(Duration::from_secs(99_999_999_999));
+        let message = huge.validate().unwrap_err().to_string();
+        assert!(message.contains("at most 1day"), "{message}");
+        LockOptions::default()
+            .with_ttl(LockOptions::MAX_TTL)
+            .validate()
+            .expect("the maximum itself is accepted");
         let inverted =
             LockOptions::default().with_backoff(Duration::from_secs(2), Duration::from_secs(1));
         assert!(

@@ -166,7 +166,7 @@ impl HeldLease {
         }
         let gone = match answer {
             Ok(Renewal::Lost) => true,
-            Err(e) => matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotOwner),
+            Err(e) => e.kind() == ErrorKind::Lost,
             Ok(Renewal::Extended(_)) => false,
         };
         if gone {
@@ -191,7 +191,7 @@ impl HeldLease {
             None => {
                 if let Err(e) = answer {
                     metrics::renew_failed(self.backend.name());
-                    tracing::warn!(key = %self.lease.key(), backend = self.backend.name(), error = %e, "renewal failed; retrying before the validity deadline");
+                    tracing::warn!(key = %self.lease.key(), backend = self.backend.name(), error = %e.display_chain(), "renewal failed; retrying before the validity deadline");
                 }
                 if origin == Origin::Scheduler && state.next_renewal.is_some() {
                     let left = state.valid_until.saturating_duration_since(Instant::now());
@@ -259,6 +259,11 @@ struct Table {
 
 impl Scheduler {
     /// The scheduler, starting its task on lockkit's runtime on first use.
+    ///
+    /// A supervisor keeps it running: if a pass panics (a bug, or a backend whose code panics
+    /// inside it), every lease it watched fires its lost signal, since nobody renewed it for a
+    /// while and it may have expired, and a new pass loop takes over for the leases that come
+    /// after.
     pub(crate) fn global() -> &'static Scheduler {
         static SCHEDULER: OnceLock<&'static Scheduler> = OnceLock::new();
         SCHEDULER.get_or_init(|| {
@@ -270,7 +275,7 @@ impl Scheduler {
                 wake: Notify::new(),
                 next_id: AtomicU64::new(0),
             }));
-            runtime::spawn(scheduler.run());
+            runtime::spawn(scheduler.supervise());
             scheduler
         })
     }
@@ -294,6 +299,31 @@ impl Scheduler {
         drop(table);
         if wake {
             self.wake.notify_one();
+        }
+    }
+
+    async fn supervise(&'static self) {
+        loop {
+            let Err(failure) = runtime::spawn(self.run()).await else {
+                return;
+            };
+            if !failure.is_panic() {
+                return;
+            }
+            let orphans: Vec<Arc<HeldLease>> = {
+                let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+                table.next_wake = Instant::now();
+                table.leases.drain().map(|(_, held)| held).collect()
+            };
+            tracing::error!(
+                leases = orphans.len(),
+                "lockkit's renewal scheduler panicked; every lease it renewed is reported lost, and a new scheduler takes over"
+            );
+            for held in orphans {
+                // Not `mark_lost`: it asks the backend for its name, and the panic may have come
+                // from the backend.
+                held.lost.cancel();
+            }
         }
     }
 
@@ -372,21 +402,30 @@ impl Scheduler {
             .map(|h| h.valid_until())
             .max()
             .unwrap_or(sent_at);
-        let answers =
-            match tokio::time::timeout_at(deadline.into(), backend.renew_many(&leases)).await {
-                Ok(answers) if answers.len() == batch.len() => answers,
-                outcome => {
-                    let why = if outcome.is_ok() {
-                        "renew_many returned the wrong number of answers"
-                    } else {
+        // In a task of its own, so that a backend that panics fails this batch's renewals (they
+        // are retried) instead of the scheduler.
+        let renewing = tokio::spawn({
+            let backend = backend.clone();
+            async move { backend.renew_many(&leases).await }
+        });
+        let abort = renewing.abort_handle();
+        let answers = match tokio::time::timeout_at(deadline.into(), renewing).await {
+            Ok(Ok(answers)) if answers.len() == batch.len() => answers,
+            outcome => {
+                let why = match outcome {
+                    Ok(Ok(_)) => "renew_many returned the wrong number of answers",
+                    Ok(Err(_)) => "renew_many panicked",
+                    Err(_) => {
+                        abort.abort();
                         "renewal did not answer before the validity deadline"
-                    };
-                    batch
-                        .iter()
-                        .map(|_| Err(Error::new(ErrorKind::Unavailable, backend.name(), why)))
-                        .collect()
-                }
-            };
+                    }
+                };
+                batch
+                    .iter()
+                    .map(|_| Err(Error::new(ErrorKind::Unavailable, backend.name(), why)))
+                    .collect()
+            }
+        };
         for (held, answer) in batch.iter().zip(&answers) {
             held.apply_renewal(sent_at, answer, Origin::Scheduler);
         }

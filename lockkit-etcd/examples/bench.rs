@@ -127,7 +127,7 @@ async fn primitive_cycle(backend: &EtcdBackend, key: &LockKey) -> lockkit_core::
     let sent_at = Instant::now();
     let Attempt::Granted(grant) = backend.try_acquire(&request).await? else {
         return Err(lockkit_core::Error::new(
-            lockkit_core::ErrorKind::Contended,
+            lockkit_core::ErrorKind::Backend,
             "etcd",
             "the benchmark's own key is held",
         ));

@@ -71,12 +71,11 @@ async fn leader_kill(mut config: EtcdConfig) {
     const TASKS: usize = 3;
     config.request_timeout = Duration::from_secs(2);
     let ns = support::namespace("leader-kill");
+    // Acquisitions ride out the election instead of failing on its first error.
     let options = LockOptions::default()
         .with_ttl(Duration::from_secs(5))
-        .with_backoff(Duration::from_millis(5), Duration::from_millis(200));
-    let mut options = options;
-    // Acquisitions ride out the election instead of failing on its first error.
-    options.error_retries = 100;
+        .with_backoff(Duration::from_millis(5), Duration::from_millis(200))
+        .with_error_budget(Duration::from_secs(60));
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicUsize::new(0));
@@ -191,7 +190,9 @@ fn two_of_three_members_down_fail_with_unavailable_within_the_timeout() {
 async fn no_quorum(mut config: EtcdConfig) {
     config.request_timeout = Duration::from_secs(2);
     let ns = support::namespace("no-quorum");
-    let options = LockOptions::default().with_ttl(Duration::from_secs(5));
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(5))
+        .with_error_budget(Duration::from_secs(4));
     let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
     let locks = LockClient::with_options(Arc::new(backend), &ns, options.clone()).expect("client");
     let warm = locks
@@ -236,8 +237,8 @@ async fn no_quorum(mut config: EtcdConfig) {
         .expect_err("no quorum, no lock");
     let lock_took = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    // One request timeout per attempt, `error_retries` retries, and their backoff.
-    let bound = config.request_timeout * (options.error_retries + 1) + Duration::from_secs(3);
+    // The error budget, the request in flight when it runs out, and a backoff.
+    let bound = options.error_budget + config.request_timeout + Duration::from_secs(3);
     assert!(
         lock_took <= bound,
         "lock_timeout took {lock_took:?}, bound {bound:?}"

@@ -126,13 +126,13 @@ impl From<Error> for Failure {
             }
             ErrorKind::Auth => exit::AUTH,
             ErrorKind::Unavailable | ErrorKind::QuorumNotReached { .. } => exit::UNAVAILABLE,
-            ErrorKind::Timeout | ErrorKind::Contended => exit::NOT_ACQUIRED,
+            ErrorKind::Timeout => exit::NOT_ACQUIRED,
             ErrorKind::Lost => exit::LOST,
             _ => exit::SOFTWARE,
         };
         Failure {
             code,
-            message: error.to_string(),
+            message: error.display_chain().to_string(),
         }
     }
 }

@@ -303,6 +303,7 @@ macro_rules! conformance_tests {
             inspect_shows_the_holder,
             release_wakes_a_waiter,
             a_cancelled_waiter_does_not_hold_up_the_next,
+            a_cancelled_release_still_releases,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

@@ -47,6 +47,7 @@ scenarios!(
     inspect_shows_the_holder,
     release_wakes_a_waiter,
     a_cancelled_waiter_does_not_hold_up_the_next,
+    a_cancelled_release_still_releases,
 );
 
 /// A long TTL: a lock that is freed before it runs out was freed on purpose.
@@ -650,5 +651,31 @@ async fn a_cancelled_waiter_does_not_hold_up_the_next(h: &dyn Harness) -> Outcom
         .map_err(|e| Failure(format!("the second waiter panicked: {e}")))?
         .map_err(|e| Failure(format!("the second waiter was not granted: {e}")))?;
     granted.release().await?;
+    expect_no_leftovers(h, &ns).await
+}
+
+/// A `release()` whose future is dropped before it completes (a timeout around it, or around
+/// `with_lock`) still releases in the background: the next acquirer is granted long before the
+/// holder's TTL would have freed the key.
+async fn a_cancelled_release_still_releases(h: &dyn Harness) -> Outcome {
+    let ns = namespace();
+    let clients = clients(h, &ns, 2).await?;
+    let guard = clients[0]
+        .mutex("cancelled-release")?
+        .with_ttl(LONG_TTL)
+        .lock_timeout(patience(h))
+        .await?;
+    // Polled once, then dropped: the release is on its way but unanswered.
+    let _ = tokio::time::timeout(Duration::ZERO, guard.release()).await;
+    let next = clients[1]
+        .mutex("cancelled-release")?
+        .lock_timeout(Duration::from_secs(15))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "a release whose future was dropped did not happen: {e}"
+            ))
+        })?;
+    next.release().await?;
     expect_no_leftovers(h, &ns).await
 }
