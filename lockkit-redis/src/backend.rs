@@ -201,8 +201,7 @@ impl RedisBackend {
         owner_hex: String,
         pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
     ) -> Result<bool> {
-        let lock = keys.lock.clone();
-        let channel = keys.channel.clone();
+        let (lock, channel, owner_hex) = (&keys.lock, &keys.channel, &owner_hex);
         let released: i64 = self
             .primary
             .request_on("releasing", pick, |mut con| async move {
@@ -218,7 +217,7 @@ impl RedisBackend {
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
-        let lock = Keys::of(key).lock;
+        let lock = &Keys::of(key).lock;
         let reply: Value = self
             .primary
             .request("inspecting", |mut con| async move {
@@ -287,7 +286,7 @@ impl RedisBackend {
 
     /// Falls back to polling for a while after the server refused a subscription.
     fn poll_for_a_while(&self, error: &Error) {
-        if self.refusal.refused() {
+        if self.refusal.refused(error) {
             tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
         }
     }
@@ -325,8 +324,8 @@ impl LockBackend for RedisBackend {
         let reply = if self.config.min_replicas > 0 {
             self.acquire_replicated(&keys, request).await?
         } else {
-            let (lock, fence) = (keys.lock.clone(), keys.fence.clone());
-            let owner = request.owner.expose_hex();
+            let (lock, fence) = (&keys.lock, &keys.fence);
+            let owner = &request.owner.expose_hex();
             let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
             self.primary
                 .request("acquiring", |mut con| async move {

@@ -271,14 +271,21 @@ impl Primary {
     /// primary (in the background) when the error says this one is gone or demoted.
     pub(crate) async fn request<T, F, Fut>(self: &Arc<Self>, what: &str, request: F) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        T: Send,
+        F: Fn(ConnectionManager) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
         self.request_on(what, |epoch| &epoch.connection, request)
             .await
     }
 
     /// As [`Primary::request`], on the connection `pick` chooses.
+    ///
+    /// A request whose connection turns out to be dropped (the server restarted, or closed
+    /// it) is sent once more, on the connection the manager opens instead, within the same
+    /// bound: after a restart the first request on each connection would fail otherwise,
+    /// a release among them. Every request lockkit sends may be repeated: a second acquire
+    /// by the same owner returns its grant, a second release finds nothing to delete.
     pub(crate) async fn request_on<T, F, Fut>(
         self: &Arc<Self>,
         what: &str,
@@ -286,12 +293,20 @@ impl Primary {
         request: F,
     ) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        T: Send,
+        F: Fn(ConnectionManager) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
         let epoch = self.epoch();
         let bound = self.dialer.request_bound();
-        match tokio::time::timeout(bound, request(pick(&epoch).clone())).await {
+        let connection = pick(&epoch);
+        let twice = async {
+            match request(connection.clone()).await {
+                Err(e) if e.is_connection_dropped() => request(connection.clone()).await,
+                outcome => outcome,
+            }
+        };
+        match tokio::time::timeout(bound, twice).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 if primary_may_have_moved(&e) {

@@ -666,8 +666,15 @@ impl LockBackend for RedlockBackend {
                     subscription = Some(subscribed);
                     break;
                 }
-                Ok(Err(_)) | Err(_) => {
-                    node.refusal.refused();
+                Ok(Err(e)) => {
+                    node.refusal.refused(&e);
+                }
+                Err(_) => {
+                    node.refusal.refused(&timed_out(
+                        BACKEND,
+                        "subscribing",
+                        self.config.node_timeout,
+                    ));
                 }
             }
         }

@@ -65,9 +65,11 @@ impl PrivateRedis {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Kills the server (SIGKILL, by PID) and starts it again on the same port, empty.
-    pub fn restart(&mut self) {
+    /// Kills the server (SIGKILL, by PID), waits `down`, and starts it again on the same
+    /// port (empty, unless its arguments turn persistence on).
+    pub fn restart(&mut self, down: Duration) {
         self.kill();
+        std::thread::sleep(down);
         let by = Instant::now() + Duration::from_secs(10);
         while !self.launch() {
             assert!(
