@@ -36,7 +36,11 @@ const BACKEND: &str = "redlock";
 ///   when a majority (N/2+1) said yes; on any other outcome it is released on every node that
 ///   may hold it (those that said yes and those that did not answer), and the core retries
 ///   with random jitter. The answer is taken as soon as a majority said yes; the slower
-///   nodes' keys are ours too and go with the release, which is sent to every node.
+///   nodes' keys are ours too and go with the release, which is sent to every node. Each
+///   node gets a lock's acquire, write-back and release in the order they were made, each
+///   pursued for the lock's TTL whether or not anyone still waits for its answer (one lane
+///   per lock and node, see `lanes.rs`), so a rollback or release never overtakes its
+///   acquire and is never dropped unsent.
 /// - **fencing token**: each node sets its key's counter to `max(counter + 1, proposal)`,
 ///   where the proposal is this client's clock in microseconds, and answers with it. The
 ///   grant's token T is the maximum over the nodes that said yes. Unless a majority already

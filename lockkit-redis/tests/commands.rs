@@ -109,12 +109,16 @@ async fn one_pipelined_renewal_batch_per_tick_for_100_locks() {
                 .unwrap(),
         );
     }
+    // On a busy machine taking 100 locks can outlast a tick: the ticks before the last grant
+    // renewed only the locks held by then.
+    let settled = counting.calls().len();
     let before = common::command_calls(&mut raw).await;
     tokio::time::sleep(ttl * 3).await;
     let after = common::command_calls(&mut raw).await;
     let batches: Vec<usize> = counting
         .calls()
         .iter()
+        .skip(settled)
         .filter(|c| c.method == "renew_many")
         .map(|c| c.leases)
         .collect();
