@@ -110,9 +110,18 @@ async fn a_redlock_release_reaches_every_node() {
     )
     .unwrap();
     let mutex = locks.mutex("cycled").unwrap();
+    let mut unanswered = 0;
     for _ in 0..5000 {
-        assert!(mutex.lock().await.unwrap().release().await.unwrap());
+        let guard = mutex.lock().await.unwrap();
+        // On a saturated machine a majority may not answer within the node timeout: the
+        // release is still on its way to every node, which is what this test checks.
+        match guard.release().await {
+            Ok(released) => assert!(released, "a held lock was not ours to release"),
+            Err(e) if e.is_retryable() => unanswered += 1,
+            Err(e) => panic!("release failed: {e}"),
+        }
     }
+    eprintln!("releases without a majority's answer in time: {unanswered}");
     // The stragglers are pursued for the lock's TTL, however slow the machine: give them
     // a third of it (a key that is still there after that was never released; one that
     // expired would take the full minute).
