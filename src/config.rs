@@ -272,6 +272,7 @@ const REDIS_FIELDS: &[&str] = &[
     "min_replicas",
     "replica_timeout",
     "fence_ttl",
+    "allow_eviction",
 ];
 /// Fields of the `[redlock]` table.
 #[cfg(feature = "redis")]
@@ -285,6 +286,7 @@ const REDLOCK_FIELDS: &[&str] = &[
     "node_timeout",
     "max_hold",
     "fence_ttl",
+    "allow_eviction",
 ];
 /// Fields of the `[etcd]` table.
 #[cfg(feature = "etcd")]

@@ -1,6 +1,7 @@
 -- Takes the lock if it is free, in one round trip.
 -- KEYS[1] lock key, KEYS[2] fence key (same hash tag)
--- ARGV[1] owner token (hex), ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms,
+-- ARGV[1] owner token (hex), ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms (the counter
+-- lives at least as long as the lock; renewals keep it alive with the lock),
 -- ARGV[4] (optional) the token to propose; without it, the server clock in microseconds
 -- Returns {1, fencing token} when granted (also to a retry of the same owner whose reply was
 -- lost), {0, remaining TTL of the holder in ms} when contended.
@@ -25,6 +26,6 @@ if token < clock then
   token = clock
   redis.call('SET', KEYS[2], string.format('%d', token))
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[2]), tonumber(ARGV[3])))
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%d', token), 'PX', ARGV[2])
 return {1, token}

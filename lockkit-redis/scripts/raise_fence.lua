@@ -6,7 +6,9 @@
 local token = tonumber(ARGV[2])
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 if counter < token then
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  -- As long as the lock at least (its renewals keep the counter alive with it).
+  local keep = math.max(tonumber(ARGV[3]), redis.call('PTTL', KEYS[1]))
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', keep)
 end
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then

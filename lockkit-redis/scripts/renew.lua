@@ -1,8 +1,15 @@
--- Extends the lock to its TTL if it is still ours.
--- KEYS[1] lock key; ARGV[1] owner token (hex), ARGV[2] TTL in ms
+-- Extends the lock to its TTL if it is still ours, and keeps its fence counter alive with it.
+-- KEYS[1] lock key, KEYS[2] fence key (same hash tag); ARGV[1] owner token (hex),
+-- ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms
 -- Returns 1 when the lock was ours (and is extended), 0 otherwise.
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
+  -- The counter outlives the lock by at least the fence TTL, so a lock held longer than
+  -- that still hands the next holder a counted token, not a clock reading.
+  local keep = math.max(tonumber(ARGV[2]), tonumber(ARGV[3]))
+  if redis.call('PTTL', KEYS[2]) < keep then
+    redis.call('PEXPIRE', KEYS[2], keep)
+  end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0

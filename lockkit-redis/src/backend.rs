@@ -12,7 +12,7 @@ use lockkit_core::{
 use redis::Value;
 
 use crate::config::{RedisConfig, parse_host};
-use crate::connection::{Dialer, Primary};
+use crate::connection::{Dialer, Epoch, Primary};
 use crate::error::{BACKEND, unexpected};
 use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
@@ -85,7 +85,28 @@ impl RedisBackend {
             refusal: Arc::default(),
         };
         backend.load_scripts().await?;
+        backend.check_eviction().await?;
         Ok(backend)
+    }
+
+    /// Refuses a server that may evict lock keys, unless the configuration accepts it.
+    async fn check_eviction(&self) -> Result<()> {
+        let (host, port) = self.primary.epoch().addr.clone();
+        let answer = self
+            .primary
+            .request("reading the eviction policy", |mut con| async move {
+                crate::eviction::info_memory()
+                    .query_async::<String>(&mut con)
+                    .await
+            })
+            .await;
+        crate::eviction::judge(
+            BACKEND,
+            &format!("{host}:{port}"),
+            answer,
+            self.config.allow_eviction,
+            "redis.allow_eviction",
+        )
     }
 
     /// The configuration this backend was built with.
@@ -169,11 +190,21 @@ impl RedisBackend {
     }
 
     async fn release_keys(&self, keys: &Keys, owner_hex: String) -> Result<bool> {
-        let lock = keys.lock.clone();
-        let channel = keys.channel.clone();
+        self.release_keys_on(keys, owner_hex, |epoch| &epoch.connection)
+            .await
+    }
+
+    /// As [`RedisBackend::release_keys`], on the connection `pick` chooses.
+    async fn release_keys_on(
+        &self,
+        keys: &Keys,
+        owner_hex: String,
+        pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
+    ) -> Result<bool> {
+        let (lock, channel, owner_hex) = (&keys.lock, &keys.channel, &owner_hex);
         let released: i64 = self
             .primary
-            .request("releasing", |mut con| async move {
+            .request_on("releasing", pick, |mut con| async move {
                 scripts::RELEASE
                     .key(lock)
                     .arg(owner_hex)
@@ -186,7 +217,7 @@ impl RedisBackend {
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
-        let lock = Keys::of(key).lock;
+        let lock = &Keys::of(key).lock;
         let reply: Value = self
             .primary
             .request("inspecting", |mut con| async move {
@@ -198,7 +229,7 @@ impl RedisBackend {
 
     /// One pipelined round trip of compare-and-`PEXPIRE`s (plus `WAIT` with `min_replicas`).
     async fn renew_batch(&self, leases: &[Lease]) -> Result<Vec<Renewal>> {
-        let mut pipe = scripts::renew_pipeline(leases);
+        let mut pipe = scripts::renew_pipeline(leases, self.config.fence_ttl);
         if self.config.min_replicas > 0 {
             pipe.cmd("WAIT")
                 .arg(self.config.min_replicas)
@@ -255,7 +286,7 @@ impl RedisBackend {
 
     /// Falls back to polling for a while after the server refused a subscription.
     fn poll_for_a_while(&self, error: &Error) {
-        if self.refusal.refused() {
+        if self.refusal.refused(error) {
             tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
         }
     }
@@ -293,8 +324,8 @@ impl LockBackend for RedisBackend {
         let reply = if self.config.min_replicas > 0 {
             self.acquire_replicated(&keys, request).await?
         } else {
-            let (lock, fence) = (keys.lock.clone(), keys.fence.clone());
-            let owner = request.owner.expose_hex();
+            let (lock, fence) = (&keys.lock, &keys.fence);
+            let owner = &request.owner.expose_hex();
             let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
             self.primary
                 .request("acquiring", |mut con| async move {
@@ -360,7 +391,15 @@ impl LockBackend for RedisBackend {
         let keys = Keys::of(&request.key);
         // This acquisition may have taken the wake-up of a release: another waiter retries.
         self.primary.epoch().notifier.pass_on(&keys.channel);
-        self.release_keys(&keys, request.owner.expose_hex())
+        // An attempt with min_replicas went out on the replication connection, where it may
+        // still wait behind other tasks' WAITs: the clean-up follows it there, so the server
+        // runs it after the attempt, never before (a grant nobody holds, for a TTL).
+        let pick: fn(&Epoch) -> &redis::aio::ConnectionManager = if self.config.min_replicas > 0 {
+            |epoch| &epoch.replication
+        } else {
+            |epoch| &epoch.connection
+        };
+        self.release_keys_on(&keys, request.owner.expose_hex(), pick)
             .await
             .map(drop)
     }

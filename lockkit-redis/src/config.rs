@@ -60,10 +60,18 @@ pub struct RedisConfig {
     /// How long `WAIT` waits for `min_replicas`. Default: 100ms.
     #[serde(with = "humantime_serde")]
     pub replica_timeout: Duration,
-    /// How long a key's fence counter outlives its last grant. Tokens also follow the
-    /// server's clock, so this only matters if that clock steps back. Default: 1h.
+    /// How long a key's fence counter outlives the lock (its last grant or renewal; renewals
+    /// keep the counter alive while the lock is held). Tokens also follow the server's clock,
+    /// so this only matters if that clock steps back. Default: 1h.
     #[serde(with = "humantime_serde")]
     pub fence_ttl: Duration,
+    /// Accept a server that may evict lock keys: one with a `maxmemory` limit and a
+    /// `maxmemory-policy` other than `noeviction` (every lock key has a TTL, so even the
+    /// `volatile-*` policies take them). An evicted lock is granted again while its holder
+    /// still holds it. When false, `connect` refuses such a server with `InvalidConfig`
+    /// (it reads `INFO memory`; a user that may not run `INFO` gets a logged warning
+    /// instead). With Sentinel, the primary found at connect time is checked. Default: false.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisConfig {
@@ -82,6 +90,7 @@ impl Default for RedisConfig {
             min_replicas: 0,
             replica_timeout: Duration::from_millis(100),
             fence_ttl: Duration::from_secs(3600),
+            allow_eviction: false,
         }
     }
 }
@@ -228,6 +237,7 @@ impl fmt::Debug for RedisConfig {
             .field("min_replicas", &self.min_replicas)
             .field("replica_timeout", &self.replica_timeout)
             .field("fence_ttl", &self.fence_ttl)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }
@@ -269,10 +279,14 @@ pub struct RedlockConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub max_hold: Option<Duration>,
-    /// How long a key's fence counters outlive its last grant (see [`RedisConfig::fence_ttl`]).
-    /// Default: 1h.
+    /// How long a key's fence counters outlive the lock, its last grant or renewal (see
+    /// [`RedisConfig::fence_ttl`]). Default: 1h.
     #[serde(with = "humantime_serde")]
     pub fence_ttl: Duration,
+    /// Accept nodes that may evict lock keys (see [`RedisConfig::allow_eviction`]); when
+    /// false, `connect` refuses if any node that answers has a memory limit with an evicting
+    /// policy. Default: false.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedlockConfig {
@@ -287,6 +301,7 @@ impl Default for RedlockConfig {
             node_timeout: Duration::from_millis(100),
             max_hold: None,
             fence_ttl: Duration::from_secs(3600),
+            allow_eviction: false,
         }
     }
 }
@@ -386,6 +401,7 @@ impl fmt::Debug for RedlockConfig {
             .field("node_timeout", &self.node_timeout)
             .field("max_hold", &self.max_hold)
             .field("fence_ttl", &self.fence_ttl)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }

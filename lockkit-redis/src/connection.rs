@@ -120,14 +120,42 @@ impl Dialer {
             .map_err(|e| from_redis(self.backend, e))
     }
 
+    /// As [`Dialer::lazy`], with no response timeout: for callers that bound every request
+    /// themselves and need a request to stay pending (and so be sent) after they stop
+    /// waiting for it. The client drops a timed-out request that it has not written yet.
+    pub(crate) fn lazy_without_response_timeout(
+        &self,
+        info: ConnectionInfo,
+    ) -> Result<ConnectionManager> {
+        let client = self.client(info)?;
+        let config = self.manager_config().set_response_timeout(None);
+        ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| from_redis(self.backend, e))
+    }
+
     /// A manager that is connected (and authenticated) before this returns.
+    ///
+    /// # Errors
+    /// As [`Dialer::bounded`]; [`ErrorKind::InvalidConfig`] when the server has no database
+    /// numbered `db`.
     pub(crate) async fn connect(&self, info: ConnectionInfo) -> Result<ConnectionManager> {
         let client = self.client(info)?;
         let config = self.manager_config();
-        self.bounded("connect", async move {
-            ConnectionManager::new_with_config(client, config).await
-        })
-        .await
+        let bound = self.request_bound();
+        match tokio::time::timeout(bound, ConnectionManager::new_with_config(client, config)).await
+        {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(e)) if crate::error::is_missing_database(&e) => Err(Error::new(
+                ErrorKind::InvalidConfig,
+                self.backend,
+                format!(
+                    "the server has no database {}: redis.db (the URL's /db) must be below the server's `databases` setting (16 by default)",
+                    self.db
+                ),
+            )),
+            Ok(Err(e)) => Err(from_redis(self.backend, e)),
+            Err(_) => Err(timed_out(self.backend, "connect", bound)),
+        }
     }
 
     /// A manager for pub/sub pushes (RESP3), which resubscribes after a reconnect.
@@ -243,14 +271,21 @@ impl Primary {
     /// primary (in the background) when the error says this one is gone or demoted.
     pub(crate) async fn request<T, F, Fut>(self: &Arc<Self>, what: &str, request: F) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        T: Send,
+        F: Fn(ConnectionManager) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
         self.request_on(what, |epoch| &epoch.connection, request)
             .await
     }
 
     /// As [`Primary::request`], on the connection `pick` chooses.
+    ///
+    /// A request whose connection turns out to be dropped (the server restarted, or closed
+    /// it) is sent once more, on the connection the manager opens instead, within the same
+    /// bound: after a restart the first request on each connection would fail otherwise,
+    /// a release among them. Every request lockkit sends may be repeated: a second acquire
+    /// by the same owner returns its grant, a second release finds nothing to delete.
     pub(crate) async fn request_on<T, F, Fut>(
         self: &Arc<Self>,
         what: &str,
@@ -258,12 +293,20 @@ impl Primary {
         request: F,
     ) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        T: Send,
+        F: Fn(ConnectionManager) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
         let epoch = self.epoch();
         let bound = self.dialer.request_bound();
-        match tokio::time::timeout(bound, request(pick(&epoch).clone())).await {
+        let connection = pick(&epoch);
+        let twice = async {
+            match request(connection.clone()).await {
+                Err(e) if e.is_connection_dropped() => request(connection.clone()).await,
+                outcome => outcome,
+            }
+        };
+        match tokio::time::timeout(bound, twice).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 if primary_may_have_moved(&e) {

@@ -66,6 +66,13 @@ fn describe(error: &RedisError) -> String {
     }
 }
 
+/// Whether `error` is the server refusing to `SELECT` a database it does not have.
+pub(crate) fn is_missing_database(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|d| d.contains("DB index is out of range"))
+}
+
 /// The error for a request that got no answer in time.
 pub(crate) fn timed_out(backend: &'static str, what: &str, after: std::time::Duration) -> Error {
     Error::new(

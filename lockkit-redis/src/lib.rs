@@ -4,6 +4,8 @@ mod backend;
 mod config;
 mod connection;
 mod error;
+mod eviction;
+mod lanes;
 mod notify;
 mod redlock;
 mod scripts;

@@ -23,9 +23,16 @@ use crate::connection::Dialer;
 /// retries and waits again finds it still subscribed.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// How long waiters poll instead of subscribing after a server refused (or did not answer)
-/// a subscription.
+/// How long waiters poll instead of subscribing after a server refused a subscription.
 const POLL_AFTER_REFUSAL: Duration = Duration::from_secs(30);
+
+/// How long waiters poll after a subscription failed for want of a connection (the server
+/// restarting, say): the pub/sub connection is being recovered meanwhile.
+const POLL_AFTER_OUTAGE: Duration = Duration::from_secs(1);
+
+/// The pauses between attempts to bring a lost pub/sub connection back.
+const RECOVERY_MIN_DELAY: Duration = Duration::from_millis(50);
+const RECOVERY_MAX_DELAY: Duration = Duration::from_secs(1);
 
 /// Whether a server lately refused release notifications: then waiters poll for
 /// [`POLL_AFTER_REFUSAL`] instead of asking it again on every wait.
@@ -44,11 +51,18 @@ impl Refusal {
         until.is_none()
     }
 
-    /// Records a refusal; true if it is the first since notifications last worked.
-    pub(crate) fn refused(&self) -> bool {
+    /// Records a failed subscription: polling for [`POLL_AFTER_REFUSAL`] after a refusal,
+    /// for [`POLL_AFTER_OUTAGE`] when the server could not be reached. True if it is the
+    /// first since notifications last worked.
+    pub(crate) fn refused(&self, error: &lockkit_core::Error) -> bool {
+        let pause = if error.kind() == lockkit_core::ErrorKind::Unavailable {
+            POLL_AFTER_OUTAGE
+        } else {
+            POLL_AFTER_REFUSAL
+        };
         let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
         let first = until.is_none();
-        *until = Some(Instant::now() + POLL_AFTER_REFUSAL);
+        *until = Some(Instant::now() + pause);
         first
     }
 }
@@ -69,6 +83,10 @@ struct Inner {
     /// Serializes SUBSCRIBE and UNSUBSCRIBE, so an unsubscribe of an idle channel cannot
     /// overtake a new waiter's subscribe.
     changes: tokio::sync::Mutex<()>,
+    /// A task is bringing the pub/sub connection back after a disconnection.
+    recovering: std::sync::atomic::AtomicBool,
+    /// How many disconnections the pub/sub connection had.
+    disconnections: AtomicU64,
 }
 
 struct Channel {
@@ -76,7 +94,8 @@ struct Channel {
     /// The [`Inner::sequence`] value of the channel's last change.
     changed_at: u64,
     waiters: usize,
-    /// The server confirmed the subscription.
+    /// The server confirmed the subscription, on the pub/sub connection that is up now
+    /// (false again from a disconnection until the subscription is renewed).
     confirmed: bool,
 }
 
@@ -106,6 +125,8 @@ impl Notifier {
                 channels: StdMutex::new(HashMap::new()),
                 sequence,
                 changes: tokio::sync::Mutex::new(()),
+                recovering: std::sync::atomic::AtomicBool::new(false),
+                disconnections: AtomicU64::new(0),
             }),
         }
     }
@@ -157,17 +178,23 @@ impl Notifier {
             return Ok(subscription);
         }
         // The channel is registered before SUBSCRIBE is sent: a release published right after
-        // the confirmation must find it when its push is dispatched.
-        let releases = Arc::new(Notify::new());
-        self.inner.channels().insert(
-            channel.to_owned(),
-            Channel {
-                releases: releases.clone(),
-                changed_at: self.inner.next(),
-                waiters: 1,
-                confirmed: false,
-            },
-        );
+        // the confirmation must find it when its push is dispatched. A channel that lost its
+        // subscription with a disconnection keeps its entry (its waiters hold its `releases`)
+        // and is subscribed again.
+        let releases = {
+            let mut channels = self.inner.channels();
+            let changed_at = self.inner.next();
+            let entry = channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    releases: Arc::new(Notify::new()),
+                    changed_at,
+                    waiters: 0,
+                    confirmed: false,
+                });
+            entry.waiters += 1;
+            entry.releases.clone()
+        };
         let mut subscription = Subscription {
             inner: self.inner.clone(),
             channel: channel.to_owned(),
@@ -178,7 +205,13 @@ impl Notifier {
         match self.inner.send_subscribe(channel).await {
             Ok(()) => Ok(subscription),
             Err(e) => {
-                self.inner.channels().remove(channel);
+                let mut channels = self.inner.channels();
+                if let Some(entry) = channels.get_mut(channel) {
+                    entry.waiters -= 1;
+                    if entry.waiters == 0 && !entry.confirmed {
+                        channels.remove(channel);
+                    }
+                }
                 subscription.joined = false;
                 Err(e)
             }
@@ -192,6 +225,7 @@ impl Inner {
         let inner = self.clone();
         let channel = channel.to_owned();
         lockkit_core::runtime::run(async move {
+            let disconnections = inner.disconnections.load(Ordering::SeqCst);
             let mut connection = inner.connection().await?;
             let name = channel.clone();
             inner
@@ -200,8 +234,12 @@ impl Inner {
                     connection.subscribe(&name).await
                 })
                 .await?;
-            // Confirmed here, not by the waiter: it may have been cancelled meanwhile.
-            if let Some(entry) = inner.channels().get_mut(&channel) {
+            // Confirmed here, not by the waiter: it may have been cancelled meanwhile. Not if
+            // the connection it was confirmed on went down since (the recovery renews it).
+            let mut channels = inner.channels();
+            if inner.disconnections.load(Ordering::SeqCst) == disconnections
+                && let Some(entry) = channels.get_mut(&channel)
+            {
                 entry.confirmed = true;
             }
             Ok(())
@@ -294,13 +332,55 @@ impl Inner {
                 channels.remove(channel);
             }
             Err(e) => {
-                // Still subscribed (and resubscribed after reconnects): keep it usable.
+                // Perhaps still subscribed, perhaps not (a disconnection): the next waiter
+                // subscribes again, which is harmless either way.
                 tracing::debug!(error = %e, "could not unsubscribe from a release channel");
-                if let Some(entry) = channels.get_mut(channel) {
-                    entry.confirmed = true;
+                if let Some(entry) = channels.get_mut(channel)
+                    && entry.waiters == 0
+                {
+                    channels.remove(channel);
                 }
             }
         }
+    }
+
+    /// After a disconnection: no subscription holds any more (a release published until it
+    /// is renewed reaches nobody), so every channel is unconfirmed (waiters subscribe again,
+    /// and retry before they sleep), every waiter retries now, and a task brings the
+    /// connection back even if no waiter asks for it.
+    fn disconnected(self: &Arc<Self>) {
+        {
+            let mut channels = self.channels();
+            self.disconnections.fetch_add(1, Ordering::SeqCst);
+            for entry in channels.values_mut() {
+                entry.confirmed = false;
+            }
+        }
+        self.wake(None);
+        if !self.recovering.swap(true, Ordering::SeqCst) {
+            lockkit_core::runtime::spawn(recover(Arc::downgrade(self)));
+        }
+    }
+
+    /// The server confirmed a subscription to `channel` (a waiter's, or the client's own
+    /// resubscription after a reconnect): releases published from now on are seen.
+    fn confirmed(&self, channel: &str) {
+        let mut channels = self.channels();
+        if let Some(entry) = channels.get_mut(channel)
+            && !entry.confirmed
+        {
+            entry.confirmed = true;
+            entry.changed_at = self.next();
+        }
+    }
+
+    /// The channels that have waiters but no confirmed subscription.
+    fn unconfirmed(&self) -> Vec<String> {
+        self.channels()
+            .iter()
+            .filter(|(_, entry)| !entry.confirmed && entry.waiters > 0)
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// Wakes one waiter of `channel` after a release, or every waiter of every channel
@@ -340,9 +420,67 @@ async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedRe
                     inner.wake(Some(channel));
                 }
             }
-            PushKind::Disconnection => inner.wake(None),
+            PushKind::Subscribe => {
+                if let Some(Value::BulkString(channel)) = push.data.first()
+                    && let Ok(channel) = std::str::from_utf8(channel)
+                {
+                    inner.confirmed(channel);
+                }
+            }
+            PushKind::Disconnection => inner.disconnected(),
             _ => {}
         }
+    }
+}
+
+/// Brings the pub/sub connection back after a disconnection: the client library reconnects
+/// once or twice by itself and then only when a request fails, which a waiter that only
+/// listens never sends. So this pings until the connection answers (each failure starts a
+/// reconnect), then subscribes again to every channel that still has waiters.
+async fn recover(inner: std::sync::Weak<Inner>) {
+    let mut delay = RECOVERY_MIN_DELAY;
+    loop {
+        let Some(this) = inner.upgrade() else {
+            return;
+        };
+        if this.reconnected().await {
+            let mut renewed = true;
+            for channel in this.unconfirmed() {
+                let _changes = this.changes.lock().await;
+                if let Err(e) = this.send_subscribe(&channel).await {
+                    tracing::debug!(error = %e, "could not renew a release subscription");
+                    renewed = false;
+                    break;
+                }
+            }
+            if renewed {
+                this.recovering.store(false, Ordering::SeqCst);
+                // A disconnection between the last check and the flag is recovered by us.
+                if this.unconfirmed().is_empty() || this.recovering.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+            }
+        }
+        drop(this);
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(RECOVERY_MAX_DELAY);
+    }
+}
+
+impl Inner {
+    /// Whether the pub/sub connection answers a PING (a failure makes it reconnect).
+    async fn reconnected(self: &Arc<Self>) -> bool {
+        let Ok(mut connection) = self.connection().await else {
+            return false;
+        };
+        self.dialer
+            .bounded("pinging the pub/sub connection", async move {
+                redis::cmd("PING")
+                    .query_async::<Value>(&mut connection)
+                    .await
+            })
+            .await
+            .is_ok()
     }
 }
 

@@ -19,7 +19,7 @@ const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 /// Compare-and-delete plus a release notification.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-/// Compare-and-`PEXPIRE`.
+/// Compare-and-`PEXPIRE` of the lock, keeping its fence counter alive.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 /// The holder's value and remaining TTL, read atomically.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
@@ -42,18 +42,22 @@ pub(crate) fn load_all() -> redis::Pipeline {
     pipe
 }
 
-/// One pipeline of compare-and-`PEXPIRE` calls, one per lease; a failed call gives an error
-/// reply in its place instead of failing the pipeline.
-pub(crate) fn renew_pipeline(leases: &[Lease]) -> redis::Pipeline {
+/// One pipeline of compare-and-`PEXPIRE` calls, one per lease, each also keeping the lock's
+/// fence counter alive for at least `fence_ttl`; a failed call gives an error reply in its
+/// place instead of failing the pipeline.
+pub(crate) fn renew_pipeline(leases: &[Lease], fence_ttl: Duration) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for lease in leases {
+        let keys = Keys::of(lease.key());
         pipe.cmd("EVALSHA")
             .arg(RENEW.get_hash())
-            .arg(1)
-            .arg(Keys::of(lease.key()).lock)
+            .arg(2)
+            .arg(keys.lock)
+            .arg(keys.fence)
             .arg(lease.owner().expose_hex())
-            .arg(millis(lease.ttl()));
+            .arg(millis(lease.ttl()))
+            .arg(millis(fence_ttl));
     }
     pipe
 }
@@ -154,10 +158,11 @@ pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Opti
     let Value::Array(items) = value else {
         return Err(unexpected(backend, "the inspect script"));
     };
+    // Anything but a value (or none) and a PTTL is an error, never "not held": a client
+    // that cannot read the holder does not know it.
     let (stored, pttl) = match items.as_slice() {
         [Value::BulkString(stored), Value::Int(pttl)] => (stored, *pttl),
-        [Value::Nil, _] | [] => return Ok(None),
-        [_, _] => return Ok(None),
+        [Value::Nil, Value::Int(_)] => return Ok(None),
         _ => return Err(unexpected(backend, "the inspect script")),
     };
     let parsed = std::str::from_utf8(stored)
@@ -180,4 +185,39 @@ pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Opti
 /// Whether a reply says `NOSCRIPT` (the server lost its script cache).
 pub(crate) fn is_noscript(value: &Value) -> bool {
     matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unexpected_inspect_reply_is_an_error_not_a_free_lock() {
+        for reply in [
+            Value::Array(vec![Value::Int(1), Value::Int(100)]),
+            Value::Array(vec![Value::Nil, Value::Nil]),
+            Value::Array(vec![Value::Okay, Value::Int(100)]),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Nil]),
+            Value::Nil,
+        ] {
+            assert!(
+                inspect_reply("redis", &reply).is_err(),
+                "{reply:?} was taken for an answer"
+            );
+        }
+    }
+
+    #[test]
+    fn an_inspect_reply_names_the_holder_or_none() {
+        let free = Value::Array(vec![Value::Nil, Value::Int(-2)]);
+        assert_eq!(inspect_reply("redis", &free).ok(), Some(None));
+        let held = Value::Array(vec![
+            Value::BulkString(b"ab12:42".to_vec()),
+            Value::Int(1500),
+        ]);
+        let holder = inspect_reply("redis", &held).ok().flatten();
+        assert_eq!(holder.as_ref().map(|h| h.owner_hex.as_str()), Some("ab12"));
+        assert_eq!(holder.map(|h| h.info.fencing_token), Some(FencingToken(42)));
+    }
 }

@@ -243,3 +243,22 @@ async fn expect_polling_works(backend: std::sync::Arc<dyn LockBackend>, namespac
         "the poller took {waited:?}"
     );
 }
+
+/// A database number the server does not have is a configuration error (the CLI's exit 78),
+/// not an unexpected backend error, and the message says which setting to fix.
+#[tokio::test]
+async fn a_database_the_server_does_not_have_is_invalid_config() {
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let common::Topology::Single(config) = &harness.topology else {
+        panic!("the single harness runs on one server");
+    };
+    let mut config = config.clone();
+    config.db = 99;
+    let err = RedisBackend::connect(config).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(!err.is_retryable());
+    assert!(err.message().contains("99"), "{err}");
+    assert!(err.message().contains("databases"), "{err}");
+}

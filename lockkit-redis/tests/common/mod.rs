@@ -2,6 +2,8 @@
 //! access to the servers behind lockkit's back.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod private;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -258,6 +260,7 @@ pub const LOCKKIT_COMMANDS: &[&str] = &[
     "+time",
     "+del",
     "+publish",
+    "+info",
 ];
 
 /// What release notifications need on top of [`LOCKKIT_COMMANDS`].

@@ -2,13 +2,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockkit_core::{
     AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
     FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
@@ -19,9 +17,13 @@ use redis::{ProtocolVersion, Value};
 
 use crate::config::{RedlockConfig, parse_host};
 use crate::connection::Dialer;
-use crate::error::{from_redis, timed_out, unexpected};
+use crate::error::{timed_out, unexpected};
+use crate::lanes::Lanes;
 use crate::notify::{Notifier, Refusal};
 use crate::scripts::{self, AcquireReply, Holder, Keys, millis};
+use fanout::NodeResult;
+
+mod fanout;
 
 const BACKEND: &str = "redlock";
 
@@ -33,7 +35,11 @@ const BACKEND: &str = "redlock";
 ///   when a majority (N/2+1) said yes; on any other outcome it is released on every node that
 ///   may hold it (those that said yes and those that did not answer), and the core retries
 ///   with random jitter. The answer is taken as soon as a majority said yes; the slower
-///   nodes' keys are ours too and go with the release, which is sent to every node.
+///   nodes' keys are ours too and go with the release, which is sent to every node. Each
+///   node gets a lock's acquire, write-back and release in the order they were made, each
+///   pursued for the lock's TTL whether or not anyone still waits for its answer (one lane
+///   per lock and node, see `lanes.rs`), so a rollback or release never overtakes its
+///   acquire and is never dropped unsent.
 /// - **fencing token**: each node sets its key's counter to `max(counter + 1, proposal)`,
 ///   where the proposal is this client's clock in microseconds, and answers with it. The
 ///   grant's token T is the maximum over the nodes that said yes. Unless a majority already
@@ -60,8 +66,8 @@ const BACKEND: &str = "redlock";
 ///   for longer than the TTL, as the Redlock paper says);
 /// - bounded clock drift between the nodes and this client (the core's drift allowance) and
 ///   pauses of this process shorter than the validity it checks;
-/// - the counters not expiring: they live [`RedlockConfig::fence_ttl`] past the key's last
-///   grant. After that, tokens restart from the acquiring client's clock, which keeps them
+/// - the counters not expiring: they live [`RedlockConfig::fence_ttl`] past the lock's last
+///   grant or renewal (renewals keep them alive while the lock is held). After that, tokens restart from the acquiring client's clock, which keeps them
 ///   increasing unless the clients' clocks disagree by more than the time since that grant.
 ///
 /// Tokens can still be out of order with exclusion broken (a holder paused past its
@@ -76,8 +82,12 @@ pub struct RedlockBackend {
 
 struct Node {
     addr: String,
-    /// For acquire, release and inspect, called from the user's tasks.
+    /// For acquire, release and inspect, called from the user's tasks. It has no response
+    /// timeout of its own: each caller bounds its wait, and a lock's requests are pursued
+    /// for the lock's TTL (see `lanes.rs`).
     connection: ConnectionManager,
+    /// The order of each lock's acquire, write-back and release requests to this node.
+    lanes: Arc<Lanes>,
     /// For renewals only, used on lockkit's runtime (see `RedisBackend`).
     renewals: ConnectionManager,
     /// Release notifications from this node.
@@ -85,9 +95,6 @@ struct Node {
     /// Whether this node lately refused (or did not answer) a subscription.
     refusal: Refusal,
 }
-
-/// One node's answer, or why it gave none.
-type NodeResult<T> = std::result::Result<T, Error>;
 
 impl RedlockBackend {
     /// Opens connections to every node and loads the scripts where it can.
@@ -120,7 +127,8 @@ impl RedlockBackend {
                     let pushes = dialer.info(&host, port, ProtocolVersion::RESP3)?;
                     Ok(Node {
                         addr,
-                        connection: dialer.lazy(info.clone())?,
+                        connection: dialer.lazy_without_response_timeout(info.clone())?,
+                        lanes: Arc::default(),
                         renewals: dialer.lazy(info)?,
                         notifier: Notifier::sharing(dialer.clone(), pushes, sequence.clone()),
                         refusal: Refusal::default(),
@@ -159,7 +167,35 @@ impl RedlockBackend {
         if answered < backend.quorum() {
             return Err(backend.quorum_error("connecting", answered, &loaded));
         }
+        backend.check_eviction().await?;
         Ok(backend)
+    }
+
+    /// Refuses nodes that may evict lock keys, unless the configuration accepts it. A node
+    /// that does not answer now is not checked (the quorum tolerates it down).
+    async fn check_eviction(&self) -> Result<()> {
+        let answers = self
+            .on_all(self.config.node_timeout, false, |mut con| async move {
+                crate::eviction::info_memory()
+                    .query_async::<String>(&mut con)
+                    .await
+            })
+            .await;
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match crate::eviction::judge(
+                BACKEND,
+                &node.addr,
+                answer,
+                self.config.allow_eviction,
+                "redlock.allow_eviction",
+            ) {
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    tracing::debug!(node = %node.addr, error = %e, "cannot check the eviction policy of a node that does not answer");
+                }
+                outcome => outcome?,
+            }
+        }
+        Ok(())
     }
 
     /// The configuration this backend was built with.
@@ -171,180 +207,40 @@ impl RedlockBackend {
         self.config.quorum()
     }
 
-    /// Runs `request` on every node at once (on the renewal connections if `renewal`), each
-    /// bounded by `bound`, and waits for every answer.
-    async fn on_all<T, F, Fut>(
+    /// Releases the lock on every node, pursuing each node for `ttl` (see
+    /// [`RedlockBackend::script_until`]).
+    async fn release_on_all(
         &self,
-        bound: Duration,
-        renewal: bool,
-        request: F,
-    ) -> Vec<NodeResult<T>>
-    where
-        T: Send + 'static,
-        F: Fn(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
-    {
-        self.on_all_until(bound, renewal, request, |_| false)
-            .await
-            .into_iter()
-            .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))
-            .collect()
-    }
-
-    /// As [`RedlockBackend::on_all`], but returns as soon as `enough` says the answers so
-    /// far decide the outcome; the nodes that have not answered yet are `None`. Their
-    /// requests may still be applied, so callers treat them as "may hold".
-    ///
-    /// The requests still pending then are driven to their end (or the bound) on lockkit's
-    /// runtime: a redis request future dropped early may not have been written to its
-    /// connection yet, and a release that is never sent leaves its key on that node until
-    /// the TTL.
-    async fn on_all_until<T, F, Fut>(
-        &self,
-        bound: Duration,
-        renewal: bool,
-        request: F,
-        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool + Send + Sync,
-    ) -> Vec<Option<NodeResult<T>>>
-    where
-        T: Send + 'static,
-        F: Fn(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
-    {
-        let deadline = tokio::time::Instant::now() + bound;
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let connection = if renewal {
-                    &node.renewals
-                } else {
-                    &node.connection
-                };
-                let reply = request(connection.clone());
-                async move { (i, reply.await.map_err(|e| from_redis(BACKEND, e))) }
-            })
-            .collect();
-        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
-        // One deadline for all, as all were sent at once; the stragglers keep it too.
-        let late = tokio::time::timeout_at(deadline, async {
-            while let Some((i, answer)) = pending.next().await {
-                answers[i] = Some(answer);
-                if enough(&answers) {
-                    break;
-                }
-            }
-        })
-        .await
-        .is_err();
-        if late {
-            for (answer, node) in answers.iter_mut().zip(self.nodes.iter()) {
-                if answer.is_none() {
-                    *answer = Some(Err(timed_out(BACKEND, &node.addr, bound)));
-                }
-            }
-        }
-        if !pending.is_empty() {
-            lockkit_core::runtime::spawn(tokio::time::timeout_at(
-                deadline,
-                pending.for_each(|_| std::future::ready(())),
-            ));
-        }
-        answers
-    }
-
-    /// Runs one script on every node at once, each bounded by the node timeout, until
-    /// `enough` (see [`RedlockBackend::on_all_until`]).
-    async fn script_until(
-        &self,
-        script: &'static redis::Script,
-        keys: &[&str],
-        args: &[String],
-        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync,
-    ) -> Vec<Option<NodeResult<Value>>> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(arg);
-        }
-        let invocation = Arc::new(invocation);
-        self.on_all_until(
-            self.config.node_timeout,
-            false,
-            move |mut con| {
-                let invocation = invocation.clone();
-                async move { invocation.invoke_async::<Value>(&mut con).await }
-            },
-            enough,
-        )
-        .await
-    }
-
-    /// Runs one script on every node at once and waits for every answer (or its timeout).
-    async fn script_on_all(
-        &self,
-        script: &'static redis::Script,
-        keys: &[&str],
-        args: &[String],
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
     ) -> Vec<NodeResult<Value>> {
-        self.script_until(script, keys, args, |_| false)
-            .await
-            .into_iter()
-            .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))
-            .collect()
-    }
-
-    /// The error for too few answers, naming the nodes that failed and why.
-    fn quorum_error<T>(&self, what: &str, got: usize, replies: &[NodeResult<T>]) -> Error {
-        let errors: Vec<Option<&Error>> = replies.iter().map(|r| r.as_ref().err()).collect();
-        self.quorum_error_of(what, got, &errors)
-    }
-
-    fn quorum_error_of(&self, what: &str, got: usize, errors: &[Option<&Error>]) -> Error {
-        let need = self.quorum();
-        let failed: Vec<String> = self
-            .nodes
-            .iter()
-            .zip(errors)
-            .filter_map(|(node, error)| error.map(|e| format!("{}: {}", node.addr, e.message())))
-            .collect();
-        Error::new(
-            ErrorKind::QuorumNotReached { got, need },
-            BACKEND,
-            format!(
-                "{what}: {got} of {} nodes agreed, {need} needed; failed: {}",
-                self.nodes.len(),
-                if failed.is_empty() {
-                    "none".to_owned()
-                } else {
-                    failed.join("; ")
-                }
-            ),
-        )
-        .with_retryable(true)
-    }
-
-    async fn release_on_all(&self, key: &LockKey, owner: &OwnerToken) -> Vec<NodeResult<Value>> {
         let keys = Keys::of(key);
         self.script_on_all(
             &scripts::RELEASE,
             &[&keys.lock],
             &[owner.expose_hex(), keys.channel.clone(), "1".to_owned()],
+            ttl,
         )
         .await
     }
 
     /// Every node's view of the holder.
     async fn holders(&self, key: &LockKey) -> Vec<NodeResult<Option<Holder>>> {
-        let keys = Keys::of(key);
-        self.script_on_all(&scripts::INSPECT, &[&keys.lock], &[])
-            .await
-            .into_iter()
-            .map(|reply| reply.and_then(|value| scripts::inspect_reply(BACKEND, &value)))
-            .collect()
+        let lock = Keys::of(key).lock;
+        self.on_all(self.config.node_timeout, false, move |mut con| {
+            let lock = lock.clone();
+            async move {
+                scripts::INSPECT
+                    .key(lock)
+                    .invoke_async::<Value>(&mut con)
+                    .await
+            }
+        })
+        .await
+        .into_iter()
+        .map(|reply| reply.and_then(|value| scripts::inspect_reply(BACKEND, &value)))
+        .collect()
     }
 
     /// Writes `token` back to every node; succeeds once a majority took it and still has the
@@ -367,6 +263,7 @@ impl RedlockBackend {
                     token.get().to_string(),
                     millis(self.config.fence_ttl).to_string(),
                 ],
+                request.ttl,
                 |answers| ours(answers) >= quorum,
             )
             .await;
@@ -384,7 +281,7 @@ impl RedlockBackend {
     /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
     /// nodes extended it, how many said it is not ours, and the failures.
     async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let pipe = Arc::new(scripts::renew_pipeline(leases));
+        let pipe = Arc::new(scripts::renew_pipeline(leases, self.config.fence_ttl));
         let replies = self
             .on_all(self.config.node_timeout, true, move |mut con| {
                 let pipe = pipe.clone();
@@ -487,6 +384,7 @@ impl LockBackend for RedlockBackend {
                     millis(self.config.fence_ttl).to_string(),
                     proposed_token().to_string(),
                 ],
+                request.ttl,
                 |answers| granted(answers) >= quorum,
             )
             .await;
@@ -523,13 +421,15 @@ impl LockBackend for RedlockBackend {
                     self.validity(request.ttl),
                 ))),
                 Err(e) => {
-                    self.release_on_all(&request.key, &request.owner).await;
+                    self.release_on_all(&request.key, &request.owner, request.ttl)
+                        .await;
                     Err(e)
                 }
             };
         }
         if !tokens.is_empty() || answers.iter().any(Result::is_err) {
-            self.release_on_all(&request.key, &request.owner).await;
+            self.release_on_all(&request.key, &request.owner, request.ttl)
+                .await;
         }
         if tokens.len() + holder_ttls.len() < quorum {
             return Err(self.quorum_error("acquiring", tokens.len() + holder_ttls.len(), &answers));
@@ -571,8 +471,15 @@ impl LockBackend for RedlockBackend {
                     subscription = Some(subscribed);
                     break;
                 }
-                Ok(Err(_)) | Err(_) => {
-                    node.refusal.refused();
+                Ok(Err(e)) => {
+                    node.refusal.refused(&e);
+                }
+                Err(_) => {
+                    node.refusal.refused(&timed_out(
+                        BACKEND,
+                        "subscribing",
+                        self.config.node_timeout,
+                    ));
                 }
             }
         }
@@ -598,7 +505,9 @@ impl LockBackend for RedlockBackend {
         for node in self.nodes.iter() {
             node.notifier.pass_on(&channel);
         }
-        let replies = self.release_on_all(&request.key, &request.owner).await;
+        let replies = self
+            .release_on_all(&request.key, &request.owner, request.ttl)
+            .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         if answered >= self.quorum() {
             Ok(())
@@ -657,6 +566,7 @@ impl LockBackend for RedlockBackend {
                     keys.channel.clone(),
                     "1".to_owned(),
                 ],
+                lease.ttl(),
                 |answers| released(answers) >= quorum,
             )
             .await;

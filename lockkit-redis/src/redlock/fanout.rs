@@ -1,0 +1,226 @@
+//! How [`RedlockBackend`] asks every node at once: the fan-out, the answers gathered until
+//! they decide the outcome, and the lanes (see `lanes.rs`) that carry every request that
+//! changes a lock.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use lockkit_core::{Error, ErrorKind};
+use redis::Value;
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use super::{BACKEND, RedlockBackend};
+use crate::error::{from_redis, timed_out, unexpected};
+
+/// One node's answer, or why it gave none.
+pub(super) type NodeResult<T> = std::result::Result<T, Error>;
+
+impl RedlockBackend {
+    /// Runs `request` on every node at once (on the renewal connections if `renewal`), each
+    /// bounded by `bound`, and waits for every answer.
+    pub(super) async fn on_all<T, F, Fut>(
+        &self,
+        bound: Duration,
+        renewal: bool,
+        request: F,
+    ) -> Vec<NodeResult<T>>
+    where
+        T: Send + 'static,
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+    {
+        self.on_all_until(bound, renewal, request, |_| false)
+            .await
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))
+            .collect()
+    }
+
+    /// As [`RedlockBackend::on_all`], but returns as soon as `enough` says the answers so
+    /// far decide the outcome; the nodes that have not answered yet are `None`.
+    ///
+    /// The requests still pending then are driven to their end (or the bound) on lockkit's
+    /// runtime. Only for requests whose order does not matter (reads, renewals, script
+    /// loads); what changes a lock goes through [`RedlockBackend::script_until`].
+    pub(super) async fn on_all_until<T, F, Fut>(
+        &self,
+        bound: Duration,
+        renewal: bool,
+        request: F,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool + Send + Sync,
+    ) -> Vec<Option<NodeResult<T>>>
+    where
+        T: Send + 'static,
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+    {
+        let deadline = Instant::now() + bound;
+        let pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let connection = if renewal {
+                    &node.renewals
+                } else {
+                    &node.connection
+                };
+                let reply = tokio::time::timeout_at(deadline, request(connection.clone()));
+                async move {
+                    let answer = match reply.await {
+                        Ok(answer) => answer.map_err(|e| from_redis(BACKEND, e)),
+                        Err(_) => Err(timed_out(BACKEND, "a node", bound)),
+                    };
+                    (i, answer)
+                }
+            })
+            .collect();
+        let (answers, pending) = self.gather(deadline, bound, pending, enough).await;
+        if !pending.is_empty() {
+            lockkit_core::runtime::spawn(pending.for_each(|_| std::future::ready(())));
+        }
+        answers
+    }
+
+    /// Collects the answers of `pending` until `enough` says they decide the outcome or
+    /// `deadline` passes (the nodes still silent then count as timed out after `bound`), and
+    /// returns them with the requests still pending.
+    pub(super) async fn gather<T, Fut>(
+        &self,
+        deadline: Instant,
+        bound: Duration,
+        mut pending: FuturesUnordered<Fut>,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool + Send + Sync,
+    ) -> (Vec<Option<NodeResult<T>>>, FuturesUnordered<Fut>)
+    where
+        Fut: Future<Output = (usize, NodeResult<T>)>,
+    {
+        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
+        let late = tokio::time::timeout_at(deadline, async {
+            while let Some((i, answer)) = pending.next().await {
+                answers[i] = Some(answer);
+                if enough(&answers) {
+                    break;
+                }
+            }
+        })
+        .await
+        .is_err();
+        if late {
+            for (answer, node) in answers.iter_mut().zip(self.nodes.iter()) {
+                if answer.is_none() {
+                    *answer = Some(Err(timed_out(BACKEND, &node.addr, bound)));
+                }
+            }
+        }
+        (answers, pending)
+    }
+
+    /// Runs one script that changes the lock of `keys[0]` on every node at once, until
+    /// `enough` (see [`RedlockBackend::on_all_until`]), waiting for each node at most the
+    /// node timeout. Each node's request goes through that node's lane for the lock (see
+    /// `lanes.rs`): it reaches the node after the lock's earlier requests there and is
+    /// pursued for `ttl` (the lock's TTL), whether or not anyone still waits for it. So the
+    /// nodes that have not answered when this returns may still apply it: callers treat them
+    /// as "may hold".
+    pub(super) async fn script_until(
+        &self,
+        script: &'static redis::Script,
+        keys: &[&str],
+        args: &[String],
+        ttl: Duration,
+        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync,
+    ) -> Vec<Option<NodeResult<Value>>> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let invocation = Arc::new(invocation);
+        let lane = keys.first().copied().unwrap_or_default();
+        let now = Instant::now();
+        let bound = self.config.node_timeout;
+        let pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let mut con = node.connection.clone();
+                let invocation = invocation.clone();
+                let reply = node.lanes.submit(lane, now + ttl.max(bound), async move {
+                    invocation.invoke_async::<Value>(&mut con).await
+                });
+                async move {
+                    let answer = match reply.await {
+                        Ok(answer) => answer.map_err(|e| from_redis(BACKEND, e)),
+                        Err(_) => Err(timed_out(BACKEND, "a node", ttl)),
+                    };
+                    (i, answer)
+                }
+            })
+            .collect();
+        // The requests are in their lanes' tasks: dropping the pending answers sends nothing less.
+        self.gather(now + bound, bound, pending, enough).await.0
+    }
+
+    /// Runs one script that changes a lock on every node (see
+    /// [`RedlockBackend::script_until`]) and waits for every answer (or its timeout).
+    pub(super) async fn script_on_all(
+        &self,
+        script: &'static redis::Script,
+        keys: &[&str],
+        args: &[String],
+        ttl: Duration,
+    ) -> Vec<NodeResult<Value>> {
+        self.script_until(script, keys, args, ttl, |_| false)
+            .await
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))
+            .collect()
+    }
+
+    /// The error for too few answers, naming the nodes that failed and why.
+    pub(super) fn quorum_error<T>(
+        &self,
+        what: &str,
+        got: usize,
+        replies: &[NodeResult<T>],
+    ) -> Error {
+        let errors: Vec<Option<&Error>> = replies.iter().map(|r| r.as_ref().err()).collect();
+        self.quorum_error_of(what, got, &errors)
+    }
+
+    pub(super) fn quorum_error_of(
+        &self,
+        what: &str,
+        got: usize,
+        errors: &[Option<&Error>],
+    ) -> Error {
+        let need = self.quorum();
+        let failed: Vec<String> = self
+            .nodes
+            .iter()
+            .zip(errors)
+            .filter_map(|(node, error)| error.map(|e| format!("{}: {}", node.addr, e.message())))
+            .collect();
+        Error::new(
+            ErrorKind::QuorumNotReached { got, need },
+            BACKEND,
+            format!(
+                "{what}: {got} of {} nodes agreed, {need} needed; failed: {}",
+                self.nodes.len(),
+                if failed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    failed.join("; ")
+                }
+            ),
+        )
+        .with_retryable(true)
+    }
+}

@@ -1,0 +1,138 @@
+//! A private redis-server for tests that restart, kill or reconfigure a server: never the
+//! shared compose servers. On 127.0.0.1, ports 21300-21399 only; stopped by its PID.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockkit_core::testing::backend_missing;
+
+/// The ports these tests may use.
+const PORTS: std::ops::Range<u16> = 21300..21400;
+
+/// A redis-server of this test process, killed (by its PID) when dropped.
+pub struct PrivateRedis {
+    child: Option<Child>,
+    pub port: u16,
+    args: Vec<String>,
+    dir: PathBuf,
+}
+
+impl PrivateRedis {
+    /// Starts a redis-server with `args` on a free port, or `None` (after
+    /// [`backend_missing`]) when there is no redis-server command.
+    pub fn start(args: &[&str]) -> Option<PrivateRedis> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            backend_missing("the redis-server command");
+            return None;
+        }
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        // Tests of this crate run in parallel: start at a random port and move on when one is
+        // taken (also when another test took it between the check and the start).
+        let offset = rand::random::<u16>() % PORTS.len() as u16;
+        for i in 0..PORTS.len() as u16 {
+            let port = PORTS.start + (offset + i) % PORTS.len() as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                continue;
+            }
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("lk-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("a folder for the private redis-server");
+            let mut server = PrivateRedis {
+                child: None,
+                port,
+                args: args.clone(),
+                dir,
+            };
+            if server.launch() {
+                return Some(server);
+            }
+        }
+        panic!("no free port in {PORTS:?} for a private redis-server");
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `host:port`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL, by PID), waits `down`, and starts it again on the same
+    /// port (empty, unless its arguments turn persistence on).
+    pub fn restart(&mut self, down: Duration) {
+        self.kill();
+        std::thread::sleep(down);
+        let by = Instant::now() + Duration::from_secs(10);
+        while !self.launch() {
+            assert!(
+                Instant::now() < by,
+                "the private redis-server did not restart"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the server (by its PID) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process and waits until it answers; false if it exited (port taken).
+    fn launch(&mut self) -> bool {
+        let mut child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let by = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            if ping(self.port) {
+                self.child = Some(child);
+                return true;
+            }
+            if Instant::now() >= by {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the private redis-server on {} did not answer", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Whether a redis-server answers PING on `port`.
+fn ping(port: u16) -> bool {
+    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else {
+        return false;
+    };
+    client
+        .get_connection_with_timeout(Duration::from_millis(200))
+        .and_then(|mut con| redis::cmd("PING").query::<String>(&mut con))
+        .is_ok()
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

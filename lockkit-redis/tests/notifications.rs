@@ -1,0 +1,158 @@
+//! Release notifications across pub/sub disconnections, against private servers (the tests
+//! restart them and kill their connections): waiters are granted after the release when the
+//! server restarts while they queue, and when the server kills the pub/sub connection; and
+//! the pub/sub connection comes back by itself after the client's own reconnect tries failed,
+//! so waiters are woken by the release, not by the cap on a notification-mode sleep.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::private::PrivateRedis;
+use common::{RedisHarness, Topology};
+use lockkit_core::testing::waiters_are_granted_across_a_server_restart;
+use lockkit_core::{LockClient, LockOptions};
+use lockkit_redis::{RedisBackend, RedisConfig};
+
+/// Keeps its data across a kill: the holder's grant survives the restart, so the waiters
+/// depend on its release reaching them.
+const PERSISTENT: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
+/// Longer than the client library's own reconnect tries (two, within ~200 ms).
+const DOWN: Duration = Duration::from_millis(700);
+
+fn harness(server: &PrivateRedis) -> RedisHarness {
+    RedisHarness {
+        topology: Topology::Single(RedisConfig::from_url(&server.url()).unwrap()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_across_a_restart_of_the_server() {
+    let Some(mut server) = PrivateRedis::start(PERSISTENT) else {
+        return;
+    };
+    let harness = harness(&server);
+    let server = &mut server;
+    let restart = move || async move { tokio::task::block_in_place(|| server.restart(DOWN)) };
+    waiters_are_granted_across_a_server_restart(&harness, restart)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_after_the_server_kills_the_pubsub_connection() {
+    let Some(server) = PrivateRedis::start(&[]) else {
+        return;
+    };
+    let harness = harness(&server);
+    let kill = || async {
+        let mut admin = common::connect(&server.addr()).await.unwrap();
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(
+            killed >= 2,
+            "the waiters' pub/sub connections were not there"
+        );
+    };
+    waiters_are_granted_across_a_server_restart(&harness, kill)
+        .await
+        .unwrap();
+}
+
+/// How many connections of the server listen on `channel`.
+async fn listeners(addr: &str, channel: &str) -> i64 {
+    let Ok(mut admin) = common::connect(addr).await else {
+        return 0;
+    };
+    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut admin)
+        .await
+        .unwrap_or_default();
+    counts.first().map_or(0, |(_, n)| *n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pubsub_connection_comes_back_after_the_reconnect_tries_failed() {
+    let Some(mut server) = PrivateRedis::start(PERSISTENT) else {
+        return;
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let config = RedisConfig::from_url(&server.url()).unwrap();
+    let ttl = Duration::from_secs(60);
+    // A cap far above the handoff: a waiter woken by it was not woken by the release.
+    let cap = Duration::from_secs(30);
+    let client = |options: LockOptions| {
+        let config = config.clone();
+        let namespace = namespace.clone();
+        async move {
+            LockClient::with_options(
+                Arc::new(RedisBackend::connect(config).await.unwrap()),
+                &namespace,
+                options,
+            )
+            .unwrap()
+        }
+    };
+    let holder = client(LockOptions::default().with_ttl(ttl))
+        .await
+        .mutex("k")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let waiters = client(
+        LockOptions::default()
+            .with_ttl(ttl)
+            .with_backoff(Duration::from_millis(5), cap),
+    )
+    .await;
+    let mutex = waiters.mutex("k").unwrap();
+    let channel = format!("lockkit:released:{}", common::lock_key(mutex.key()));
+    let waiter = tokio::spawn(async move {
+        let guard = mutex.lock().await.unwrap();
+        let granted = Instant::now();
+        guard.release().await.unwrap();
+        granted
+    });
+    let by = Instant::now() + Duration::from_secs(10);
+    while listeners(&server.addr(), &channel).await < 1 {
+        assert!(Instant::now() < by, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    tokio::task::block_in_place(|| server.restart(DOWN));
+
+    // Nobody but the pub/sub connection's own recovery sends anything on it now: the waiter
+    // is subscribed again on the restarted server, well within the cap.
+    let by = Instant::now() + Duration::from_secs(10);
+    while listeners(&server.addr(), &channel).await < 1 {
+        assert!(
+            Instant::now() < by,
+            "the pub/sub connection did not come back after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the waiter settle into its wait on the renewed subscription.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap(), "the grant did not survive");
+    let granted = tokio::time::timeout(cap, waiter).await;
+    let granted = granted
+        .expect("the waiter slept through the release")
+        .unwrap();
+    assert!(
+        granted.duration_since(released) < cap / 3,
+        "the waiter was woken {:?} after the release: by the cap, not the release",
+        granted.duration_since(released)
+    );
+}
