@@ -231,6 +231,7 @@ impl Mutex {
             waited: Duration::ZERO,
             backoff: Backoff::new(self.options.backoff_min, self.options.backoff_max),
             failing_since: None,
+            last_error: None,
         };
         run.run().instrument(span).await
     }
@@ -246,6 +247,9 @@ struct Acquisition<'a> {
     backoff: Backoff,
     /// When the current streak of retryable errors began; `None` after any other answer.
     failing_since: Option<Instant>,
+    /// The last error of that streak: when the wait deadline cuts it short, the caller
+    /// learns why the lock was not had (a missing quorum, say), not only that time ran out.
+    last_error: Option<Error>,
 }
 
 impl Acquisition<'_> {
@@ -259,10 +263,7 @@ impl Acquisition<'_> {
             let outcome = match self.deadline() {
                 Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
                     Ok(outcome) => outcome,
-                    Err(_) => {
-                        self.give_up("timeout").await;
-                        return Ok(None);
-                    }
+                    Err(_) => return self.time_is_up().await,
                 },
                 None => attempt.await,
             };
@@ -287,6 +288,7 @@ impl Acquisition<'_> {
                 Ok(Attempt::Contended(contention)) => {
                     metrics::contended(backend.name());
                     self.failing_since = None;
+                    self.last_error = None;
                     if matches!(self.wait, Wait::No) {
                         self.give_up("contended").await;
                         return Ok(None);
@@ -458,9 +460,25 @@ impl Acquisition<'_> {
             return Err(error);
         }
         tracing::debug!(error = %error.display_chain(), failing_for_ms = failing_since.elapsed().as_millis() as u64, "retryable error while acquiring; retrying");
+        self.last_error = Some(error);
         let delay = self.backoff.next_delay();
         tokio::time::sleep(self.remaining().map_or(delay, |left| delay.min(left))).await;
         Ok(())
+    }
+
+    /// Ends an acquisition whose wait deadline passed during an attempt: with the error that
+    /// kept failing it, if it was in a streak of errors, else as a timeout (`Ok(None)`).
+    async fn time_is_up(&mut self) -> Result<Option<MutexGuard>> {
+        match self.last_error.take() {
+            Some(error) => {
+                self.give_up("error").await;
+                Err(error)
+            }
+            None => {
+                self.give_up("timeout").await;
+                Ok(None)
+            }
+        }
     }
 
     /// Removes what the attempts left on the server and records the outcome.
