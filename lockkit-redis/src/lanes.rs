@@ -9,11 +9,13 @@
 //! are sent in whatever order their futures are polled.
 //!
 //! So every such request runs in a task of its own on lockkit's runtime, in a *lane* per
-//! lock key: it starts only when the lane's previous request has finished (answered,
-//! failed, or given up at its deadline), and it lives until it is answered or until its
-//! deadline, the lock's TTL after it was made; by then whatever it could still do on the
-//! server has expired with the TTL anyway. The caller waits for the answer as long as it
-//! likes; not waiting changes nothing about what is sent.
+//! acquisition (lock key and owner): it starts only when the lane's previous request has
+//! finished (answered, failed, or given up at its deadline), and it lives until it is
+//! answered or until its deadline, the lock's TTL after it was made; by then whatever it
+//! could still do on the server has expired with the TTL anyway. The caller waits for the
+//! answer as long as it likes; not waiting changes nothing about what is sent. Requests of
+//! different acquisitions need no order between them (the scripts decide by owner), so a
+//! holder's release never queues behind the retries of the lock's waiters.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-/// The lanes of one node, one per lock key that has requests in flight.
+/// The lanes of one node, one per acquisition that has requests in flight.
 #[derive(Debug, Default)]
 pub(crate) struct Lanes {
     tails: StdMutex<HashMap<String, Tail>>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockkit_core::{Error, ErrorKind};
+use lockkit_core::{Error, ErrorKind, OwnerToken};
 use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -128,6 +128,7 @@ impl RedlockBackend {
     /// as "may hold".
     pub(super) async fn script_until(
         &self,
+        owner: &OwnerToken,
         script: &'static redis::Script,
         keys: &[&str],
         args: &[String],
@@ -142,7 +143,14 @@ impl RedlockBackend {
             invocation.arg(arg);
         }
         let invocation = Arc::new(invocation);
-        let lane = keys.first().copied().unwrap_or_default();
+        // One lane per acquisition: its acquire, write-back and rollback or release must
+        // stay in order; other acquisitions' requests need no order against them, and
+        // queueing them in one lane per key made a release wait behind every waiter's retry.
+        let lane = format!(
+            "{}/{}",
+            keys.first().copied().unwrap_or_default(),
+            owner.digest_hex()
+        );
         let now = Instant::now();
         let bound = self.config.node_timeout;
         let pending: FuturesUnordered<_> = self
@@ -152,7 +160,7 @@ impl RedlockBackend {
             .map(|(i, node)| {
                 let mut con = node.connection.clone();
                 let invocation = invocation.clone();
-                let reply = node.lanes.submit(lane, now + ttl.max(bound), async move {
+                let reply = node.lanes.submit(&lane, now + ttl.max(bound), async move {
                     invocation.invoke_async::<Value>(&mut con).await
                 });
                 async move {
@@ -172,12 +180,13 @@ impl RedlockBackend {
     /// [`RedlockBackend::script_until`]) and waits for every answer (or its timeout).
     pub(super) async fn script_on_all(
         &self,
+        owner: &OwnerToken,
         script: &'static redis::Script,
         keys: &[&str],
         args: &[String],
         ttl: Duration,
     ) -> Vec<NodeResult<Value>> {
-        self.script_until(script, keys, args, ttl, |_| false)
+        self.script_until(owner, script, keys, args, ttl, |_| false)
             .await
             .into_iter()
             .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))

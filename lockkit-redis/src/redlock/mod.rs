@@ -36,9 +36,9 @@ const BACKEND: &str = "redlock";
 ///   may hold it (those that said yes and those that did not answer), and the core retries
 ///   with random jitter. The answer is taken as soon as a majority said yes; the slower
 ///   nodes' keys are ours too and go with the release, which is sent to every node. Each
-///   node gets a lock's acquire, write-back and release in the order they were made, each
+///   node gets an acquisition's acquire, write-back and release in the order they were made, each
 ///   pursued for the lock's TTL whether or not anyone still waits for its answer (one lane
-///   per lock and node, see `lanes.rs`), so a rollback or release never overtakes its
+///   per acquisition and node, see `lanes.rs`), so a rollback or release never overtakes its
 ///   acquire and is never dropped unsent.
 /// - **fencing token**: each node sets its key's counter to `max(counter + 1, proposal)`,
 ///   where the proposal is this client's clock in microseconds, and answers with it. The
@@ -217,6 +217,7 @@ impl RedlockBackend {
     ) -> Vec<NodeResult<Value>> {
         let keys = Keys::of(key);
         self.script_on_all(
+            owner,
             &scripts::RELEASE,
             &[&keys.lock],
             &[owner.expose_hex(), keys.channel.clone(), "1".to_owned()],
@@ -256,6 +257,7 @@ impl RedlockBackend {
         };
         let answers = self
             .script_until(
+                &request.owner,
                 &scripts::RAISE_FENCE,
                 &[&keys.lock, &keys.fence],
                 &[
@@ -376,6 +378,7 @@ impl LockBackend for RedlockBackend {
         // the release, which is sent to every node.
         let replies = self
             .script_until(
+                &request.owner,
                 &scripts::ACQUIRE,
                 &[&keys.lock, &keys.fence],
                 &[
@@ -559,6 +562,7 @@ impl LockBackend for RedlockBackend {
         };
         let answers = self
             .script_until(
+                lease.owner(),
                 &scripts::RELEASE,
                 &[&keys.lock],
                 &[
