@@ -37,6 +37,7 @@ use crate::options::LockOptions;
 
 pub use recording::{Call, Recording};
 pub use scenarios::SCENARIOS;
+pub use scenarios::waiters_are_granted_across_a_server_restart;
 pub use secrets::{
     TraceCapture, assert_no_secret, assert_nothing_shown, exercise, owner_token_spellings,
     secret_spellings,
