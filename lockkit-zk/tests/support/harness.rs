@@ -2,12 +2,12 @@
 //! (`tests/conformance.rs`) or a private server (`tests/restart.rs`).
 #![allow(dead_code, unreachable_pub)] // not every test file runs the harness
 
-use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::{Duration, Instant};
 
 use lockkit_core::testing::Harness;
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::{LockClient, LockKey, LockOptions, Result, async_trait};
+use lockkit_core::{LockBackend, LockClient, LockKey, LockOptions, Result, async_trait};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
 
@@ -20,6 +20,7 @@ pub struct ZkHarness {
     config: ZkConfig,
     admin: zk::Client,
     proxies: StdMutex<Vec<(usize, FaultProxy)>>,
+    backends: StdMutex<Vec<Weak<ZkBackend>>>,
 }
 
 impl ZkHarness {
@@ -29,6 +30,32 @@ impl ZkHarness {
             config,
             admin,
             proxies: StdMutex::new(Vec::new()),
+            backends: StdMutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits (up to `within`) until every client of the harness that is still in use
+    /// answers a request: after a server came back, until each has reconnected to it.
+    ///
+    /// # Panics
+    /// When one does not answer within `within`.
+    pub async fn reconnected(&self, within: Duration) {
+        let backends: Vec<Arc<ZkBackend>> = self
+            .backends
+            .lock()
+            .expect("backends")
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let by = Instant::now() + within;
+        for backend in backends {
+            while let Err(e) = backend.ping().await {
+                assert!(
+                    Instant::now() < by,
+                    "a client did not reconnect within {within:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 }
@@ -45,11 +72,13 @@ impl Harness for ZkHarness {
             .expect("a fault proxy");
         let mut config = self.config.clone();
         config.hosts = proxy.hosts();
-        let client = LockClient::with_options(
-            Arc::new(ZkBackend::connect(config).await?),
-            namespace,
-            options,
-        )?;
+        let backend = Arc::new(ZkBackend::connect(config).await?);
+        // Weak, so that a client the scenario drops ends its session as before.
+        self.backends
+            .lock()
+            .expect("backends")
+            .push(Arc::downgrade(&backend));
+        let client = LockClient::with_options(backend, namespace, options)?;
         self.proxies
             .lock()
             .expect("proxies")
