@@ -5,9 +5,7 @@
 
 mod support;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,112 +13,9 @@ use lockkit_core::testing::{
     TraceCapture, assert_nothing_shown, exercise, owner_token_spellings, secret_spellings,
 };
 use lockkit_core::{ErrorKind, LockClient, LockOptions, testing};
+use lockkit_etcd::EtcdBackend;
 use lockkit_etcd::etcd_client::{self, ConnectOptions, GetOptions, Permission};
-use lockkit_etcd::{EtcdBackend, EtcdConfig};
-
-/// A one-member etcd started by this test; killed (by PID) and its data removed on drop.
-struct PrivateEtcd {
-    child: Child,
-    dir: PathBuf,
-    client_port: u16,
-}
-
-impl PrivateEtcd {
-    /// Starts etcd with two free ports from `ports`, serving plain HTTP or, with `tls`, the
-    /// certificate pair in `tls`. `None` (after `backend_missing`) without an etcd binary.
-    fn start(name: &str, ports: std::ops::Range<u16>, tls: Option<(&Path, &Path)>) -> Option<Self> {
-        if Command::new("etcd").arg("--version").output().is_err() {
-            testing::backend_missing("the etcd binary (apt-get install etcd-server)");
-            return None;
-        }
-        let (client_port, peer_port) = ports
-            .step_by(2)
-            .find(|p| {
-                TcpListener::bind(("127.0.0.1", *p)).is_ok()
-                    && TcpListener::bind(("127.0.0.1", p + 1)).is_ok()
-            })
-            .map(|p| (p, p + 1))
-            .expect("two free ports");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{client_port}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("data dir");
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let client_url = format!("{scheme}://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let mut command = Command::new("etcd");
-        command
-            .args(["--name", name, "--data-dir"])
-            .arg(dir.join("data"))
-            .args([
-                "--listen-client-urls",
-                &client_url,
-                "--advertise-client-urls",
-                &client_url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-            ])
-            .args(["--initial-cluster", &format!("{name}={peer_url}")])
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join("etcd.log")).expect("log"))
-            .stderr(Stdio::from(
-                std::fs::File::options()
-                    .append(true)
-                    .open(dir.join("etcd.log"))
-                    .expect("log"),
-            ));
-        if let Some((cert, key)) = tls {
-            command
-                .arg("--cert-file")
-                .arg(cert)
-                .arg("--key-file")
-                .arg(key);
-        }
-        let child = command.spawn().expect("start etcd");
-        Some(PrivateEtcd {
-            child,
-            dir,
-            client_port,
-        })
-    }
-
-    fn config(&self) -> EtcdConfig {
-        let mut config =
-            EtcdConfig::from_url(&format!("etcd://127.0.0.1:{}", self.client_port)).expect("url");
-        config.request_timeout = Duration::from_secs(2);
-        config.connect_timeout = Duration::from_secs(1);
-        config
-    }
-
-    /// Waits until `config` connects (etcd takes a moment to elect itself).
-    async fn ready(&self, config: &EtcdConfig) -> EtcdBackend {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            match EtcdBackend::connect(config.clone()).await {
-                Ok(backend) => return backend,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!(
-                    "the private etcd did not come up: {e}; log: {}",
-                    std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
-                ),
-            }
-        }
-    }
-}
-
-impl Drop for PrivateEtcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use support::private::PrivateEtcd;
 
 async fn lock_and_release(backend: EtcdBackend) {
     let locks = LockClient::new(backend);

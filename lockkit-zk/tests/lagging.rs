@@ -2,20 +2,20 @@
 //! participants and an observer whose link to the leader goes through a fault proxy) on
 //! ports 21400-21499, stopped by its PIDs when the test ends, also when it fails.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[allow(dead_code)] // the helpers the other test files need too
+mod support;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::testing::{self};
 use lockkit_core::{AcquireRequest, LockBackend, LockKey, OwnerToken};
 use lockkit_zk::{ZkBackend, ZkConfig};
+use nix::sys::signal::Signal;
+use support::server::{CLASSPATH, QUORUM_PEER, ZkServer, installed, srvr};
 use zookeeper_client as zk;
 
-const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
-const CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
 /// How many commits the observer's link holds back before the create.
 const FLOOD: usize = 10_000;
 const CLIENT: [u16; 3] = [21401, 21402, 21403];
@@ -24,22 +24,14 @@ const ELECTION: [u16; 3] = [21421, 21422, 21423];
 
 /// Servers 1 and 2 vote; server 3 is an observer that reaches them through `link`.
 struct Ensemble {
-    children: Vec<Child>,
+    servers: Vec<ZkServer>,
     dir: PathBuf,
     link: FaultProxy,
 }
 
 impl Ensemble {
     async fn start() -> Option<Ensemble> {
-        let installed = Path::new(ZOOKEEPER_JAR).is_file()
-            && Command::new("java")
-                .arg("-version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-        if !installed {
-            testing::backend_missing("ZooKeeper (java and /usr/share/java/zookeeper.jar)");
+        if !installed() {
             return None;
         }
         for port in CLIENT.iter().chain(&QUORUM).chain(&ELECTION) {
@@ -61,7 +53,7 @@ impl Ensemble {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("zk-lagging");
         let _ = std::fs::remove_dir_all(&dir);
         let mut ensemble = Ensemble {
-            children: Vec::new(),
+            servers: Vec::new(),
             dir,
             link,
         };
@@ -91,28 +83,9 @@ impl Ensemble {
                 e2 = ELECTION[1],
                 e3 = ELECTION[2],
             );
-            std::fs::write(data.join("zoo.cfg"), config).expect("zoo.cfg");
-            let log = std::fs::File::create(data.join("zk.log")).expect("log");
-            let child = Command::new("java")
-                .args([
-                    "-Xms32m",
-                    "-Xmx128m",
-                    "-XX:+UseSerialGC",
-                    "-XX:TieredStopAtLevel=1",
-                    "-XX:-UsePerfData",
-                    "-Djava.net.preferIPv4Stack=true",
-                    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                    "-cp",
-                    CLASSPATH,
-                    "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-                ])
-                .arg(data.join("zoo.cfg"))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log)
-                .spawn()
-                .expect("start java");
-            ensemble.children.push(child);
+            ensemble
+                .servers
+                .push(ZkServer::start(&data, &config, QUORUM_PEER, CLASSPATH));
         }
         let by = Instant::now() + Duration::from_secs(60);
         for port in CLIENT {
@@ -134,24 +107,11 @@ impl Ensemble {
 
 impl Drop for Ensemble {
     fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
+        for server in &mut self.servers {
+            server.stop(Signal::SIGKILL);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// The `srvr` four-letter word's answer, or "" when the server does not answer.
-fn srvr(port: u16) -> String {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.write_all(b"srvr");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer
 }
 
 /// A create whose reply is lost commits on the leader; the client then moves to a server

@@ -8,21 +8,24 @@
 //! connect timeout; bad files are `InvalidConfig` before any connection is tried.
 #![cfg(feature = "tls")]
 
-use std::net::{TcpListener, TcpStream};
+#[allow(dead_code)] // the helpers the other test files need too
+mod support;
+
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit_core::url::ConnectionUrl;
 use lockkit_core::{ErrorKind, LockClient, LockOptions, testing};
 use lockkit_zk::{ZkBackend, ZkConfig};
+use nix::sys::signal::Signal;
+use support::server::{self, ZkServer};
 
-const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// The secure port needs the Netty server, whose TLS handler lives in netty-codec. Debian's
 /// zookeeper.jar manifest does not list that jar, so it is added here (it comes with the
 /// zookeeper package, through libnetty-java).
-const CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar:/usr/share/java/netty-codec.jar";
+const TLS_CLASSPATH: &str = "/usr/share/java/netty-codec.jar";
 /// This test's port range (the compose topologies use 20000-20300).
 const PORTS: std::ops::Range<u16> = 21100..21200;
 /// How long a refused connection may take to fail: it must not wait for anything.
@@ -39,7 +42,7 @@ fn certificates(name: &str) -> Option<PathBuf> {
 /// A standalone ZooKeeper with only a TLS port; killed by its PID and its folder removed on
 /// drop, also when the test panics.
 struct TlsZooKeeper {
-    child: Child,
+    server: ZkServer,
     dir: PathBuf,
     port: u16,
 }
@@ -48,21 +51,10 @@ impl TlsZooKeeper {
     /// Starts it with the certificates in `certs`, or returns `None` (after
     /// `backend_missing`) when Java or ZooKeeper is not installed.
     fn start(certs: &Path) -> Option<Self> {
-        let installed = Path::new(ZOOKEEPER_JAR).is_file()
-            && Command::new("java")
-                .arg("-version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-        if !installed {
-            testing::backend_missing("ZooKeeper (java and /usr/share/java/zookeeper.jar)");
+        if !server::installed() {
             return None;
         }
-        let port = PORTS
-            .clone()
-            .find(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())
-            .expect("a free port in 21100-21199");
+        let port = server::free_port(PORTS);
         let dir = certs.join(format!("zk-{port}"));
         std::fs::create_dir_all(dir.join("data")).expect("data dir");
         // A PEM key store holds the private key and the certificate in one file.
@@ -90,45 +82,25 @@ impl TlsZooKeeper {
             key_store = dir.join("keystore.pem").display(),
             ca = certs.join("ca.pem").display(),
         );
-        std::fs::write(dir.join("zoo.cfg"), config).expect("zoo.cfg");
-        let log = std::fs::File::create(dir.join("zk.log")).expect("log");
-        let child = Command::new("java")
-            .args([
-                "-Xms32m",
-                "-Xmx128m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                "-XX:-UsePerfData",
-                "-Djava.net.preferIPv4Stack=true",
-                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "-cp",
-                CLASSPATH,
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
-            ])
-            .arg(dir.join("zoo.cfg"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start java");
-        let mut server = TlsZooKeeper { child, dir, port };
+        let classpath = format!("{}:{TLS_CLASSPATH}", server::CLASSPATH);
+        let server = ZkServer::start(&dir, &config, server::STANDALONE, &classpath);
+        let mut zk = TlsZooKeeper { server, dir, port };
+        // No `srvr` over a TLS-only port: a listening port is the sign of life.
         let by = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("ZooKeeper exited ({status}): {}", server.log());
-            }
+            assert!(zk.server.is_running(), "ZooKeeper exited: {}", zk.log());
             assert!(
                 Instant::now() < by,
                 "ZooKeeper did not listen within 30 s: {}",
-                server.log()
+                zk.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(server)
+        Some(zk)
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("zk.log")).unwrap_or_default()
+        self.server.log()
     }
 
     /// `zks://` to this server, trusting `ca.pem` and presenting `server.pem` as the client
@@ -168,8 +140,7 @@ impl TlsZooKeeper {
 
 impl Drop for TlsZooKeeper {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.server.stop(Signal::SIGKILL);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

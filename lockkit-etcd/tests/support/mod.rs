@@ -1,6 +1,10 @@
-//! What the etcd test files share: finding the test cluster, and reading its keys.
+//! What the etcd test files share: finding the test cluster, reading its keys, and a private
+//! one-member etcd ([`private::PrivateEtcd`]) for tests that must not touch the shared one.
 
 #![allow(dead_code, unreachable_pub)]
+
+pub mod harness;
+pub mod private;
 
 use lockkit_core::testing;
 use lockkit_etcd::etcd_client::GetOptions;

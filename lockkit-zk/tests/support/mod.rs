@@ -1,4 +1,8 @@
-//! What the ZooKeeper tests share: the ensemble's address and a raw admin client.
+//! What the ZooKeeper tests share: the ensemble's address, a raw admin client, the
+//! conformance harness ([`harness`]) and private server processes ([`server`]).
+
+pub(crate) mod harness;
+pub(crate) mod server;
 
 use std::time::Duration;
 
