@@ -2,7 +2,8 @@
 //! restart them and kill their connections): waiters are granted after the release when the
 //! server restarts while they queue, and when the server kills the pub/sub connection; and
 //! the pub/sub connection comes back by itself after the client's own reconnect tries failed,
-//! so waiters are woken by the release, not by the cap on a notification-mode sleep.
+//! so waiters are woken by the release, not by the cap on a notification-mode sleep. The
+//! restart scenario runs on a single server and on five Redlock nodes.
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
@@ -14,7 +15,7 @@ use common::private::PrivateRedis;
 use common::{RedisHarness, Topology};
 use lockkit_core::testing::waiters_are_granted_across_a_server_restart;
 use lockkit_core::{LockClient, LockOptions};
-use lockkit_redis::{RedisBackend, RedisConfig};
+use lockkit_redis::{RedisBackend, RedisConfig, RedlockConfig};
 
 /// Keeps its data across a kill: the holder's grant survives the restart, so the waiters
 /// depend on its release reaching them.
@@ -37,6 +38,42 @@ async fn waiters_are_granted_across_a_restart_of_the_server() {
     let harness = harness(&server);
     let server = &mut server;
     let restart = move || async move { tokio::task::block_in_place(|| server.restart(DOWN)) };
+    waiters_are_granted_across_a_server_restart(&harness, restart)
+        .await
+        .unwrap();
+}
+
+/// Redlock: all five nodes restart (one after the other, each down for `DOWN`) while the
+/// waiters queue; the waiters listen on one node's notifications and must hear the release
+/// (or poll) after it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_waiters_are_granted_across_a_restart_of_every_node() {
+    let mut nodes = Vec::new();
+    for _ in 0..5 {
+        let Some(node) = PrivateRedis::start(PERSISTENT) else {
+            return;
+        };
+        nodes.push(node);
+    }
+    let url = format!(
+        "redlock://{}",
+        nodes
+            .iter()
+            .map(PrivateRedis::addr)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let harness = RedisHarness {
+        topology: Topology::Redlock(RedlockConfig::from_url(&url).unwrap()),
+    };
+    let nodes = &mut nodes;
+    let restart = move || async move {
+        tokio::task::block_in_place(|| {
+            for node in nodes.iter_mut() {
+                node.restart(DOWN);
+            }
+        })
+    };
     waiters_are_granted_across_a_server_restart(&harness, restart)
         .await
         .unwrap();

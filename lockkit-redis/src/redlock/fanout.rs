@@ -161,7 +161,20 @@ impl RedlockBackend {
                 let mut con = node.connection.clone();
                 let invocation = invocation.clone();
                 let reply = node.lanes.submit(&lane, now + ttl.max(bound), async move {
-                    invocation.invoke_async::<Value>(&mut con).await
+                    // A request that met a dropped connection (the node restarted, or is
+                    // down) was not applied: it is sent again, with backoff, until the lane's
+                    // deadline. Every laned script may be repeated: a second acquire by the
+                    // same owner returns its grant, a second release finds nothing to delete.
+                    let mut pause = Duration::from_millis(20);
+                    loop {
+                        match invocation.invoke_async::<Value>(&mut con).await {
+                            Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
+                                tokio::time::sleep(pause).await;
+                                pause = (pause * 2).min(Duration::from_millis(250));
+                            }
+                            outcome => break outcome,
+                        }
+                    }
                 });
                 async move {
                     let answer = match reply.await {
