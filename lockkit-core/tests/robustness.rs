@@ -8,95 +8,103 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, Lease, LockBackend,
-    LockClient, LockInfo, LockKey, LockOptions, MemoryBackend, Renewal, Result, Tier, async_trait,
+    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee, Grant,
+    Lease, LockBackend, LockClient, LockInfo, LockKey, LockOptions, MemoryBackend, Renewal, Result,
+    Tier, WaitStrategy, async_trait,
 };
 
-/// A memory backend that answers `Unavailable` to the first `failures` attempts, at once, as
-/// a cluster does while it elects a leader.
-#[derive(Debug)]
-struct Electing {
-    memory: MemoryBackend,
-    failures: usize,
-    attempts: AtomicUsize,
+/// How [`Twisted`] bends the memory backend it wraps.
+#[derive(Debug, Clone, Copy)]
+enum Twist {
+    /// Answers `Unavailable` at once to the first N attempts, as a cluster does while it
+    /// elects a leader.
+    Electing(usize),
+    /// Its waits never hear a release (a pub/sub message lost in a reconnect), and its
+    /// contention says the holder may keep the lock for a minute.
+    Deaf,
+    /// Declares a queue (`WaitStrategy::Queue`), woken by the release like a watch.
+    Queueing,
+    /// Its grants arrive with no validity left (the attempt queued behind thousands of
+    /// others), while a renewal sent afterwards answers in time.
+    Late,
 }
 
-impl Electing {
-    fn new(failures: usize) -> Self {
-        Electing {
+/// A memory backend with one [`Twist`], counting attempts and clean-ups.
+#[derive(Debug)]
+struct Twisted {
+    memory: MemoryBackend,
+    twist: Twist,
+    attempts: AtomicUsize,
+    abandoned: AtomicUsize,
+}
+
+impl Twisted {
+    fn new(twist: Twist) -> Arc<Self> {
+        Arc::new(Twisted {
             memory: MemoryBackend::new(),
-            failures,
+            twist,
             attempts: AtomicUsize::new(0),
-        }
+            abandoned: AtomicUsize::new(0),
+        })
     }
 }
 
 #[async_trait]
-impl LockBackend for Electing {
+impl LockBackend for Twisted {
     fn name(&self) -> &'static str {
-        "electing"
+        "twisted"
     }
     fn tier(&self) -> Tier {
         self.memory.tier()
     }
     fn capabilities(&self) -> Capabilities {
-        self.memory.capabilities()
+        match self.twist {
+            Twist::Queueing => Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue),
+            _ => self.memory.capabilities(),
+        }
     }
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        if self.attempts.fetch_add(1, Ordering::SeqCst) < self.failures {
+        let attempt = self.attempts.fetch_add(1, Ordering::SeqCst);
+        if let Twist::Electing(failures) = self.twist
+            && attempt < failures
+        {
             return Err(Error::new(
                 ErrorKind::Unavailable,
-                "electing",
+                "twisted",
                 "etcdserver: no leader",
             ));
         }
-        self.memory.try_acquire(request).await
+        Ok(
+            match (self.twist, self.memory.try_acquire(request).await?) {
+                (Twist::Deaf, Attempt::Contended(_)) => {
+                    Attempt::Contended(Contention::new().with_retry_after(Duration::from_secs(60)))
+                }
+                (Twist::Late, Attempt::Granted(grant)) => {
+                    Attempt::Granted(Grant::new(grant.fencing_token, Duration::from_millis(1)))
+                }
+                (_, attempt) => attempt,
+            },
+        )
     }
-    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.memory.abandon(request).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        self.memory.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.memory.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.memory.inspect(key).await
-    }
-    async fn ping(&self) -> Result<()> {
+    async fn wait_for_change(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<()> {
+        match self.twist {
+            // Sleeps `max_wait` and hears nothing, as the trait's default does.
+            Twist::Deaf => tokio::time::sleep(max_wait).await,
+            _ => {
+                self.memory
+                    .wait_for_change(request, contention, max_wait)
+                    .await?
+            }
+        }
         Ok(())
     }
-}
-
-/// A memory backend whose waits never hear the release (a pub/sub message lost in a
-/// reconnect), and whose contention says the holder may keep the lock for a minute.
-#[derive(Debug, Default)]
-struct Deaf {
-    memory: MemoryBackend,
-}
-
-#[async_trait]
-impl LockBackend for Deaf {
-    fn name(&self) -> &'static str {
-        "deaf"
-    }
-    fn tier(&self) -> Tier {
-        self.memory.tier()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.memory.capabilities()
-    }
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        Ok(match self.memory.try_acquire(request).await? {
-            Attempt::Contended(_) => {
-                Attempt::Contended(Contention::new().with_retry_after(Duration::from_secs(60)))
-            }
-            granted => granted,
-        })
-    }
-    // `wait_for_change` is the trait's default: it sleeps `max_wait` and hears nothing.
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
+        self.abandoned.fetch_add(1, Ordering::SeqCst);
         self.memory.abandon(request).await
     }
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
@@ -163,7 +171,7 @@ async fn a_ttl_above_the_maximum_is_refused_as_invalid_config() {
 async fn a_waiting_lock_rides_out_a_burst_of_retryable_errors() {
     // Fifty errors in a row, answered at once: far more than any count of retries a fast
     // error rate runs through in the second an election takes.
-    let backend = Arc::new(Electing::new(50));
+    let backend = Twisted::new(Twist::Electing(50));
     let options =
         LockOptions::default().with_backoff(Duration::from_millis(1), Duration::from_millis(5));
     let guard = locks(backend.clone(), options)
@@ -178,7 +186,7 @@ async fn a_waiting_lock_rides_out_a_burst_of_retryable_errors() {
 
 #[tokio::test]
 async fn errors_that_outlast_the_budget_end_the_wait_with_the_last_error() {
-    let backend = Arc::new(Electing::new(usize::MAX));
+    let backend = Twisted::new(Twist::Electing(usize::MAX));
     let options = LockOptions::default()
         .with_backoff(Duration::from_millis(1), Duration::from_millis(20))
         .with_error_budget(Duration::from_millis(300));
@@ -201,19 +209,22 @@ async fn errors_that_outlast_the_budget_end_the_wait_with_the_last_error() {
     );
 
     let started = Instant::now();
-    let err = locks(Arc::new(Electing::new(usize::MAX)), LockOptions::default())
-        .mutex("down")
-        .unwrap()
-        .lock_timeout(Duration::from_millis(200))
-        .await
-        .expect_err("the wait timeout bounds the budget");
+    let err = locks(
+        Twisted::new(Twist::Electing(usize::MAX)),
+        LockOptions::default(),
+    )
+    .mutex("down")
+    .unwrap()
+    .lock_timeout(Duration::from_millis(200))
+    .await
+    .expect_err("the wait timeout bounds the budget");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(started.elapsed() < LockOptions::default().error_budget);
 }
 
 #[tokio::test]
 async fn try_lock_does_not_retry_errors() {
-    let backend = Arc::new(Electing::new(1));
+    let backend = Twisted::new(Twist::Electing(1));
     let err = locks(backend.clone(), LockOptions::default())
         .mutex("once")
         .unwrap()
@@ -228,7 +239,7 @@ async fn try_lock_does_not_retry_errors() {
 async fn a_missed_release_notification_costs_at_most_backoff_max() {
     let options =
         LockOptions::default().with_backoff(Duration::from_millis(5), Duration::from_millis(100));
-    let locks = locks(Arc::new(Deaf::default()), options);
+    let locks = locks(Twisted::new(Twist::Deaf), options);
     let mutex = locks.mutex("deaf").unwrap();
     let guard = mutex.lock().await.unwrap();
     let waiter = tokio::spawn({
@@ -246,61 +257,9 @@ async fn a_missed_release_notification_costs_at_most_backoff_max() {
         .unwrap();
 }
 
-/// A memory backend that declares a queue (`WaitStrategy::Queue`) and counts attempts.
-#[derive(Debug, Default)]
-struct Queueing {
-    memory: MemoryBackend,
-    attempts: AtomicUsize,
-}
-
-#[async_trait]
-impl LockBackend for Queueing {
-    fn name(&self) -> &'static str {
-        "queueing"
-    }
-    fn tier(&self) -> Tier {
-        self.memory.tier()
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            lockkit_core::FencingGuarantee::Monotonic,
-            lockkit_core::WaitStrategy::Queue,
-        )
-    }
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        self.memory.try_acquire(request).await
-    }
-    async fn wait_for_change(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        max_wait: Duration,
-    ) -> Result<()> {
-        self.memory
-            .wait_for_change(request, contention, max_wait)
-            .await
-    }
-    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.memory.abandon(request).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        self.memory.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.memory.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.memory.inspect(key).await
-    }
-    async fn ping(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_queue_waiter_does_not_re_read_the_queue_every_backoff_max() {
-    let backend = Arc::new(Queueing::default());
+    let backend = Twisted::new(Twist::Queueing);
     let options = LockOptions::default()
         .with_ttl(Duration::from_secs(20))
         .with_backoff(Duration::from_millis(5), Duration::from_millis(20));
@@ -326,55 +285,9 @@ async fn a_queue_waiter_does_not_re_read_the_queue_every_backoff_max() {
         .unwrap();
 }
 
-/// A memory backend whose grants arrive with no validity left (the attempt queued behind
-/// thousands of others), while a renewal sent afterwards answers in time.
-#[derive(Debug, Default)]
-struct Late {
-    memory: MemoryBackend,
-    abandoned: AtomicUsize,
-}
-
-#[async_trait]
-impl LockBackend for Late {
-    fn name(&self) -> &'static str {
-        "late"
-    }
-    fn tier(&self) -> Tier {
-        self.memory.tier()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.memory.capabilities()
-    }
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        Ok(match self.memory.try_acquire(request).await? {
-            Attempt::Granted(grant) => Attempt::Granted(lockkit_core::Grant::new(
-                grant.fencing_token,
-                Duration::from_millis(1),
-            )),
-            contended => contended,
-        })
-    }
-    async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.abandoned.fetch_add(1, Ordering::SeqCst);
-        self.memory.abandon(request).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        self.memory.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.memory.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.memory.inspect(key).await
-    }
-    async fn ping(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_grant_that_arrives_too_late_is_confirmed_by_a_renewal_not_given_back() {
-    let backend = Arc::new(Late::default());
+    let backend = Twisted::new(Twist::Late);
     let guard = locks(backend.clone(), LockOptions::default())
         .mutex("late")
         .unwrap()
