@@ -249,12 +249,6 @@ impl RedlockBackend {
     async fn raise_fences(&self, request: &AcquireRequest, token: FencingToken) -> Result<()> {
         let keys = Keys::of(&request.key);
         let quorum = self.quorum();
-        let ours = |answers: &[Option<NodeResult<Value>>]| {
-            answers
-                .iter()
-                .filter(|a| matches!(a, Some(Ok(Value::Int(1)))))
-                .count()
-        };
         let answers = self
             .script_until(
                 &request.owner,
@@ -266,10 +260,10 @@ impl RedlockBackend {
                     millis(self.config.fence_ttl).to_string(),
                 ],
                 request.ttl,
-                |answers| ours(answers) >= quorum,
+                |answers| answered_one(answers) >= quorum,
             )
             .await;
-        let got = ours(&answers);
+        let got = answered_one(&answers);
         if got >= quorum {
             return Ok(());
         }
@@ -554,12 +548,6 @@ impl LockBackend for RedlockBackend {
     async fn release(&self, lease: &Lease) -> Result<bool> {
         let keys = Keys::of(lease.key());
         let quorum = self.quorum();
-        let released = |answers: &[Option<NodeResult<Value>>]| {
-            answers
-                .iter()
-                .filter(|a| matches!(a, Some(Ok(Value::Int(1)))))
-                .count()
-        };
         let answers = self
             .script_until(
                 lease.owner(),
@@ -571,10 +559,10 @@ impl LockBackend for RedlockBackend {
                     "1".to_owned(),
                 ],
                 lease.ttl(),
-                |answers| released(answers) >= quorum,
+                |answers| answered_one(answers) >= quorum,
             )
             .await;
-        let done = released(&answers);
+        let done = answered_one(&answers);
         if done >= quorum {
             return Ok(true);
         }
@@ -674,4 +662,12 @@ fn proposed_token() -> u64 {
         .map_or(0, |since| {
             u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
         })
+}
+
+/// How many nodes answered 1 (the script did what was asked: the key is ours, or was deleted).
+fn answered_one(answers: &[Option<NodeResult<Value>>]) -> usize {
+    answers
+        .iter()
+        .filter(|a| matches!(a, Some(Ok(Value::Int(1)))))
+        .count()
 }
