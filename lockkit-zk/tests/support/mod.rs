@@ -2,6 +2,7 @@
 //! conformance harness ([`harness`]) and private server processes ([`server`]).
 
 pub(crate) mod harness;
+pub(crate) mod sections;
 pub(crate) mod server;
 
 use std::time::Duration;

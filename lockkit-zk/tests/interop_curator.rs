@@ -1,0 +1,258 @@
+//! Interop with Apache Curator (docs/interop.md): a Java service that takes Curator 5's
+//! `InterProcessMutex` on `{chroot}/{namespace}/{key}` and lockkit clients locking `key` in
+//! `namespace` exclude each other, agree on who is next, and share one sequence of fencing
+//! tokens (the czxid of the holder's node).
+//!
+//! Needs the ensemble (`LOCKKIT_TEST_ZK_URL`), `java` and `javac` (`default-jdk-headless`) and
+//! Curator's jar (`libcurator-recipes-java`, or `LOCKKIT_TEST_CURATOR_JAR`); without one of
+//! them the test skips with a notice, or fails when `LOCKKIT_REQUIRE_BACKENDS=1`.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use lockkit_core::testing::{backend_missing, endpoint};
+use lockkit_core::{LockClient, LockOptions};
+use lockkit_zk::{ZkBackend, ZkConfig};
+use support::sections::Sections;
+use support::{TEST_CHROOT, admin, test_config, znodes_under};
+
+const CURATOR_JAR: &str = "/usr/share/java/curator-recipes.jar";
+/// Silences Curator's logging (slf4j warns on stderr without a binding).
+const SLF4J_NOP: &str = "/usr/share/java/slf4j-nop.jar";
+const SOURCE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/interop/CuratorContender.java"
+);
+
+/// How long each critical section holds the lock: long enough that an overlap is all but
+/// certain to lose an update.
+const HOLD: Duration = Duration::from_millis(20);
+const CURATOR_SECTIONS: u64 = 20;
+const LOCKKIT_CONTENDERS: u64 = 2;
+const SECTIONS_EACH: u64 = 10;
+
+/// The znode path a Curator user passes to lock what lockkit calls `key` in `namespace`, when
+/// Curator connects without a chroot and without a namespace (docs/interop.md).
+fn curator_path(config: &ZkConfig, namespace: &str, key: &str) -> String {
+    format!("{}/{namespace}/{key}", config.chroot)
+}
+
+/// Curator's class path, when Java and Curator are installed; `None` after `backend_missing`.
+fn curator_classpath() -> Option<String> {
+    let jar = endpoint("LOCKKIT_TEST_CURATOR_JAR").unwrap_or_else(|| CURATOR_JAR.to_owned());
+    let runs = |tool: &str| {
+        Command::new(tool)
+            .arg("-version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !(Path::new(&jar).is_file() && runs("java") && runs("javac")) {
+        backend_missing(&format!(
+            "Curator ({jar}, from libcurator-recipes-java) with java and javac (default-jdk-headless)"
+        ));
+        return None;
+    }
+    // The jar's manifest names the rest (curator-framework, curator-client, guava, zookeeper).
+    let mut classpath = jar;
+    if Path::new(SLF4J_NOP).is_file() {
+        classpath = format!("{classpath}:{SLF4J_NOP}");
+    }
+    Some(classpath)
+}
+
+/// Compiles the Java contender into `classes`.
+fn compile(classpath: &str, classes: &Path) {
+    std::fs::create_dir_all(classes).expect("the classes directory");
+    let status = Command::new("javac")
+        .args(["-d".as_ref(), classes.as_os_str()])
+        .args(["-cp", classpath, SOURCE])
+        .status()
+        .expect("run javac");
+    assert!(status.success(), "javac {SOURCE} failed: {status}");
+}
+
+/// The Java process, killed (by its own PID) if the test ends before it does.
+struct Curator {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Curator {
+    /// Starts the contender and waits until it is connected.
+    fn start(classpath: &str, classes: &Path, args: &[String]) -> Curator {
+        let mut child = Command::new("java")
+            .args([
+                "-Xmx64m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+            ])
+            .arg(format!("{classpath}:{}", classes.display()))
+            .arg("CuratorContender")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start java");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("java's stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut curator = Curator {
+            child,
+            stdin,
+            lines,
+        };
+        curator.expect_line("ready", Duration::from_secs(60));
+        curator
+    }
+
+    fn expect_line(&mut self, want: &str, within: Duration) {
+        match self.lines.recv_timeout(within) {
+            Ok(line) if line == want => {}
+            Ok(line) => panic!("the Curator contender said {line:?}, expected {want:?}"),
+            Err(e) => panic!(
+                "the Curator contender did not say {want:?} within {within:?} ({e}; exit: {:?})",
+                self.child.try_wait()
+            ),
+        }
+    }
+
+    fn go(&mut self) {
+        let mut stdin = self.stdin.take().expect("started once");
+        stdin
+            .write_all(b"go\n")
+            .expect("start the Curator contender");
+    }
+
+    /// Waits for the contender to finish its sections and exit.
+    async fn finish(mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("java's status") {
+                assert!(status.success(), "the Curator contender failed: {status}");
+                self.expect_line("done", Duration::from_secs(1));
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Curator contender did not finish within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Curator {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+async fn lockkit_client(config: &ZkConfig, namespace: &str) -> LockClient {
+    let backend = ZkBackend::connect(config.clone()).await.expect("connect");
+    LockClient::with_options(Arc::new(backend), namespace, LockOptions::default()).expect("client")
+}
+
+/// Curator's `InterProcessMutex` on `{chroot}/{namespace}/{key}` and two lockkit clients on
+/// `key` run 40 critical sections between them: never two at once (no section finds another
+/// running, no update of the shared counter is lost), the lock passes between Java and
+/// lockkit again and again, and the fencing tokens (lockkit's, and the czxid of Curator's
+/// node) strictly increase in the order the sections ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_interprocess_mutex_and_lockkit_exclude_each_other() {
+    let Some(config) = test_config() else { return };
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let started = Instant::now();
+    let namespace = format!("lk-curator-{:08x}", rand::random::<u32>());
+    let key = "shared-job";
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("interop-{namespace}"));
+    let classes = tmp.join("classes");
+    compile(&classpath, &classes);
+    let sections = Sections::new(&tmp, "sections");
+
+    let path = curator_path(&config, &namespace, key);
+    let args = [
+        config.hosts.join(","),
+        path,
+        CURATOR_SECTIONS.to_string(),
+        HOLD.as_millis().to_string(),
+        sections.dir().display().to_string(),
+        "curator".to_owned(),
+    ];
+    let mut curator = Curator::start(&classpath, &classes, &args);
+    let mut contenders = Vec::new();
+    for i in 1..=LOCKKIT_CONTENDERS {
+        contenders.push((i, lockkit_client(&config, &namespace).await));
+    }
+    curator.go();
+    let tasks: Vec<_> = contenders
+        .into_iter()
+        .map(|(i, client)| {
+            let sections = sections.clone();
+            tokio::spawn(async move {
+                let mutex = client.mutex(key).expect("key");
+                for _ in 0..SECTIONS_EACH {
+                    let guard = mutex
+                        .lock_timeout(Duration::from_secs(60))
+                        .await
+                        .expect("lockkit granted");
+                    sections
+                        .run(&format!("lockkit-{i}"), guard.fencing_token().get(), HOLD)
+                        .await;
+                    assert!(guard.release().await.expect("release"), "held to the end");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a lockkit contender");
+    }
+    curator.finish(Duration::from_secs(60)).await;
+
+    let outcome = sections.outcome();
+    outcome.assert_exclusive(CURATOR_SECTIONS + LOCKKIT_CONTENDERS * SECTIONS_EACH, 4);
+    eprintln!(
+        "curator interop: {} sections, the lock passed between Curator and lockkit {} times, {:?} in all (javac and JVM start included)",
+        outcome.history.len(),
+        outcome.handovers_between_sides(),
+        started.elapsed()
+    );
+
+    let admin = admin(&config, TEST_CHROOT).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<String> = znodes_under(&admin, &namespace)
+            .await
+            .expect("list")
+            .into_iter()
+            .filter(|node| node.matches('/').count() > 2)
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lock nodes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
