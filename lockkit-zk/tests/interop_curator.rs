@@ -1,7 +1,7 @@
 //! Interop with Apache Curator (docs/interop.md): a Java service that takes Curator 5's
-//! `InterProcessMutex` on `{chroot}/{namespace}/{key}` and lockkit clients locking `key` in
-//! `namespace` exclude each other, agree on who is next, and share one sequence of fencing
-//! tokens (the czxid of the holder's node).
+//! `InterProcessMutex` on `/{namespace}/{key}` under lockkit's chroot and lockkit clients
+//! locking `key` in `namespace` exclude each other, agree on who is next, and share one
+//! sequence of fencing tokens (the czxid of the holder's node).
 //!
 //! Needs the ensemble (`LOCKKIT_TEST_ZK_URL`), `java` and `javac` (`default-jdk-headless`) and
 //! Curator's jar (`libcurator-recipes-java`, or `LOCKKIT_TEST_CURATOR_JAR`); without one of
@@ -20,7 +20,9 @@ use lockkit_core::testing::{backend_missing, endpoint};
 use lockkit_core::{LockClient, LockOptions};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use support::sections::Sections;
+use support::server::{self, ZkServer};
 use support::{TEST_CHROOT, admin, test_config, znodes_under};
+use zookeeper_client as zk;
 
 const CURATOR_JAR: &str = "/usr/share/java/curator-recipes.jar";
 /// Silences Curator's logging (slf4j warns on stderr without a binding).
@@ -36,10 +38,22 @@ const HOLD: Duration = Duration::from_millis(20);
 const CURATOR_SECTIONS: u64 = 20;
 const LOCKKIT_CONTENDERS: u64 = 2;
 const SECTIONS_EACH: u64 = 10;
+/// The private server of the chroot test (this file's range: 21700-21749).
+const PORTS: std::ops::Range<u16> = 21700..21750;
 
-/// The znode path a Curator user passes to lock what lockkit calls `key` in `namespace`, when
-/// Curator connects without a chroot and without a namespace (docs/interop.md).
-fn curator_path(config: &ZkConfig, namespace: &str, key: &str) -> String {
+/// What a Curator user passes to lock what lockkit calls `key` in `namespace`
+/// (docs/interop.md): the connect string with lockkit's chroot, and the path
+/// `/{namespace}/{key}`. Curator does not create a chroot that is missing: lockkit does.
+fn curator_target(config: &ZkConfig, namespace: &str, key: &str) -> (String, String) {
+    (
+        format!("{}{}", config.hosts.join(","), config.chroot),
+        format!("/{namespace}/{key}"),
+    )
+}
+
+/// The same lock for a Curator client without a chroot: `{chroot}/{namespace}/{key}`.
+/// Curator then creates a missing chroot, as a container node (see the ignored test).
+fn curator_absolute_path(config: &ZkConfig, namespace: &str, key: &str) -> String {
     format!("{}/{namespace}/{key}", config.chroot)
 }
 
@@ -172,11 +186,11 @@ async fn lockkit_client(config: &ZkConfig, namespace: &str) -> LockClient {
     LockClient::with_options(Arc::new(backend), namespace, LockOptions::default()).expect("client")
 }
 
-/// Curator's `InterProcessMutex` on `{chroot}/{namespace}/{key}` and two lockkit clients on
-/// `key` run 40 critical sections between them: never two at once (no section finds another
-/// running, no update of the shared counter is lost), the lock passes between Java and
-/// lockkit again and again, and the fencing tokens (lockkit's, and the czxid of Curator's
-/// node) strictly increase in the order the sections ran.
+/// Curator's `InterProcessMutex` on `/{namespace}/{key}`, connected with lockkit's chroot,
+/// and two lockkit clients on `key` run 40 critical sections between them: never two at
+/// once (no section finds another running, no update of the shared counter is lost), the
+/// lock passes between Java and lockkit again and again, and the fencing tokens (lockkit's,
+/// and the czxid of Curator's node) strictly increase in the order the sections ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curator_interprocess_mutex_and_lockkit_exclude_each_other() {
     let Some(config) = test_config() else { return };
@@ -191,9 +205,14 @@ async fn curator_interprocess_mutex_and_lockkit_exclude_each_other() {
     compile(&classpath, &classes);
     let sections = Sections::new(&tmp, "sections");
 
-    let path = curator_path(&config, &namespace, key);
+    // lockkit first: it creates the chroot should it be missing, Curator would not.
+    let mut contenders = Vec::new();
+    for i in 1..=LOCKKIT_CONTENDERS {
+        contenders.push((i, lockkit_client(&config, &namespace).await));
+    }
+    let (connect, path) = curator_target(&config, &namespace, key);
     let args = [
-        config.hosts.join(","),
+        connect,
         path,
         CURATOR_SECTIONS.to_string(),
         HOLD.as_millis().to_string(),
@@ -201,10 +220,6 @@ async fn curator_interprocess_mutex_and_lockkit_exclude_each_other() {
         "curator".to_owned(),
     ];
     let mut curator = Curator::start(&classpath, &classes, &args);
-    let mut contenders = Vec::new();
-    for i in 1..=LOCKKIT_CONTENDERS {
-        contenders.push((i, lockkit_client(&config, &namespace).await));
-    }
     curator.go();
     let tasks: Vec<_> = contenders
         .into_iter()
@@ -255,4 +270,83 @@ async fn curator_interprocess_mutex_and_lockkit_exclude_each_other() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Known limit (docs/interop.md, "The chroot"): Curator creates missing parents as container
+/// nodes, and ZooKeeper deletes an empty container that once had children. When a Curator
+/// service is the first to use lockkit's chroot, the chroot is such a container; once the
+/// last lock under it is gone the server deletes it, and a lockkit client connected before
+/// that fails every later lock with `Unavailable` ("the lock's parent kept disappearing")
+/// until it opens a new session. This is what lockkit should do instead: take the lock.
+/// Ignored until lockkit re-creates a vanished chroot; `--ignored` shows it failing. On a
+/// private server (ports 21700-21749) that checks its containers every 100 ms instead of 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known limit: a chroot that Curator created is a container ZooKeeper deletes when empty (docs/interop.md)"]
+async fn a_chroot_that_curator_created_and_zookeeper_deleted_does_not_stop_lockkit() {
+    if !server::installed() {
+        return;
+    }
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("interop-chroot-{:08x}", rand::random::<u32>()));
+    let (_server, port) = tokio::task::block_in_place(|| {
+        ZkServer::standalone_with(
+            &tmp.join("zk"),
+            PORTS,
+            &["-Dznode.container.checkIntervalMs=100"],
+        )
+    });
+    let hosts = format!("127.0.0.1:{port}");
+    let classes = tmp.join("classes");
+    compile(&classpath, &classes);
+    let sections = Sections::new(&tmp, "sections");
+    let chroot = "/lk-interop";
+    let mut config = ZkConfig::from_url(&format!("zk://{hosts}{chroot}")).expect("url");
+    config.session_timeout = Duration::from_secs(4);
+    let (namespace, key) = ("ns", "job");
+    let args = [
+        hosts.clone(),
+        curator_absolute_path(&config, namespace, key),
+        "1".to_owned(),
+        "1500".to_owned(),
+        sections.dir().display().to_string(),
+        "curator".to_owned(),
+    ];
+    let mut curator = Curator::start(&classpath, &classes, &args);
+    curator.go();
+    let admin = zk::Client::connect(&hosts).await.expect("admin client");
+    let lock_parent = format!("{chroot}/{namespace}/{key}");
+    let by = Instant::now() + Duration::from_secs(20);
+    while admin
+        .list_children(&lock_parent)
+        .await
+        .map_or(true, |c| c.is_empty())
+    {
+        assert!(Instant::now() < by, "Curator did not lock {lock_parent}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let client = lockkit_client(&config, namespace).await;
+    let mutex = client.mutex(key).expect("key");
+    let guard = mutex
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .expect("granted after Curator");
+    assert!(guard.release().await.expect("release"));
+    curator.finish(Duration::from_secs(20)).await;
+    let by = Instant::now() + Duration::from_secs(20);
+    while admin.check_stat(chroot).await.expect("stat").is_some() {
+        assert!(
+            Instant::now() < by,
+            "the server did not delete the chroot Curator created: the premise does not hold"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let again = mutex.lock_timeout(Duration::from_secs(10)).await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    let guard = again.expect("lockkit locks again after the server deleted the chroot");
+    assert!(guard.release().await.expect("release"));
 }

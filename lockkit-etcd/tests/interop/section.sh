@@ -10,6 +10,8 @@ token=$(etcdctl get "$ETCD_LOCK_KEY" -w fields | sed -n 's/^"CreateRevision" : /
 # noclobber: the redirection fails when the marker exists, i.e. another section is running.
 if ! (set -C; : >"$dir/marker") 2>/dev/null; then echo "$tag" >>"$dir/overlaps"; fi
 seen=$(cat "$dir/counter")
+# Torn by a write of an overlapping section.
+case $seen in '' | *[!0-9]*) echo "$tag" >>"$dir/overlaps"; seen=0 ;; esac
 sleep "$hold"
 echo $((seen + 1)) >"$dir/counter"
 echo "$tag $token" >>"$dir/history"

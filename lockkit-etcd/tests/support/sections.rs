@@ -3,7 +3,8 @@
 //! while it believes it holds the lock:
 //!
 //! 1. create `marker` exclusively (it exists: another section is running, noted in `overlaps`);
-//! 2. read `counter`, sleep the hold time, write it back plus one (an overlap loses an update);
+//! 2. read `counter`, sleep the hold time, write it back plus one (an overlap loses an update;
+//!    a counter torn by another section's write is noted in `overlaps` and read as 0);
 //! 3. append `TAG TOKEN` to `history` (the order of the sections and their fencing tokens);
 //! 4. remove `marker` (it is gone: another section removed it, noted in `overlaps`).
 //!
@@ -67,11 +68,12 @@ impl Sections {
             self.append("overlaps", &format!("{tag}\n"));
         }
         let counter = self.dir.join("counter");
-        let seen: u64 = fs::read_to_string(&counter)
-            .expect("read the counter")
-            .trim()
-            .parse()
-            .expect("the counter holds a number");
+        let text = fs::read_to_string(&counter).expect("read the counter");
+        // Torn by a write of an overlapping section.
+        let seen: u64 = text.trim().parse().unwrap_or_else(|_| {
+            self.append("overlaps", &format!("{tag}\n"));
+            0
+        });
         tokio::time::sleep(hold).await;
         fs::write(&counter, format!("{}\n", seen + 1)).expect("write the counter");
         self.append("history", &format!("{tag} {token}\n"));

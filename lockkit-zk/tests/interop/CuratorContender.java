@@ -80,7 +80,13 @@ public final class CuratorContender {
             append(dir.resolve("overlaps"), tag + "\n");
         }
         Path counter = dir.resolve("counter");
-        long seen = Long.parseLong(Files.readString(counter, StandardCharsets.UTF_8).trim());
+        long seen;
+        try {
+            seen = Long.parseLong(Files.readString(counter, StandardCharsets.UTF_8).trim());
+        } catch (NumberFormatException e) { // torn by a write of an overlapping section
+            append(dir.resolve("overlaps"), tag + "\n");
+            seen = 0;
+        }
         Thread.sleep(holdMs);
         Files.writeString(counter, (seen + 1) + "\n", StandardCharsets.UTF_8);
         append(dir.resolve("history"), tag + " " + token + "\n");
