@@ -1,7 +1,7 @@
 //! The etcd backend of [lockkit](https://docs.rs/lockkit) (tier
 //! [`consensus`](lockkit_core::Tier::Consensus)).
 //!
-//! [`EtcdBackend`] implements [`LockBackend`](lockkit_core::LockBackend) on an etcd v3
+//! [`EtcdBackend`] implements [`LockBackend`](lockkit_core::backend::LockBackend) on an etcd v3
 //! cluster the way etcd's own `concurrency` package does: one session lease per client kept
 //! alive in the background, a key per contender under the lock's prefix, the lowest create
 //! revision holds the lock, each waiter watches only its predecessor, and the create revision
@@ -20,7 +20,7 @@
 //! let guard = locks.mutex("invoice-42")?.lock().await?;
 //! // A write that lands only while the lock is still held:
 //! backend
-//!     .txn_if_held(guard.lease(), [lockkit_etcd::etcd_client::TxnOp::put("invoice-42/state", "paid", None)])
+//!     .txn_if_held(&guard, [lockkit_etcd::etcd_client::TxnOp::put("invoice-42/state", "paid", None)])
 //!     .await?;
 //! guard.release().await?;
 //! # Ok(())
