@@ -215,3 +215,67 @@ async fn a_chroot_that_curator_created_and_zookeeper_deleted_does_not_stop_lockk
     let guard = again.expect("lockkit locks again after the server deleted the chroot");
     assert!(guard.release().await.expect("release"));
 }
+
+/// A Curator client with lockkit's chroot as its namespace (`.namespace("lockkit-test")`) and
+/// the path `/{namespace}/{key}` locks the same thing too. While it holds the lock, lockkit's
+/// `inspect` reports the czxid of the Curator node as the holder's fencing token, and the
+/// lockkit client granted after it gets a higher one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_holder_shows_in_inspect_with_its_czxid_and_the_next_token_is_higher() {
+    let Some(config) = test_config() else { return };
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let namespace = format!("lk-curator-{:08x}", rand::random::<u32>());
+    let key = "inspected";
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("interop-{namespace}"));
+    let classes = tmp.join("classes");
+    compile(&classpath, &classes);
+    let sections = Sections::new(&tmp, "sections");
+    let client = lockkit_client(&config, &namespace).await;
+
+    let args = [
+        config.hosts.join(","),
+        format!("/{namespace}/{key}"),
+        "1".to_owned(),
+        "1500".to_owned(),
+        sections.dir().display().to_string(),
+        "curator".to_owned(),
+        config.chroot.trim_start_matches('/').to_owned(),
+    ];
+    let mut curator = Curator::start(&classpath, &classes, &args);
+    curator.go();
+    let by = Instant::now() + Duration::from_secs(20);
+    let info = loop {
+        if let Some(info) = client.inspect(key).await.expect("inspect") {
+            break info;
+        }
+        assert!(Instant::now() < by, "Curator did not take the lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let guard = client
+        .mutex(key)
+        .expect("key")
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .expect("granted after Curator");
+    let next = guard.fencing_token().get();
+    assert!(guard.release().await.expect("release"));
+    curator.finish(Duration::from_secs(20)).await;
+
+    let outcome = sections.outcome();
+    let [(tag, curator_token)] = outcome.history.as_slice() else {
+        panic!("one Curator section expected: {:?}", outcome.history);
+    };
+    assert_eq!(tag, "curator");
+    assert_eq!(
+        info.fencing_token.get(),
+        *curator_token,
+        "inspect reports the Curator node's czxid"
+    );
+    assert!(
+        next > *curator_token,
+        "the next holder's token {next} is above Curator's {curator_token}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -2,7 +2,8 @@
 // path lockkit uses for a key and runs critical sections of the shared protocol of
 // tests/support/sections.rs in a directory (marker, counter, history, overlaps).
 //
-// Usage: java -cp curator-recipes.jar:. CuratorContender CONNECT PATH SECTIONS HOLD_MS DIR TAG
+// Usage: java -cp curator-recipes.jar:. CuratorContender CONNECT PATH SECTIONS HOLD_MS DIR TAG [NAMESPACE]
+// (NAMESPACE: Curator's namespace, prefixed to PATH by Curator.)
 // Prints "ready" once connected, starts at a line on stdin, prints "done" and exits 0 when all
 // sections ran; exits 2 on a lock not granted within 60 s, 1 on any other error.
 
@@ -32,8 +33,8 @@ public final class CuratorContender {
     }
 
     public static void main(String[] args) throws Exception {
-        if (args.length != 6) {
-            System.err.println("usage: CuratorContender CONNECT PATH SECTIONS HOLD_MS DIR TAG");
+        if (args.length != 6 && args.length != 7) {
+            System.err.println("usage: CuratorContender CONNECT PATH SECTIONS HOLD_MS DIR TAG [NAMESPACE]");
             System.exit(1);
         }
         String connect = args[0];
@@ -42,9 +43,16 @@ public final class CuratorContender {
         long holdMs = Long.parseLong(args[3]);
         Path dir = Path.of(args[4]);
         String tag = args[5];
+        CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder()
+                .connectString(connect)
+                .sessionTimeoutMs(10_000)
+                .connectionTimeoutMs(5_000)
+                .retryPolicy(new RetryNTimes(3, 100));
+        if (args.length == 7) {
+            builder = builder.namespace(args[6]);
+        }
 
-        try (CuratorFramework client =
-                CuratorFrameworkFactory.newClient(connect, 10_000, 5_000, new RetryNTimes(3, 100))) {
+        try (CuratorFramework client = builder.build()) {
             client.start();
             if (!client.blockUntilConnected(20, TimeUnit.SECONDS)) {
                 throw new IllegalStateException("no ZooKeeper session within 20 s");
