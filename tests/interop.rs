@@ -7,7 +7,7 @@
 //!
 //! Each test skips with a notice when its server or tool is missing, and fails then when
 //! `LOCKKIT_REQUIRE_BACKENDS=1`.
-#![cfg(feature = "cli")]
+#![cfg(all(feature = "cli", any(feature = "zk", feature = "etcd")))]
 #![allow(dead_code)] // each test uses a part of the shared modules
 
 #[path = "../lockkit-zk/tests/support/curator.rs"]
