@@ -1,36 +1,4 @@
-//! The core of [lockkit](https://docs.rs/lockkit): one lock API over Redis, etcd and
-//! ZooKeeper.
-//!
-//! This crate holds what every backend shares:
-//! - the contract a backend implements, [`LockBackend`]: a few primitive operations
-//!   (try one acquisition, wait for a change, renew, release, inspect);
-//! - the machinery built once on top of it: [`LockClient`], [`Mutex`] (waiting with jittered
-//!   backoff or backend notifications, reentrancy, cancel safety), [`MutexGuard`] (fencing
-//!   token, lost signal, background release) and the shared renewal scheduler, which runs on
-//!   lockkit's own background thread so that busy user tasks cannot starve it;
-//! - validated keys ([`LockKey`]), [`FencingToken`], [`Lease`], [`Tier`], [`Capabilities`], one
-//!   [`Error`] type;
-//! - [`MemoryBackend`], an in-process backend with real semantics;
-//! - with the `testing` feature, the conformance suite every backend runs ([`testing`]).
-//!
-//! ```
-//! use std::time::Duration;
-//! use lockkit_core::{LockClient, MemoryBackend};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> lockkit_core::Result<()> {
-//! let locks = LockClient::new(MemoryBackend::new());
-//! let report = locks.mutex("daily-report")?.with_ttl(Duration::from_secs(30));
-//! let total = report
-//!     .with_lock(|lease| async move {
-//!         // Pass lease.fencing_token() along with every write the lock protects.
-//!         lease.fencing_token().get()
-//!     })
-//!     .await?;
-//! assert!(total >= 1);
-//! # Ok(())
-//! # }
-//! ```
+#![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
