@@ -99,7 +99,7 @@ async fn main() -> lockkit::Result<()> {
                         .push(format!("instance {instance}: {}", failed::describe(&e))),
                 }
             }
-            lockkit::Result::Ok(taken)
+            Ok::<_, lockkit::Error>(taken)
         });
     }
     let mut taken = Vec::new();

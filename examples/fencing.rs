@@ -11,7 +11,7 @@
 //! A takes the lock and is then stopped with `SIGSTOP` (as a GC pause or a VM stall would
 //! freeze it, renewal and session keepalive included) until its lease or session has expired
 //! and B has been granted the lock and written. Then A is resumed (`SIGCONT`) and writes with
-//! its old token. The storage is [`lockkit::core::testing::fenced::FencedResource`], a small
+//! its old token. The storage is [`lockkit_core::testing::fenced::FencedResource`], a small
 //! service on loopback that A and B write to over TCP.
 //!
 //! The memory tier cannot be shared between processes: there A lives in this process, and
@@ -223,7 +223,7 @@ async fn main() -> lockkit::Result<()> {
     let a = if config.backend == lockkit::BackendKind::Memory {
         let guard = b
             .mutex(LEDGER)?
-            .with_options(LockOptions::default().with_ttl(TTL).with_auto_renew(false))
+            .with_options(LockOptions::default().with_ttl(TTL).with_auto_renew(false))?
             .lock()
             .await?;
         PausedWriter::Simulated { guard }

@@ -5,8 +5,8 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-use lockkit_core::url::{ConnectionUrl, redact};
-use lockkit_core::{DEFAULT_NAMESPACE, Error, ErrorKind, LockOptions, Result, Tier};
+use lockkit_core::backend::url::{ConnectionUrl, redact};
+use lockkit_core::{Error, ErrorKind, LockKey, LockOptions, Result, Tier};
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
@@ -208,7 +208,7 @@ pub struct LockkitConfig {
 }
 
 fn default_namespace() -> String {
-    DEFAULT_NAMESPACE.to_owned()
+    LockKey::DEFAULT_NAMESPACE.to_owned()
 }
 
 /// Tables of the configuration that `LOCKKIT_<SECTION>_<FIELD>` variables can reach, with
@@ -463,7 +463,7 @@ impl LockkitConfig {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] or [`ErrorKind::InvalidKey`] saying what is wrong.
     pub fn validate(&self) -> Result<()> {
-        lockkit_core::validate_segment("namespace", &self.namespace)?;
+        lockkit_core::backend::validate_segment("namespace", &self.namespace)?;
         self.lock.validate()?;
         match self.backend {
             #[cfg(feature = "redis")]

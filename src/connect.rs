@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use lockkit_core::{Error, ErrorKind, LockClient, MemoryBackend, Result, SharedBackend};
+use lockkit_core::backend::SharedBackend;
+use lockkit_core::{Error, ErrorKind, LockClient, MemoryBackend, Result};
 
 use crate::config::{BackendKind, LockkitConfig};
 

@@ -8,13 +8,17 @@ pub use config::{BackendKind, LockkitConfig};
 pub use connect::connect;
 
 pub use lockkit_core::{
-    BoxError, Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, Lease, LockBackend,
-    LockClient, LockInfo, LockKey, LockOptions, LostSignal, MemoryBackend, Mutex, MutexGuard,
-    Result, SharedBackend, Tier, WaitStrategy,
+    Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockClient, LockInfo, LockKey,
+    LockOptions, LockOwner, LostSignal, MemoryBackend, Mutex, MutexGuard, Result, Tier,
+    WaitStrategy, WithLockError,
 };
 
-/// The core crate, for backend authors and the conformance suite.
-pub use lockkit_core as core;
+/// The backend-author API: the [`LockBackend`](backend::LockBackend) trait a backend
+/// implements, the types it exchanges with the core, and the helpers backends share. Users of
+/// locks do not need it.
+pub use lockkit_core::backend;
+/// The metric names lockkit records.
+pub use lockkit_core::metrics;
 
 /// The etcd backend (feature `etcd`): [`EtcdBackend`](lockkit_etcd::EtcdBackend) and its
 /// [`EtcdConfig`](lockkit_etcd::EtcdConfig).

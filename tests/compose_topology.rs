@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use lockkit::core::testing::{backend_missing, endpoint};
-use lockkit::core::url::ConnectionUrl;
+use lockkit::backend::url::ConnectionUrl;
+use lockkit_core::testing::{backend_missing, endpoint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

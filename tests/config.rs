@@ -310,7 +310,7 @@ async fn connect_applies_namespace_and_options() {
     assert_eq!(locks.namespace(), "svc");
     let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
     assert_eq!(guard.key().to_string(), "svc/job");
-    assert_eq!(guard.lease().ttl(), Duration::from_secs(2));
+    assert_eq!(guard.ttl(), Duration::from_secs(2));
     drop(guard);
 }
 

@@ -64,8 +64,8 @@ fn bad_etcd_settings_fail_at_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_builds_the_etcd_backend_from_the_url() {
-    let Some(url) = lockkit::core::testing::endpoint("LOCKKIT_TEST_ETCD_URL") else {
-        lockkit::core::testing::backend_missing("etcd (LOCKKIT_TEST_ETCD_URL)");
+    let Some(url) = lockkit_core::testing::endpoint("LOCKKIT_TEST_ETCD_URL") else {
+        lockkit_core::testing::backend_missing("etcd (LOCKKIT_TEST_ETCD_URL)");
         return;
     };
     let mut config = LockkitConfig::from_url(&format!("{url}/lockkit-test")).expect("valid");

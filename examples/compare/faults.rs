@@ -129,7 +129,7 @@ pub(crate) async fn failover(target: &str, url: &str) -> lockkit::Result<Option<
         tasks.spawn(async move {
             let mut grants = Vec::new();
             let (mut overlaps, mut errors) = (0u64, 0u64);
-            let mutex = locks.mutex(&key)?.with_ttl(W3_TTL);
+            let mutex = locks.mutex(&key)?.with_ttl(W3_TTL)?;
             while !stop.load(Ordering::SeqCst) {
                 let guard = match mutex.lock_timeout(Duration::from_secs(2)).await {
                     Ok(guard) => guard,
@@ -153,7 +153,7 @@ pub(crate) async fn failover(target: &str, url: &str) -> lockkit::Result<Option<
                 inside.fetch_sub(1, Ordering::SeqCst);
                 let _ = guard.release().await;
             }
-            lockkit::Result::Ok((grants, overlaps, errors))
+            Ok::<_, lockkit::Error>((grants, overlaps, errors))
         });
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -221,7 +221,7 @@ pub(crate) async fn hold(url: &str, key: &str, ttl_ms: u64) -> lockkit::Result<(
     let locks = lockkit::connect(&LockkitConfig::from_url(url)?).await?;
     let guard = locks
         .mutex(key)?
-        .with_ttl(Duration::from_millis(ttl_ms))
+        .with_ttl(Duration::from_millis(ttl_ms))?
         .lock()
         .await?;
     println!("held {}", guard.fencing_token());
@@ -238,7 +238,7 @@ pub(crate) async fn hold_and_write(url: &str, key: &str, ttl_ms: u64) -> lockkit
     let locks = lockkit::connect(&LockkitConfig::from_url(url)?).await?;
     let guard = locks
         .mutex(key)?
-        .with_ttl(Duration::from_millis(ttl_ms))
+        .with_ttl(Duration::from_millis(ttl_ms))?
         .lock()
         .await?;
     let token = guard.fencing_token().get();

@@ -112,7 +112,7 @@ impl Floor {
         match self {
             Floor::Redis(con) => redis_cycle(con, "{floor/raw}").await,
             Floor::Redlock(nodes) => {
-                let owner = lockkit_core::OwnerToken::generate()?.expose_hex();
+                let owner = lockkit_core::backend::OwnerToken::generate()?.expose_hex();
                 let acquired = majority_answers(nodes.iter().map(|con| {
                     let mut con = con.clone();
                     let mut invocation = ACQUIRE.key("{floor/fanout}");
@@ -211,7 +211,7 @@ async fn majority_answers<T: Send + 'static>(
 }
 
 async fn redis_cycle(con: &mut ConnectionManager, key: &str) -> Result<(), BoxError> {
-    let owner = lockkit_core::OwnerToken::generate()?.expose_hex();
+    let owner = lockkit_core::backend::OwnerToken::generate()?.expose_hex();
     let (granted, _): (i64, i64) = ACQUIRE
         .key(key)
         .key(format!("{key}:fence"))
@@ -237,7 +237,7 @@ async fn redis_at(host: &str) -> Result<ConnectionManager, BoxError> {
 }
 
 fn url_hosts(url: &str) -> Result<Vec<String>, BoxError> {
-    let parsed = lockkit_core::url::ConnectionUrl::parse(url)?;
+    let parsed = lockkit_core::backend::url::ConnectionUrl::parse(url)?;
     Ok(parsed
         .hosts
         .iter()
@@ -254,7 +254,7 @@ fn url_host(url: &str) -> Result<String, BoxError> {
 
 /// Where the Sentinels of a `redis+sentinel://s1,s2/master` URL say the primary is.
 async fn sentinel_primary(url: &str) -> Result<String, BoxError> {
-    let parsed = lockkit_core::url::ConnectionUrl::parse(url)?;
+    let parsed = lockkit_core::backend::url::ConnectionUrl::parse(url)?;
     let master = parsed
         .path
         .trim_matches('/')
@@ -482,7 +482,7 @@ impl Contender {
                     // Messages that arrived before this attempt is sent are of releases it
                     // will see: dropping them spares a useless retry.
                     while let Some(Some(_)) = releases.next().now_or_never() {}
-                    let owner = lockkit_core::OwnerToken::generate()?.expose_hex();
+                    let owner = lockkit_core::backend::OwnerToken::generate()?.expose_hex();
                     let (granted, holder_ttl_ms) = acquire_on(con, key, &owner).await?;
                     if granted == 1 {
                         *held = Some(owner);
@@ -495,7 +495,7 @@ impl Contender {
                 }
             }
             Contender::Redlock { nodes, key, held } => loop {
-                let owner = lockkit_core::OwnerToken::generate()?.expose_hex();
+                let owner = lockkit_core::backend::OwnerToken::generate()?.expose_hex();
                 let replies = futures_util::future::join_all(nodes.iter().map(|con| {
                     let (mut con, key, owner) = (con.clone(), key.clone(), owner.clone());
                     async move { acquire_on(&mut con, &key, &owner).await }

@@ -243,7 +243,7 @@ async fn lockkit_round(
                 increment(&shared).await;
                 guard.release().await?;
             }
-            lockkit::Result::Ok(waits)
+            Ok::<_, lockkit::Error>(waits)
         });
     }
     while let Some(joined) = tasks.join_next().await {

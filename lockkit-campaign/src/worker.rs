@@ -165,7 +165,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
         Some(locks) => Some(
             locks
                 .mutex(&spec.key)?
-                .with_ttl(Duration::from_millis(spec.ttl_ms)),
+                .with_ttl(Duration::from_millis(spec.ttl_ms))?,
         ),
         None => None,
     };

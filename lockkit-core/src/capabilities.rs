@@ -104,7 +104,7 @@ pub enum WaitStrategy {
     Queue,
 }
 
-/// What a backend can do, declared by [`LockBackend::capabilities`](crate::LockBackend::capabilities).
+/// What a backend can do, declared by [`LockBackend::capabilities`](crate::backend::LockBackend::capabilities).
 ///
 /// The conformance suite runs only the scenarios a backend claims.
 #[non_exhaustive]

@@ -7,13 +7,16 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError, Weak};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::backend::{LockBackend, LockInfo, SharedBackend};
+use crate::background::Background;
 use crate::capabilities::{Capabilities, Tier};
 use crate::error::Result;
-use crate::key::{DEFAULT_NAMESPACE, LockKey, validate_segment};
-use crate::lease::Lease;
+use crate::guard::MutexGuard;
+use crate::key::{LockKey, validate_segment};
 use crate::mutex::Mutex;
 use crate::options::LockOptions;
+use crate::owner::LockOwner;
 use crate::renewal::HeldLease;
+use crate::with_lock::WithLockError;
 
 /// The slot that serialises reentrant acquisitions of one key by one owner.
 pub(crate) type ReentrantSlot = Arc<AsyncMutex<Weak<HeldLease>>>;
@@ -43,7 +46,8 @@ struct ClientInner {
     backend: SharedBackend,
     namespace: String,
     options: LockOptions,
-    reentrant: StdMutex<HashMap<(LockKey, Arc<str>), ReentrantSlot>>,
+    reentrant: StdMutex<HashMap<(LockKey, LockOwner), ReentrantSlot>>,
+    background: Background,
 }
 
 impl LockClient {
@@ -51,7 +55,7 @@ impl LockClient {
     pub fn new(backend: impl LockBackend) -> Self {
         LockClient::build(
             Arc::new(backend),
-            DEFAULT_NAMESPACE.to_owned(),
+            LockKey::DEFAULT_NAMESPACE.to_owned(),
             LockOptions::default(),
         )
     }
@@ -78,6 +82,7 @@ impl LockClient {
                 namespace,
                 options,
                 reentrant: StdMutex::new(HashMap::new()),
+                background: Background::default(),
             }),
         }
     }
@@ -115,7 +120,7 @@ impl LockClient {
         LockKey::new(&self.inner.namespace, name)
     }
 
-    /// A mutex on the lock `name`.
+    /// A mutex on the lock `name`, with this client's options.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey).
@@ -123,17 +128,53 @@ impl LockClient {
         Ok(Mutex::new(self.clone(), self.key(name)?))
     }
 
-    /// Takes the lock `name`, runs `f` while holding it, and releases it. See
+    /// Takes the lock `name`, runs `f` with the guard while holding it, and releases it. See
     /// [`Mutex::with_lock`].
     ///
     /// # Errors
-    /// As [`Mutex::with_lock`].
-    pub async fn with_lock<F, Fut, T>(&self, name: &str, f: F) -> Result<T>
+    /// As [`Mutex::with_lock`]; an invalid `name` before anything runs.
+    pub async fn with_lock<F, T>(
+        &self,
+        name: &str,
+        f: F,
+    ) -> std::result::Result<T, WithLockError<T>>
     where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = T>,
+        F: AsyncFnOnce(&MutexGuard) -> T,
     {
-        self.mutex(name)?.with_lock(f).await
+        let mutex = self.mutex(name).map_err(WithLockError::before)?;
+        mutex.with_lock(f).await
+    }
+
+    /// Waits until the work this client (with its clones, mutexes and guards) left running in
+    /// the background has finished: the releases of dropped guards, releases whose caller
+    /// stopped waiting, and the clean-up of cancelled acquisitions. Await it before the
+    /// process exits, or those locks stay taken until their TTL runs out.
+    ///
+    /// It does not release guards that are still held: release or drop them first (a guard
+    /// dropped before `close` is waited for). A background release that cannot reach its
+    /// server keeps trying within its backend's timeouts, so bound the wait if shutdown must
+    /// be quick: `tokio::time::timeout(Duration::from_secs(5), locks.close())`; dropping the
+    /// future only stops the waiting. The client stays usable; work started after `close`
+    /// returns is not covered.
+    ///
+    /// ```
+    /// use lockkit_core::{LockClient, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockkit_core::Result<()> {
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// drop(locks.mutex("job")?.lock().await?); // released in the background
+    /// locks.close().await;                      // ... and now done
+    /// assert!(locks.inspect("job").await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn close(&self) {
+        self.inner.background.idle().await;
+    }
+
+    pub(crate) fn background(&self) -> &Background {
+        &self.inner.background
     }
 
     /// Who holds the lock `name`, if anyone.
@@ -152,7 +193,7 @@ impl LockClient {
         self.inner.backend.ping().await
     }
 
-    pub(crate) fn reentrant_slot(&self, key: &LockKey, owner: &Arc<str>) -> ReentrantSlot {
+    pub(crate) fn reentrant_slot(&self, key: &LockKey, owner: &LockOwner) -> ReentrantSlot {
         let mut slots = self
             .inner
             .reentrant

@@ -11,12 +11,14 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::renewal::{self, HeldLease};
-use crate::runtime;
 use crate::token::FencingToken;
 
 /// Fires when a held lock is lost: it expired, renewal failed past the validity deadline, the
 /// backend reported it gone, or the session carrying it ended. Cheap to clone; every clone
 /// fires together. It does not fire on a normal release.
+///
+/// Read-only: holders of the signal can watch it, never fire it (firing it would stop the
+/// lock's renewal). For `tokio::select!` or a task, use [`MutexGuard::lost`], an owned future.
 #[derive(Clone)]
 pub struct LostSignal(CancellationToken);
 
@@ -29,11 +31,6 @@ impl LostSignal {
     /// Whether the lock has been lost.
     pub fn is_fired(&self) -> bool {
         self.0.is_cancelled()
-    }
-
-    /// The underlying cancellation token, for `tokio::select!` or child tokens.
-    pub fn token(&self) -> &CancellationToken {
-        &self.0
     }
 }
 
@@ -49,8 +46,9 @@ impl fmt::Debug for LostSignal {
 ///
 /// Prefer [`release`](MutexGuard::release), which says whether the lock was still ours. When a
 /// guard is dropped instead, the release runs in the background on lockkit's runtime, so it
-/// happens even when no runtime is current; but a process that exits right after the drop may
-/// not get it to the server, and the lock then stays taken until its TTL runs out.
+/// happens even when no runtime is current. A process that exits right after the drop may not
+/// get it to the server (the lock then stays taken until its TTL runs out) unless it awaits
+/// [`LockClient::close`](crate::LockClient::close) first.
 ///
 /// Pass [`fencing_token`](MutexGuard::fencing_token) with every write to the protected
 /// resource, and watch [`lost`](MutexGuard::lost): once it fires, stop touching the resource.
@@ -85,8 +83,16 @@ impl MutexGuard {
         self.held().lease.fencing_token()
     }
 
-    /// The grant: key, fencing token, TTL.
-    pub fn lease(&self) -> &Lease {
+    /// The TTL the lock was taken with: how long a crash of this process keeps it blocked.
+    /// It can be above the requested TTL where the backend has a minimum (ZooKeeper's session
+    /// timeout, see [`Capabilities::min_ttl`](crate::Capabilities::min_ttl)).
+    pub fn ttl(&self) -> Duration {
+        self.held().lease.ttl()
+    }
+
+    /// The grant with its secret owner token: only for backends, through
+    /// [`backend::lease_of`](crate::backend::lease_of).
+    pub(crate) fn lease(&self) -> &Lease {
         &self.held().lease
     }
 
@@ -136,7 +142,7 @@ impl MutexGuard {
         // On lockkit's runtime, like every renewal: backends keep their renewal connections
         // there, so a reconnect it triggers puts the connection's driver there too.
         let held = self.held().clone();
-        crate::runtime::run(async move { renewal::extend_now(&held).await }).await?
+        crate::backend::runtime::run(async move { renewal::extend_now(&held).await }).await?
     }
 
     /// Releases the lock and says whether it was still ours when the backend got the request
@@ -161,8 +167,9 @@ impl MutexGuard {
             return Ok(!held.is_lost());
         }
         let backend = held.backend.name();
+        let background = held.background.clone();
         let (answer, outcome) = tokio::sync::oneshot::channel();
-        runtime::spawn(async move {
+        background.spawn(async move {
             let result = release_now(&held).await;
             if let Err(Err(e)) = answer.send(result) {
                 tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "release failed after its caller stopped waiting; the lock expires with its TTL");
@@ -192,7 +199,8 @@ impl Drop for MutexGuard {
         if let Some(held) = self.held.take()
             && held.drop_holder()
         {
-            runtime::spawn(async move {
+            let background = held.background.clone();
+            background.spawn(async move {
                 if let Err(e) = release_now(&held).await {
                     tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "background release failed; the lock expires with its TTL");
                 }

@@ -5,15 +5,9 @@ use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// The longest lock name or namespace accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 256;
-
-/// The namespace used when the configuration names none.
-pub const DEFAULT_NAMESPACE: &str = "lockkit";
-
 /// A validated lock name joined with the namespace it lives in.
 ///
-/// Both parts are checked by the same rules: non-empty, at most [`MAX_KEY_LEN`] bytes, neither
+/// Both parts are checked by the same rules: non-empty, at most [`LockKey::MAX_LEN`] bytes, neither
 /// `.` nor `..`, and none of these characters:
 ///
 /// - `/`, so a name stays one segment of an etcd prefix or a ZooKeeper path and no name can
@@ -44,6 +38,12 @@ pub struct LockKey {
 }
 
 impl LockKey {
+    /// The longest lock name or namespace accepted, in bytes.
+    pub const MAX_LEN: usize = 256;
+
+    /// The namespace used when the configuration names none.
+    pub const DEFAULT_NAMESPACE: &'static str = "lockkit";
+
     /// Validates `namespace` and `name` and joins them.
     ///
     /// # Errors
@@ -95,10 +95,11 @@ pub fn validate_segment(what: &str, segment: &str) -> Result<()> {
     if segment.is_empty() {
         return fail("is empty".into());
     }
-    if segment.len() > MAX_KEY_LEN {
+    if segment.len() > LockKey::MAX_LEN {
         return fail(format!(
-            "is {} bytes long; the limit is {MAX_KEY_LEN}",
-            segment.len()
+            "is {} bytes long; the limit is {}",
+            segment.len(),
+            LockKey::MAX_LEN
         ));
     }
     if segment == "." || segment == ".." {
@@ -155,13 +156,13 @@ mod tests {
         ] {
             LockKey::new("ns", name).expect(name);
         }
-        LockKey::new("ns", &"x".repeat(MAX_KEY_LEN)).expect("max length");
+        LockKey::new("ns", &"x".repeat(LockKey::MAX_LEN)).expect("max length");
     }
 
     #[test]
     fn rejects_hostile_names_with_a_reason() {
         assert!(rejects("").contains("is empty"));
-        assert!(rejects(&"x".repeat(MAX_KEY_LEN + 1)).contains("limit is 256"));
+        assert!(rejects(&"x".repeat(LockKey::MAX_LEN + 1)).contains("limit is 256"));
         assert!(rejects(&"x".repeat(10_000)).contains("10000 bytes"));
         assert!(rejects("a/b").contains("'/'"));
         assert!(rejects("/").contains("'/'"));

@@ -38,8 +38,8 @@ pub fn validity_deadline(
 
 /// One grant of a lock: key, secret owner token, fencing token and TTL.
 ///
-/// Backends receive leases back in [`renew`](crate::LockBackend::renew) and
-/// [`release`](crate::LockBackend::release) and find their server-side record by the owner
+/// Backends receive leases back in [`renew`](crate::backend::LockBackend::renew) and
+/// [`release`](crate::backend::LockBackend::release) and find their server-side record by the owner
 /// token or by [`handle`](Lease::handle). `Debug` never shows the owner token.
 #[derive(Clone)]
 pub struct Lease {
@@ -117,8 +117,15 @@ impl Lease {
         self.handle.as_deref()
     }
 
-    /// The backend's session token, if the lease lives in a session.
-    pub fn session(&self) -> Option<&CancellationToken> {
+    /// Whether the session carrying this lease is still alive; `None` when the lease lives
+    /// in no session. Read-only on purpose: the session's token is shared by every lock of
+    /// the session, and only the backend that made it may end it.
+    pub fn session_alive(&self) -> Option<bool> {
+        self.session.as_ref().map(|session| !session.is_cancelled())
+    }
+
+    /// The session token, for the core's lost signal.
+    pub(crate) fn session(&self) -> Option<&CancellationToken> {
         self.session.as_ref()
     }
 }

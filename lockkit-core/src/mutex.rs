@@ -1,12 +1,12 @@
 //! The backend-agnostic mutex: waiting, backoff, reentrancy and cancel safety live here once.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::Instrument as _;
 
 use crate::backend::{AcquireRequest, Attempt, Contention, Grant, Renewal, SharedBackend};
+use crate::background::Background;
 use crate::backoff::{Backoff, jitter};
 use crate::capabilities::WaitStrategy;
 use crate::client::LockClient;
@@ -16,6 +16,7 @@ use crate::key::LockKey;
 use crate::lease::{Lease, clock_drift, validity_deadline};
 use crate::metrics;
 use crate::options::LockOptions;
+use crate::owner::LockOwner;
 use crate::renewal::{HeldLease, Scheduler};
 use crate::token::OwnerToken;
 
@@ -23,6 +24,9 @@ use crate::token::OwnerToken;
 ///
 /// Without an owner ([`Mutex::reentrant`]) every acquisition is independent: two tasks of the
 /// same process exclude each other exactly as two processes do.
+///
+/// Its options are checked when it is built ([`LockClient::mutex`](crate::LockClient::mutex),
+/// [`Mutex::with_ttl`], [`Mutex::with_options`]), so `lock()` never fails on them.
 ///
 /// # Cancel safety
 /// `lock`, `lock_timeout` and `try_lock` are cancel-safe: dropping their future (a
@@ -32,7 +36,7 @@ use crate::token::OwnerToken;
 pub struct Mutex {
     client: LockClient,
     key: LockKey,
-    owner: Option<Arc<str>>,
+    owner: Option<LockOwner>,
     options: LockOptions,
 }
 
@@ -58,29 +62,47 @@ impl Mutex {
         &self.key
     }
 
-    /// Makes acquisitions by `owner` reentrant: while a guard of this owner holds the lock
-    /// (through this client or its clones), another acquisition by the same owner succeeds at
-    /// once with the same grant, and the lock is released on the server when the last of
-    /// those guards is released. Reentrancy is local to the client: another process using the
-    /// same owner name is a different contender.
+    pub(crate) fn client(&self) -> &LockClient {
+        &self.client
+    }
+
+    /// Takes this mutex's locks for `owner`, reentrantly: while a guard taken for `owner`
+    /// holds the lock (through this client or its clones), another acquisition for the same
+    /// owner succeeds at once with the same grant (same fencing token), and the lock is
+    /// released on the server when the last of those guards is released.
+    ///
+    /// Only code handed `owner` can re-enter: a [`LockOwner`] cannot be made from a name, so
+    /// unrelated tasks never share one by accident. Acquisitions for one owner are serialised
+    /// locally (a second one waits while the first is in flight), and reentrancy is local to
+    /// the client: another process is always a different contender.
     #[must_use]
-    pub fn reentrant(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into().into());
+    pub fn reentrant(mut self, owner: &LockOwner) -> Self {
+        self.owner = Some(owner.clone());
         self
     }
 
     /// Uses a different TTL for this mutex.
-    #[must_use]
-    pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.options.ttl = ttl;
-        self
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a TTL outside what [`LockOptions::validate`] accepts.
+    pub fn with_ttl(self, ttl: Duration) -> Result<Self> {
+        let options = self.options.clone().with_ttl(ttl);
+        self.with_options(options)
     }
 
     /// Uses different options for this mutex.
-    #[must_use]
-    pub fn with_options(mut self, options: LockOptions) -> Self {
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] saying which option is wrong ([`LockOptions::validate`]).
+    pub fn with_options(mut self, options: LockOptions) -> Result<Self> {
+        options.validate()?;
         self.options = options;
-        self
+        Ok(self)
+    }
+
+    /// The options this mutex's acquisitions use.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
     }
 
     /// Takes the lock, waiting for as long as the options' `wait_timeout` allows (forever by
@@ -111,58 +133,6 @@ impl Mutex {
     /// Backend errors.
     pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
         self.acquire(Wait::No).await
-    }
-
-    /// Takes the lock, runs `f` with the grant while holding it, and releases it.
-    ///
-    /// If the lock is lost while `f` runs, `f`'s future is dropped at its next await point and
-    /// the result is [`ErrorKind::Lost`]: the work was cut short and may be partly done (use
-    /// the lease's fencing token to make partial work harmless).
-    ///
-    /// # Errors
-    /// Errors of [`Mutex::lock`]; [`ErrorKind::Lost`] when the lock was lost during `f`, or
-    /// when the release found the lock already gone.
-    pub async fn with_lock<F, Fut, T>(&self, f: F) -> Result<T>
-    where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.lock().await?;
-        let lost = guard.lost_signal();
-        let backend = self.client.backend().name();
-        let outcome = tokio::select! {
-            biased;
-            () = lost.fired() => None,
-            value = f(guard.lease().clone()) => Some(value),
-        };
-        let Some(value) = outcome else {
-            drop(guard);
-            return Err(Error::new(
-                ErrorKind::Lost,
-                backend,
-                format!(
-                    "lock {} was lost; the critical section was cancelled",
-                    self.key
-                ),
-            ));
-        };
-        let protected_to_the_end = !guard.is_lost();
-        match guard.release().await {
-            Ok(true) => Ok(value),
-            Ok(false) => Err(Error::new(
-                ErrorKind::Lost,
-                backend,
-                format!(
-                    "the critical section finished, but lock {} was no longer held at release",
-                    self.key
-                ),
-            )),
-            Err(e) if protected_to_the_end => {
-                tracing::warn!(key = %self.key, error = %e.display_chain(), "release failed after the critical section; the lock expires with its TTL");
-                Ok(value)
-            }
-            Err(e) => Err(e),
-        }
     }
 
     async fn acquire_guard(&self, wait: Wait) -> Result<MutexGuard> {
@@ -208,7 +178,6 @@ impl Mutex {
     }
 
     async fn acquire_fresh(&self, wait: Wait) -> Result<Option<MutexGuard>> {
-        self.options.validate()?;
         let backend = self.client.backend().clone();
         let ttl = self.options.ttl.max(backend.capabilities().min_ttl);
         let request = AcquireRequest::new(
@@ -223,6 +192,7 @@ impl Mutex {
             options: &self.options,
             pending: PendingAcquire {
                 backend,
+                background: self.client.background().clone(),
                 request,
                 armed: true,
             },
@@ -340,7 +310,14 @@ impl Acquisition<'_> {
             lease = lease.with_session(session);
         }
         let backend = self.pending.backend.clone();
-        let held = HeldLease::new(lease, backend, valid_until, drift, self.options.auto_renew);
+        let held = HeldLease::new(
+            lease,
+            backend,
+            self.pending.background.clone(),
+            valid_until,
+            drift,
+            self.options.auto_renew,
+        );
         Scheduler::global().register(held.clone());
         self.pending.armed = false;
         metrics::acquired(
@@ -513,6 +490,7 @@ impl fmt::Debug for Mutex {
 /// cancelled), whatever the request left on the server is removed in the background.
 struct PendingAcquire {
     backend: SharedBackend,
+    background: Background,
     request: AcquireRequest,
     armed: bool,
 }
@@ -534,7 +512,7 @@ impl Drop for PendingAcquire {
         if self.armed {
             let backend = self.backend.clone();
             let request = self.request.clone();
-            crate::runtime::spawn(async move {
+            self.background.spawn(async move {
                 if let Err(e) = backend.abandon(&request).await {
                     tracing::warn!(key = %request.key, error = %e.display_chain(), "could not clean up after a cancelled acquisition; leftovers expire with their TTL");
                 }

@@ -31,7 +31,7 @@ pub struct LockOptions {
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
     /// The share of the TTL assumed lost to clock drift between client and server, on top of a
-    /// fixed 2 ms (see [`clock_drift`](crate::clock_drift)).
+    /// fixed 2 ms (see [`clock_drift`](crate::backend::clock_drift)).
     pub clock_drift_factor: f64,
     /// How long an acquisition that waits keeps retrying retryable backend errors in a row
     /// (an etcd or ZooKeeper leader election, a Sentinel failover, a rolling restart), with
@@ -89,6 +89,14 @@ impl LockOptions {
     pub fn with_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff_min = min;
         self.backoff_max = max;
+        self
+    }
+
+    /// Sets the share of the TTL assumed lost to clock drift (see
+    /// [`clock_drift_factor`](LockOptions::clock_drift_factor)).
+    #[must_use]
+    pub fn with_clock_drift_factor(mut self, clock_drift_factor: f64) -> Self {
+        self.clock_drift_factor = clock_drift_factor;
         self
     }
 
@@ -168,10 +176,7 @@ mod tests {
                 .to_string()
                 .contains("backoff_min")
         );
-        let drift = LockOptions {
-            clock_drift_factor: 0.7,
-            ..LockOptions::default()
-        };
+        let drift = LockOptions::default().with_clock_drift_factor(0.7);
         assert!(
             drift
                 .validate()

@@ -12,11 +12,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::backend::runtime;
 use crate::backend::{Renewal, SharedBackend};
+use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{Lease, validity_deadline};
 use crate::metrics;
-use crate::runtime;
 
 /// The longest the scheduler sleeps when nothing is due (new leases wake it earlier).
 const IDLE_TICK: Duration = Duration::from_secs(1);
@@ -55,6 +56,8 @@ pub(crate) struct HeldLease {
     pub(crate) lease: Lease,
     pub(crate) backend: SharedBackend,
     pub(crate) lost: CancellationToken,
+    /// Where the guard's release runs when its caller does not wait for it.
+    pub(crate) background: Background,
     drift: Duration,
     state: StdMutex<HeldState>,
 }
@@ -75,6 +78,7 @@ impl HeldLease {
     pub(crate) fn new(
         lease: Lease,
         backend: SharedBackend,
+        background: Background,
         valid_until: Instant,
         drift: Duration,
         auto_renew: bool,
@@ -88,6 +92,7 @@ impl HeldLease {
             lease,
             backend,
             lost,
+            background,
             drift,
             state: StdMutex::new(HeldState {
                 valid_until,

@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use lockkit_core::backend::{
+    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, Renewal, async_trait,
+};
 use lockkit_core::testing::{self, Harness};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, Grant, Lease, LockBackend, LockClient,
-    LockInfo, LockKey, LockOptions, MemoryBackend, Renewal, Result, Tier, async_trait,
+    Capabilities, LockClient, LockInfo, LockKey, LockOptions, MemoryBackend, Result, Tier,
 };
 
 /// Clients of one harness share one memory backend, as processes share one server.
@@ -186,9 +188,7 @@ async fn a_ttl_that_drift_would_eat_is_refused() {
         .mutex("tiny")
         .expect("key")
         .with_ttl(Duration::from_millis(2))
-        .lock()
-        .await
-        .expect_err("a 2 ms TTL cannot be honoured");
+        .expect_err("a 2 ms TTL cannot be honoured: refused when the mutex is built");
     assert_eq!(err.kind(), lockkit_core::ErrorKind::InvalidConfig, "{err}");
 }
 

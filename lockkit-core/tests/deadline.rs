@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::{AcquireRequest, Attempt, Lease, LockBackend, Renewal, async_trait};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, ErrorKind, Lease, LockBackend, LockClient, LockInfo,
-    LockKey, MemoryBackend, Renewal, Result, Tier, async_trait,
+    Capabilities, ErrorKind, LockClient, LockInfo, LockKey, MemoryBackend, Result, Tier,
 };
 
 /// A memory backend whose attempts hang for a long time (a failover in progress).

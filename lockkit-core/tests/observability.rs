@@ -36,7 +36,7 @@ async fn acquisitions_contention_and_losses_are_counted_and_tokens_never_traced(
     let locks =
         LockClient::with_options(Arc::new(memory.clone()), "observed", options).expect("client");
     let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
-    let secret = guard.lease().owner().expose_hex();
+    let secret = lockkit_core::backend::lease_of(&guard).owner().expose_hex();
     assert!(
         locks
             .mutex("job")

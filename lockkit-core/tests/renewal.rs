@@ -5,9 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::{
+    AcquireRequest, Attempt, Grant, Lease, LockBackend, Renewal, async_trait,
+};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Error, ErrorKind, Grant, Lease, LockBackend, LockClient,
-    LockInfo, LockKey, LockOptions, MemoryBackend, MutexGuard, Renewal, Result, Tier, async_trait,
+    Capabilities, Error, ErrorKind, LockClient, LockInfo, LockKey, LockOptions, MemoryBackend,
+    MutexGuard, Result, Tier,
 };
 
 /// Wraps the memory backend, counts renewal batches, and can make renewals fail.

@@ -1,16 +1,18 @@
 //! The mutex under hostile values and a misbehaving backend: deadlines that would overflow, a TTL
-//! past the maximum, a leader election that answers errors for a while, and a wake-up that never
-//! comes.
+//! past the maximum, a leader election that answers errors for a while, a wake-up that never
+//! comes, and releases still on their way when the process shuts down.
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::{
+    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, Renewal, async_trait,
+};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee, Grant,
-    Lease, LockBackend, LockClient, LockInfo, LockKey, LockOptions, MemoryBackend, Renewal, Result,
-    Tier, WaitStrategy, async_trait,
+    Capabilities, Error, ErrorKind, FencingGuarantee, LockClient, LockInfo, LockKey, LockOptions,
+    MemoryBackend, Result, Tier, WaitStrategy,
 };
 
 /// How [`Twisted`] bends the memory backend it wraps.
@@ -27,6 +29,8 @@ enum Twist {
     /// Its grants arrive with no validity left (the attempt queued behind thousands of
     /// others), while a renewal sent afterwards answers in time.
     Late,
+    /// Its releases take this long to reach the server (a slow link at shutdown).
+    SlowRelease(Duration),
 }
 
 /// A memory backend with one [`Twist`], counting attempts and clean-ups.
@@ -111,6 +115,9 @@ impl LockBackend for Twisted {
         self.memory.renew(lease).await
     }
     async fn release(&self, lease: &Lease) -> Result<bool> {
+        if let Twist::SlowRelease(delay) = self.twist {
+            tokio::time::sleep(delay).await;
+        }
         self.memory.release(lease).await
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -143,7 +150,13 @@ async fn a_wait_too_long_for_a_deadline_waits_instead_of_panicking() {
         .unwrap();
 
     let endless = LockOptions::default().with_wait_timeout(Some(Duration::MAX));
-    let guard = mutex.clone().with_options(endless).lock().await.unwrap();
+    let guard = mutex
+        .clone()
+        .with_options(endless)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
     assert!(guard.release().await.unwrap());
 }
 
@@ -159,9 +172,7 @@ async fn a_ttl_above_the_maximum_is_refused_as_invalid_config() {
             .mutex("huge")
             .unwrap()
             .with_ttl(ttl)
-            .lock()
-            .await
-            .expect_err("a TTL past the maximum is refused");
+            .expect_err("a TTL past the maximum is refused when the mutex is built");
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
         assert!(err.to_string().contains("lock.ttl"), "{err}");
     }
@@ -301,4 +312,33 @@ async fn a_grant_that_arrives_too_late_is_confirmed_by_a_renewal_not_given_back(
     );
     assert!(guard.is_held().await.unwrap());
     assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_waits_for_the_background_releases_of_dropped_guards() {
+    let backend = Twisted::new(Twist::SlowRelease(Duration::from_millis(300)));
+    let locks = locks(backend.clone(), LockOptions::default());
+    for name in ["a", "b", "c"] {
+        drop(locks.mutex(name).unwrap().lock().await.unwrap());
+    }
+    // A cancelled release is background work too.
+    let guard = locks.mutex("d").unwrap().lock().await.unwrap();
+    let _ = tokio::time::timeout(Duration::ZERO, guard.release()).await;
+    assert!(
+        locks.inspect("a").await.unwrap().is_some(),
+        "the releases are still on their way: without close, a process exiting now leaves them"
+    );
+    let started = Instant::now();
+    locks.clone().close().await;
+    for name in ["a", "b", "c", "d"] {
+        assert!(
+            locks.inspect(name).await.unwrap().is_none(),
+            "{name} still held after close returned (after {:?})",
+            started.elapsed()
+        );
+    }
+    // Nothing left running: close returns at once.
+    tokio::time::timeout(Duration::from_secs(5), locks.close())
+        .await
+        .expect("close with nothing in the background returns");
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use lockkit_core::backend::{AcquireRequest, Attempt, Lease, LockBackend, Renewal, async_trait};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Lease, LockBackend, LockClient, LockInfo, LockKey,
-    LockOptions, MemoryBackend, Renewal, Result, Tier, async_trait,
+    Capabilities, LockClient, LockInfo, LockKey, LockOptions, MemoryBackend, Result, Tier,
 };
 
 /// A memory backend whose `name()` panics once armed: the scheduler asks for it when it
@@ -84,6 +84,7 @@ async fn a_scheduler_panic_fires_lost_on_its_leases_and_a_new_scheduler_takes_ov
         .mutex("after")
         .unwrap()
         .with_ttl(Duration::from_millis(300))
+        .expect("a valid TTL")
         .lock()
         .await
         .unwrap();

@@ -7,10 +7,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_core::backend::OwnerToken;
 use lockkit_core::testing::{Recording, TraceCapture, assert_nothing_shown, owner_token_spellings};
-use lockkit_core::{
-    ErrorKind, LockClient, LockKey, LockOptions, MAX_KEY_LEN, MemoryBackend, OwnerToken,
-};
+use lockkit_core::{Error, ErrorKind, LockClient, LockKey, LockOptions, MemoryBackend};
 
 const DRAWS: usize = 1_000_000;
 
@@ -79,7 +78,7 @@ async fn every_acquisition_gets_a_fresh_owner_token() {
             .lock()
             .await
             .unwrap();
-        assert!(seen.insert(guard.lease().owner().expose_hex()));
+        assert!(seen.insert(lockkit_core::backend::lease_of(&guard).owner().expose_hex()));
         assert!(guard.release().await.unwrap());
     }
 }
@@ -114,7 +113,7 @@ fn hostile_names() -> Vec<String> {
     .map(|s| (*s).to_owned())
     .collect();
     names.push("k".repeat(10 * 1024));
-    names.push("k".repeat(MAX_KEY_LEN + 1));
+    names.push("k".repeat(LockKey::MAX_LEN + 1));
     names.push(format!("{}/..", "k".repeat(100)));
     names
 }
@@ -132,9 +131,9 @@ async fn hostile_names_are_invalid_key_before_any_backend_call() {
             locks.mutex(&name).map(|_| ()).unwrap_err(),
             locks.inspect(&name).await.map(|_| ()).unwrap_err(),
             locks
-                .with_lock(&name, |_| async {})
+                .with_lock(&name, async |_| {})
                 .await
-                .map(|_| ())
+                .map_err(Error::from)
                 .unwrap_err(),
             LockKey::new("ns", &name).map(|_| ()).unwrap_err(),
         ];
@@ -180,7 +179,7 @@ async fn owner_tokens_stay_out_of_debug_errors_and_traces() {
     )
     .unwrap();
     let guard = locks.mutex("job").unwrap().lock().await.unwrap();
-    let secrets = owner_token_spellings(guard.lease().owner());
+    let secrets = owner_token_spellings(lockkit_core::backend::lease_of(&guard).owner());
     assert!(
         locks
             .mutex("job")
@@ -195,8 +194,8 @@ async fn owner_tokens_stay_out_of_debug_errors_and_traces() {
     let info = locks.inspect("job").await.unwrap();
     let mut shown = vec![
         format!("{guard:?}"),
-        format!("{:?}", guard.lease()),
-        format!("{:?}", guard.lease().owner()),
+        format!("{:?}", lockkit_core::backend::lease_of(&guard)),
+        format!("{:?}", lockkit_core::backend::lease_of(&guard).owner()),
         format!("{locks:?}"),
         format!("{info:?}"),
         guard.fencing_token().to_string(),

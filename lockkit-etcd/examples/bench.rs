@@ -15,10 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockkit_core::{
-    AcquireRequest, Attempt, Lease, LockBackend, LockClient, LockKey, LockOptions, OwnerToken,
-    testing,
-};
+use lockkit_core::backend::{AcquireRequest, Attempt, Lease, LockBackend, OwnerToken};
+use lockkit_core::{LockClient, LockKey, LockOptions, testing};
 use lockkit_etcd::etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 

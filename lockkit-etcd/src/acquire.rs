@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, PutOptions, SortOrder, Txn, TxnOp, TxnOpResponse};
-use lockkit_core::{AcquireRequest, Attempt, Contention, Error, ErrorKind, Grant, Result};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
+use lockkit_core::{Error, ErrorKind, Result};
 
 use crate::backend::{EtcdBackend, txn_of};
 use crate::cleanup::Entry;
@@ -45,7 +46,7 @@ impl EtcdBackend {
         (entry.claim.key.clone(), entry.create_revision)
     }
 
-    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::LockBackend::try_acquire)).
+    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)).
     pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
         let started = Instant::now();
         let session = self.session_for(request.ttl).await?;

@@ -14,10 +14,13 @@ use etcd_client::{
     TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use lockkit_core::backend::cleanup::Acquisitions;
+use lockkit_core::backend::{
+    AcquireRequest, Attempt, CancellationToken, Contention, Lease, LockBackend, OwnerToken,
+    Renewal, lease_of, runtime,
+};
 use lockkit_core::{
-    AcquireRequest, Attempt, CancellationToken, Capabilities, Contention, Error, ErrorKind,
-    FencingGuarantee, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
-    WaitStrategy, runtime,
+    Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, MutexGuard, Result, Tier,
+    WaitStrategy,
 };
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -154,8 +157,8 @@ impl EtcdBackend {
         )
     }
 
-    /// Runs `ops` in one transaction that applies only while `lease` still holds its lock:
-    /// it compares the lock key's create revision with the lease's fencing token and its value
+    /// Runs `ops` in one transaction that applies only while `guard` still holds its lock:
+    /// it compares the lock key's create revision with the guard's fencing token and its value
     /// with the owner token's digest. This is the fenced write of etcd: a holder that was paused past
     /// its session and lost the lock cannot overwrite what the next holder wrote.
     ///
@@ -163,7 +166,7 @@ impl EtcdBackend {
     /// # async fn demo(backend: lockkit_etcd::EtcdBackend, guard: lockkit_core::MutexGuard) -> lockkit_core::Result<()> {
     /// use lockkit_etcd::etcd_client::TxnOp;
     /// backend
-    ///     .txn_if_held(guard.lease(), [TxnOp::put("billing/total", "42", None)])
+    ///     .txn_if_held(&guard, [TxnOp::put("billing/total", "42", None)])
     ///     .await?;
     /// # Ok(())
     /// # }
@@ -171,18 +174,19 @@ impl EtcdBackend {
     ///
     /// # Errors
     /// [`ErrorKind::Lost`] when the lock is no longer held (nothing was written);
-    /// [`ErrorKind::InvalidConfig`] for a lease that this backend did not grant; request
+    /// [`ErrorKind::InvalidConfig`] for a guard that this backend did not grant; request
     /// errors as for every call.
     pub async fn txn_if_held(
         &self,
-        lease: &Lease,
+        guard: &MutexGuard,
         ops: impl Into<Vec<TxnOp>>,
     ) -> Result<TxnResponse> {
+        let lease = lease_of(guard);
         let Some(key) = lease.handle() else {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 NAME,
-                "txn_if_held needs a lease granted by the etcd backend",
+                "txn_if_held needs a lock granted by the etcd backend",
             ));
         };
         let txn = Txn::new().when(held_by(key, lease)).and_then(ops);
@@ -280,7 +284,7 @@ impl EtcdBackend {
     }
 
     pub(crate) fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {
-        if lease.session().is_none_or(CancellationToken::is_cancelled) {
+        if lease.session_alive() != Some(true) {
             return None;
         }
         let key = lease.handle()?;

@@ -9,7 +9,8 @@ use etcd_client::{
     Client, Compare, CompareOp, KeyValue, LeaseTimeToLiveOptions, Txn, TxnOp, TxnResponse,
 };
 use lockkit_core::backend::cleanup::{Retry, Sweep, Unfinished, spawn_sweep};
-use lockkit_core::{AcquireRequest, CancellationToken, Error, ErrorKind, Lease, Result, runtime};
+use lockkit_core::backend::{AcquireRequest, CancellationToken, Lease, runtime};
+use lockkit_core::{Error, ErrorKind, Result};
 
 use crate::backend::{EtcdBackend, held_by, txn_of};
 use crate::error::{self, NAME};
@@ -144,7 +145,7 @@ impl EtcdBackend {
         )
     }
 
-    /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::LockBackend::abandon)).
+    /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::backend::LockBackend::abandon)).
     pub(crate) async fn abandon_request(&self, request: &AcquireRequest) -> Result<()> {
         let Some(entry) = self.entries().remove(&request.owner) else {
             return Ok(());
@@ -188,7 +189,7 @@ impl EtcdBackend {
         .map(|_| ())
     }
 
-    /// Deletes `lease`'s key if it is still ours (see [`LockBackend::release`](lockkit_core::LockBackend::release)).
+    /// Deletes `lease`'s key if it is still ours (see [`LockBackend::release`](lockkit_core::backend::LockBackend::release)).
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool> {
         let Some(key) = lease.handle() else {
             return Ok(false);

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use lockkit_core::Result;
 use lockkit_core::backend::cleanup::Ledger;
-use lockkit_core::{CancellationToken, Result, runtime};
+use lockkit_core::backend::{CancellationToken, runtime};
 
 use crate::backend::{EtcdBackend, MIN_TTL_SECS};
 use crate::error;

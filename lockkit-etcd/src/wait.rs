@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
-use lockkit_core::{AcquireRequest, Contention, Result};
+use lockkit_core::Result;
+use lockkit_core::backend::{AcquireRequest, Contention};
 
 use crate::backend::EtcdBackend;
 use crate::error;

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::OwnerToken;
 use lockkit_core::testing::Recording;
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::{ErrorKind, LockClient, LockOptions, MutexGuard, OwnerToken};
+use lockkit_core::{ErrorKind, LockClient, LockOptions, MutexGuard};
 use lockkit_etcd::etcd_client::{DeleteOptions, TxnOp};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 
@@ -54,7 +55,11 @@ async fn revoked_lease_fires_lost_at_once_and_the_next_waiter_is_granted() {
     let (held, waiting) = hold_with_a_waiter(&holder, waiter).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let lease = support::lease_of(held.lease().handle().expect("etcd grants carry their key"));
+    let lease = support::lease_of(
+        lockkit_core::backend::lease_of(&held)
+            .handle()
+            .expect("etcd grants carry their key"),
+    );
     let revoked_at = Instant::now();
     admin
         .client()
@@ -255,8 +260,7 @@ async fn a_waiter_whose_key_was_deleted_queues_again_and_is_granted() {
         .lock()
         .await
         .expect("lock");
-    let holder_key = held
-        .lease()
+    let holder_key = lockkit_core::backend::lease_of(&held)
         .handle()
         .expect("etcd grants carry their key")
         .to_owned();
@@ -321,17 +325,29 @@ async fn txn_if_held_writes_only_while_the_lock_is_held() {
         .await
         .expect("lock");
     backend
-        .txn_if_held(guard.lease(), [TxnOp::put(data.clone(), "first", None)])
+        .txn_if_held(&guard, [TxnOp::put(data.clone(), "first", None)])
         .await
         .expect("a write while held goes through");
-    let stale = guard.lease().clone();
-    assert!(guard.release().await.expect("release"));
-    let err = backend
-        .txn_if_held(&stale, [TxnOp::put(data.clone(), "stale", None)])
-        .await
-        .expect_err("a write after the release is refused");
-    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    // The lock key vanishes behind the holder's back (an expired session, an operator): the
+    // guard has not noticed yet, and its write must still be refused.
+    let lock_key = lockkit_core::backend::lease_of(&guard)
+        .handle()
+        .expect("an etcd lease names its key")
+        .to_owned();
     let mut client = backend.client();
+    client
+        .delete(lock_key, None)
+        .await
+        .expect("delete the lock key");
+    let err = backend
+        .txn_if_held(&guard, [TxnOp::put(data.clone(), "stale", None)])
+        .await
+        .expect_err("a write once the lock is gone is refused");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert!(
+        !guard.release().await.expect("release"),
+        "the lock was gone"
+    );
     let stored = client.get(data.clone(), None).await.expect("get");
     assert_eq!(stored.kvs()[0].value(), b"first");
     client.delete(data, None).await.expect("clean up");
@@ -356,10 +372,13 @@ async fn locks_of_one_ttl_share_one_session_lease() {
         .mutex("c")
         .expect("key")
         .with_ttl(Duration::from_secs(7))
+        .expect("a valid TTL")
         .lock()
         .await
         .expect("lock");
-    let lease = |g: &lockkit_core::MutexGuard| support::lease_of(g.lease().handle().expect("key"));
+    let lease = |g: &lockkit_core::MutexGuard| {
+        support::lease_of(lockkit_core::backend::lease_of(g).handle().expect("key"))
+    };
     assert_eq!(
         lease(&a),
         lease(&b),
@@ -425,7 +444,12 @@ async fn one_client_reuses_its_key_name_and_contenders_get_their_own() {
     let mut names = std::collections::HashSet::new();
     for _ in 0..5 {
         let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
-        names.insert(guard.lease().handle().expect("key").to_owned());
+        names.insert(
+            lockkit_core::backend::lease_of(&guard)
+                .handle()
+                .expect("key")
+                .to_owned(),
+        );
         assert!(guard.release().await.expect("release"));
     }
     assert_eq!(names.len(), 1, "sequential acquisitions used {names:?}");
@@ -438,10 +462,16 @@ async fn one_client_reuses_its_key_name_and_contenders_get_their_own() {
             .await
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let held_name = held.lease().handle().expect("key").to_owned();
+    let held_name = lockkit_core::backend::lease_of(&held)
+        .handle()
+        .expect("key")
+        .to_owned();
     assert!(held.release().await.expect("release"));
     let next = waiting.await.expect("join").expect("granted");
-    assert_ne!(next.lease().handle(), Some(held_name.as_str()));
+    assert_ne!(
+        lockkit_core::backend::lease_of(&next).handle(),
+        Some(held_name.as_str())
+    );
     assert!(next.release().await.expect("release"));
     let admin = EtcdBackend::connect(config).await.expect("connect");
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
@@ -521,10 +551,12 @@ async fn a_lock_key_holds_a_digest_of_the_owner_token_not_the_token() {
     .await;
     let guard = locks.mutex("job").expect("key").lock().await.expect("lock");
     let admin = EtcdBackend::connect(config).await.expect("connect");
-    let key = guard.lease().handle().expect("etcd grants carry their key");
+    let key = lockkit_core::backend::lease_of(&guard)
+        .handle()
+        .expect("etcd grants carry their key");
     let stored = admin.client().get(key, None).await.expect("get");
     let stored = String::from_utf8_lossy(stored.kvs()[0].value()).into_owned();
-    let owner = guard.lease().owner();
+    let owner = lockkit_core::backend::lease_of(&guard).owner();
     assert!(
         !stored.contains(&owner.expose_hex()),
         "the lock key shows the owner token"
@@ -559,7 +591,10 @@ async fn a_waiter_whose_session_is_lost_stops_waiting_and_queues_on_a_new_one() 
     .await;
     let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
     let (held, waiting) = hold_with_a_waiter(&holder, waiter).await;
-    let holder_key = held.lease().handle().expect("key").to_owned();
+    let holder_key = lockkit_core::backend::lease_of(&held)
+        .handle()
+        .expect("key")
+        .to_owned();
     let waiter_key = || async {
         let keys = support::keys_under(&admin, &ns).await.expect("list keys");
         keys.into_iter().find(|k| *k != holder_key)
@@ -623,7 +658,10 @@ async fn a_put_landing_after_its_clean_up_is_deleted_within_a_session_ttl() {
     let locks = client(&config, &ns, options.clone()).await;
     // The session and the key name its acquisitions of "job" reuse.
     let first = locks.mutex("job").expect("key").lock().await.expect("lock");
-    let name = first.lease().handle().expect("key").to_owned();
+    let name = lockkit_core::backend::lease_of(&first)
+        .handle()
+        .expect("key")
+        .to_owned();
     assert!(first.release().await.expect("release"));
 
     proxy.set(

@@ -250,8 +250,7 @@ async fn a_role_on_the_lock_prefix_is_enough_and_keeps_others_out() {
     tokio::time::sleep(ttl + ttl / 2).await;
     assert!(!guard.is_lost(), "renewal failed under the role");
     assert!(guard.is_held().await.unwrap());
-    let lock_key = guard
-        .lease()
+    let lock_key = lockkit_core::backend::lease_of(&guard)
         .handle()
         .expect("an etcd lease names its key")
         .to_owned();
@@ -351,15 +350,18 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
     let (locks, other) = (connect().await, connect().await);
     let guard = locks.mutex("job").unwrap().lock().await.unwrap();
     let mut root = rbac.raw("root", &rbac.root_password).await;
-    let key = guard.lease().handle().unwrap().to_owned();
+    let key = lockkit_core::backend::lease_of(&guard)
+        .handle()
+        .unwrap()
+        .to_owned();
     let stored = root.get(key.as_str(), None).await.unwrap();
     let stored = String::from_utf8_lossy(stored.kvs()[0].value()).into_owned();
     assert_eq!(
         stored,
-        guard.lease().owner().digest_hex(),
+        lockkit_core::backend::lease_of(&guard).owner().digest_hex(),
         "the key holds {stored:?}, not the owner token's digest"
     );
-    let mut secrets = owner_token_spellings(guard.lease().owner());
+    let mut secrets = owner_token_spellings(lockkit_core::backend::lease_of(&guard).owner());
     assert!(guard.release().await.unwrap());
     let (tokens, more) = exercise(&locks, &other, ttl).await;
     secrets.extend(tokens);

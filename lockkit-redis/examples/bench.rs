@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::OwnerToken;
 use lockkit_core::testing::endpoint;
-use lockkit_core::{LockClient, LockOptions, OwnerToken};
+use lockkit_core::{LockClient, LockOptions};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use redis::Script;
 

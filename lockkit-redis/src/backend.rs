@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockkit_core::backend::{
+    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, Renewal,
+};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee, Grant,
-    Lease, LockBackend, LockInfo, LockKey, Renewal, Result, Tier, WaitStrategy,
+    Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, Result, Tier, WaitStrategy,
 };
 use redis::Value;
 
@@ -66,7 +68,7 @@ impl RedisBackend {
             .map(|h| parse_host(h))
             .collect::<Result<Vec<_>>>()?;
         let sentinel_master = config.sentinel_master.clone();
-        let primary = lockkit_core::runtime::run(async move {
+        let primary = lockkit_core::backend::runtime::run(async move {
             match sentinel_master {
                 Some(master) => Primary::sentinel(dialer, hosts, master).await,
                 None => {

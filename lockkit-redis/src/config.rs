@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lockkit_core::url::ConnectionUrl;
+use lockkit_core::backend::url::ConnectionUrl;
 use lockkit_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 

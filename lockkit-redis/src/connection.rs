@@ -329,7 +329,7 @@ impl Primary {
             return;
         }
         let this = self.clone();
-        lockkit_core::runtime::spawn(async move {
+        lockkit_core::backend::runtime::spawn(async move {
             let Ok(mut last) = this.resolving.try_lock() else {
                 return;
             };
@@ -370,7 +370,7 @@ impl Epoch {
     /// Connects to `addr`, on lockkit's runtime so that the connection drivers live there.
     async fn open(dialer: &Dialer, addr: (String, u16)) -> Result<Self> {
         let dialer = dialer.clone();
-        lockkit_core::runtime::run(async move {
+        lockkit_core::backend::runtime::run(async move {
             let info = dialer.info(&addr.0, addr.1, ProtocolVersion::RESP2)?;
             let (connection, renewals) =
                 tokio::try_join!(dialer.connect(info.clone()), dialer.connect(info.clone()))?;

@@ -76,7 +76,7 @@ impl Lanes {
         let (answer, answered) = oneshot::channel();
         let lanes = self.clone();
         let lane = lane.to_owned();
-        lockkit_core::runtime::spawn(async move {
+        lockkit_core::backend::runtime::spawn(async move {
             let outcome = tokio::time::timeout_at(deadline, async move {
                 if let Some(previous) = previous {
                     // An error only means the previous request's task ended: our turn.

@@ -224,7 +224,7 @@ impl Inner {
     async fn send_subscribe(self: &Arc<Self>, channel: &str) -> Result<()> {
         let inner = self.clone();
         let channel = channel.to_owned();
-        lockkit_core::runtime::run(async move {
+        lockkit_core::backend::runtime::run(async move {
             let disconnections = inner.disconnections.load(Ordering::SeqCst);
             let mut connection = inner.connection().await?;
             let name = channel.clone();
@@ -276,7 +276,7 @@ impl Inner {
             .get_or_try_init(|| async {
                 let (pushes, received) = mpsc::unbounded_channel();
                 let connection = self.dialer.pubsub(self.info.clone(), pushes)?;
-                lockkit_core::runtime::spawn(dispatch(Arc::downgrade(self), received));
+                lockkit_core::backend::runtime::spawn(dispatch(Arc::downgrade(self), received));
                 Ok::<_, lockkit_core::Error>(connection)
             })
             .await?;
@@ -297,7 +297,7 @@ impl Inner {
         if idle {
             let inner = self.clone();
             let channel = channel.to_owned();
-            lockkit_core::runtime::spawn(async move {
+            lockkit_core::backend::runtime::spawn(async move {
                 tokio::time::sleep(LINGER).await;
                 inner.unsubscribe_if_idle(&channel).await;
             });
@@ -358,7 +358,7 @@ impl Inner {
         }
         self.wake(None);
         if !self.recovering.swap(true, Ordering::SeqCst) {
-            lockkit_core::runtime::spawn(recover(Arc::downgrade(self)));
+            lockkit_core::backend::runtime::spawn(recover(Arc::downgrade(self)));
         }
     }
 

@@ -3,7 +3,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use lockkit_core::{FencingToken, Lease, LockInfo, LockKey, OwnerToken, Result};
+use lockkit_core::backend::{Lease, OwnerToken};
+use lockkit_core::{FencingToken, LockInfo, LockKey, Result};
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 

@@ -5,7 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use lockkit_core::{ErrorKind, LockBackend, LockClient};
+use lockkit_core::backend::LockBackend;
+use lockkit_core::{ErrorKind, LockClient};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 
 /// A TCP server that accepts connections and never answers.
@@ -233,7 +234,7 @@ async fn expect_polling_works(backend: std::sync::Arc<dyn LockBackend>, namespac
             .expect("join")?;
         let waited = started.elapsed();
         next.release().await?;
-        lockkit_core::Result::Ok((polls, waited))
+        Ok::<_, lockkit_core::Error>((polls, waited))
     }
     .await;
     let (polls, waited) = outcome.expect("locks work without SUBSCRIBE");

@@ -34,11 +34,15 @@ async fn workload(harness: &common::RedisHarness) {
     assert!(held.release().await.unwrap());
     assert!(waiter.await.unwrap().unwrap());
     // A grant left to expire, never released.
-    let abandoned = a.mutex("expire").unwrap().with_options(
-        LockOptions::default()
-            .with_ttl(Duration::from_millis(300))
-            .with_auto_renew(false),
-    );
+    let abandoned = a
+        .mutex("expire")
+        .unwrap()
+        .with_options(
+            LockOptions::default()
+                .with_ttl(Duration::from_millis(300))
+                .with_auto_renew(false),
+        )
+        .unwrap();
     std::mem::forget(abandoned.lock().await.unwrap());
 }
 

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{AclUser, LOCKKIT_COMMANDS, NOTIFY_COMMANDS, SENTINEL_COMMANDS, Topology};
+use lockkit_core::backend::LockBackend;
 use lockkit_core::testing::{
     TraceCapture, assert_nothing_shown, exercise, owner_token_spellings, secret_spellings,
 };
-use lockkit_core::{ErrorKind, LockBackend, LockClient, LockOptions, WaitStrategy};
+use lockkit_core::{ErrorKind, LockClient, LockOptions, WaitStrategy};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 
 fn namespace() -> String {
@@ -381,10 +382,10 @@ async fn passwords_and_owner_tokens_stay_out_of_output_and_traces() {
         .await
         .unwrap();
     assert!(
-        stored.contains(&probe.lease().owner().expose_hex()),
+        stored.contains(&lockkit_core::backend::lease_of(&probe).owner().expose_hex()),
         "the server stores {stored:?}, not the token this test searches for"
     );
-    let mut secrets = owner_token_spellings(probe.lease().owner());
+    let mut secrets = owner_token_spellings(lockkit_core::backend::lease_of(&probe).owner());
     assert!(probe.release().await.unwrap());
 
     let (tokens, more) = exercise(&locks, &other, ttl).await;

@@ -1,10 +1,8 @@
 //! One acquisition attempt on the ZooKeeper ensemble: creating the own node (and the lock's
 //! parent), finding it again after a lost reply, and deciding from the queue.
 
-use lockkit_core::{
-    AcquireRequest, Attempt, Contention, Error, ErrorKind, FencingToken, Grant, Lease, OwnerToken,
-    Result,
-};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Lease, OwnerToken};
+use lockkit_core::{Error, ErrorKind, FencingToken, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{MAX_ROUNDS, ZkBackend, within};
@@ -272,7 +270,7 @@ impl ZkBackend {
             .map(|c| paths.child(c)))
     }
 
-    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::LockBackend::try_acquire)).
+    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)).
     pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
         let session = self.session().await;
         let paths = LockPaths::new(&request.key);

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::cleanup::{Acquisitions, Ledger};
+use lockkit_core::backend::{
+    AcquireRequest, Attempt, Contention, Lease, LockBackend, OwnerToken, Renewal, runtime,
+};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
-    FencingToken, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
-    WaitStrategy, runtime,
+    Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
+    Tier, WaitStrategy,
 };
 use tokio_util::sync::{CancellationToken, DropGuard};
 use zookeeper_client as zk;

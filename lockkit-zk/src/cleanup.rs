@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use lockkit_core::Result;
 use lockkit_core::backend::cleanup::{Ledger, Retry, Sweep, spawn_sweep};
-use lockkit_core::{AcquireRequest, Lease, OwnerToken, Result};
+use lockkit_core::backend::{AcquireRequest, Lease, OwnerToken};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
@@ -349,7 +350,7 @@ impl ZkBackend {
         );
     }
 
-    /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::LockBackend::abandon)).
+    /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::backend::LockBackend::abandon)).
     /// A create still unsettled is swept for through the leader, until it is settled.
     pub(crate) async fn abandon_request(&self, request: &AcquireRequest) -> Result<()> {
         let owner = &request.owner;

@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lockkit_core::url::ConnectionUrl;
+use lockkit_core::backend::url::ConnectionUrl;
 use lockkit_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +45,7 @@ pub enum ZkAcl {
 ///
 /// ```
 /// # #[cfg(feature = "tls")] {
-/// use lockkit_core::url::ConnectionUrl;
+/// use lockkit_core::backend::url::ConnectionUrl;
 /// use lockkit_zk::ZkConfig;
 ///
 /// let mut config = ZkConfig::default();
@@ -247,7 +247,7 @@ impl ZkConfig {
             && !self.chroot.ends_with('/')
             && self.chroot[1..]
                 .split('/')
-                .all(|segment| lockkit_core::validate_segment("chroot", segment).is_ok())
+                .all(|segment| lockkit_core::backend::validate_segment("chroot", segment).is_ok())
             && self.chroot != "/zookeeper"
             && !self.chroot.starts_with("/zookeeper/");
         if !chroot_ok {

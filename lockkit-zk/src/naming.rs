@@ -1,7 +1,8 @@
 //! How the ZooKeeper backend names things: a lock's parent znode, and each acquisition's
 //! node `_c_{uuid}-lock-{sequence}`, as Curator's `InterProcessMutex` does.
 
-use lockkit_core::{LockKey, OwnerToken};
+use lockkit_core::LockKey;
+use lockkit_core::backend::OwnerToken;
 
 /// The part of a lock node's name between the owner and the sequence number, as Curator's
 /// `InterProcessMutex` names it.

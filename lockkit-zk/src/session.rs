@@ -4,7 +4,8 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lockkit_core::{CancellationToken, Error, ErrorKind, Lease, Result, runtime};
+use lockkit_core::backend::{CancellationToken, Lease, runtime};
+use lockkit_core::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
@@ -404,7 +405,7 @@ impl ZkBackend {
     /// (which keeps serving its stale view until it notices, `syncLimit × tickTime`) makes
     /// the check fail instead of confirming a lock the leader may have given away.
     pub(crate) async fn owns(&self, lease: &Lease) -> Result<bool> {
-        if lease.session().is_some_and(|s| s.is_cancelled()) {
+        if lease.session_alive() == Some(false) {
             return Ok(false);
         }
         let session = self.session().await;

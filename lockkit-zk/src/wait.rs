@@ -4,7 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lockkit_core::{AcquireRequest, Contention, Result};
+use lockkit_core::Result;
+use lockkit_core::backend::{AcquireRequest, Contention};
 
 use crate::backend::{ZkBackend, within};
 use crate::error::map;

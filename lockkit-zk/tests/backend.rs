@@ -7,11 +7,9 @@ mod support;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::{AcquireRequest, Attempt, Lease, LockBackend, OwnerToken, Renewal};
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::{
-    AcquireRequest, Attempt, ErrorKind, Lease, LockBackend, LockClient, LockKey, LockOptions,
-    OwnerToken, Renewal,
-};
+use lockkit_core::{ErrorKind, LockClient, LockKey, LockOptions};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use support::{TEST_CHROOT, admin, test_config, znodes_under};
 use zookeeper_client as zk;
@@ -107,7 +105,7 @@ async fn expired_session_fires_lost_and_grants_the_next_waiter() {
         !old.release().await.unwrap(),
         "the stale release claimed the lock"
     );
-    let node = lock_node(&admin, "", new.lease()).await;
+    let node = lock_node(&admin, "", lockkit_core::backend::lease_of(&new)).await;
     assert!(
         admin.check_stat(&node).await.unwrap().is_some(),
         "the stale release deleted the new holder's node"
@@ -433,13 +431,18 @@ async fn digest_auth_and_acls_protect_the_locks() {
     assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
     assert!(!format!("{err} {err:?}").contains("password"), "{err:?}");
     let debug = format!("{:?} {:?}", guard, owner.backend());
-    let owner_token = guard.lease().owner().expose_hex();
+    let owner_token = lockkit_core::backend::lease_of(&guard).owner().expose_hex();
     assert!(!debug.contains(&owner_token[..8]), "{debug}");
     assert!(!debug.contains("right-password"), "{debug}");
 
     let stranger = zk::Client::connect(&config.hosts.join(",")).await.unwrap();
     let root = admin_with_credentials(&config).await;
-    let node = lock_node(&root, &config.chroot, guard.lease()).await;
+    let node = lock_node(
+        &root,
+        &config.chroot,
+        lockkit_core::backend::lease_of(&guard),
+    )
+    .await;
     let parent = node.rsplit_once('/').unwrap().0.to_owned();
     assert_eq!(stranger.delete(&node, None).await, Err(zk::Error::NoAuth));
     assert_eq!(
@@ -596,7 +599,10 @@ async fn strays_with_the_acquisitions_own_name_are_deleted() {
         Attempt::Contended(_)
     ));
     let parent = format!("/{ns}/strays");
-    let holders = format!("-lock-{}", first.lease().handle().unwrap());
+    let holders = format!(
+        "-lock-{}",
+        lockkit_core::backend::lease_of(&first).handle().unwrap()
+    );
     let ours: Vec<String> = admin
         .list_children(&parent)
         .await
@@ -730,7 +736,7 @@ async fn a_ttl_below_the_minimum_is_raised_to_it() {
         .lock()
         .await
         .expect("lock");
-    assert_eq!(guard.lease().ttl(), lockkit_zk::MIN_TTL);
+    assert_eq!(guard.ttl(), lockkit_zk::MIN_TTL);
     let held_for = Duration::from_secs(1);
     tokio::time::sleep(held_for).await;
     assert!(!guard.is_lost());

@@ -9,8 +9,9 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use lockkit_core::LockKey;
+use lockkit_core::backend::{AcquireRequest, LockBackend, OwnerToken};
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::{AcquireRequest, LockBackend, LockKey, OwnerToken};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use nix::sys::signal::Signal;
 use support::server::{CLASSPATH, QUORUM_PEER, ZkServer, installed, srvr};

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit_core::url::ConnectionUrl;
+use lockkit_core::backend::url::ConnectionUrl;
 use lockkit_core::{ErrorKind, LockClient, LockOptions, testing};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use nix::sys::signal::Signal;

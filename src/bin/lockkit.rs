@@ -255,7 +255,7 @@ async fn status(config: &LockkitConfig, key: &str, json: bool) -> Result<u8, Fai
 async fn acquire(locks: &LockClient, args: &RunArgs) -> Result<MutexGuard, Failure> {
     let mut mutex = locks.mutex(&args.key)?;
     if let Some(ttl) = args.ttl {
-        mutex = mutex.with_ttl(ttl);
+        mutex = mutex.with_ttl(ttl)?;
     }
     let not_acquired = |why: String| Failure {
         code: exit::NOT_ACQUIRED,
@@ -357,10 +357,14 @@ async fn run(config: LockkitConfig, args: RunArgs, json: bool) -> Result<u8, Fai
         message: format!("waiting for the command: {e}"),
     })?;
     let released = if lost_lock {
+        drop(guard);
         false
     } else {
         guard.release().await.unwrap_or(false)
     };
+    // A lost lock's guard is released in the background: let that finish (it removes what
+    // may be left on the server) before the process exits, within a bound.
+    let _ = tokio::time::timeout(Duration::from_secs(5), locks.close()).await;
     let code = match (
         status.code(),
         std::os::unix::process::ExitStatusExt::signal(&status),

@@ -85,6 +85,12 @@ impl From<crate::Error> for Failure {
     }
 }
 
+impl<T> From<crate::WithLockError<T>> for Failure {
+    fn from(e: crate::WithLockError<T>) -> Self {
+        Failure::from(crate::Error::from(e))
+    }
+}
+
 /// The result of a scenario.
 pub type Outcome = std::result::Result<(), Failure>;
 
@@ -301,6 +307,8 @@ macro_rules! conformance_tests {
             invalid_keys_are_rejected,
             dropped_guard_releases_in_background,
             with_lock_cancels_when_lost,
+            with_lock_reports_an_unprotected_end_with_the_value,
+            close_waits_for_the_release_of_a_dropped_guard,
             inspect_shows_the_holder,
             release_wakes_a_waiter,
             a_cancelled_waiter_does_not_hold_up_the_next,

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{
-    AcquireRequest, Attempt, Capabilities, Contention, Lease, LockBackend, LockInfo, LockKey,
-    OwnerToken, Renewal, Result, SharedBackend, Tier,
+use crate::backend::{
+    AcquireRequest, Attempt, Contention, Lease, LockBackend, OwnerToken, Renewal, SharedBackend,
 };
+use crate::{Capabilities, LockInfo, LockKey, Result, Tier};
 
 /// One call that reached the backend.
 #[derive(Debug, Clone, PartialEq, Eq)]

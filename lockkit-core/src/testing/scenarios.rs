@@ -11,6 +11,7 @@ use crate::client::LockClient;
 use crate::error::ErrorKind;
 use crate::lease::Lease;
 use crate::options::LockOptions;
+use crate::owner::LockOwner;
 use crate::token::{FencingToken, OwnerToken};
 
 macro_rules! ensure {
@@ -44,6 +45,8 @@ scenarios!(
     invalid_keys_are_rejected,
     dropped_guard_releases_in_background,
     with_lock_cancels_when_lost,
+    with_lock_reports_an_unprotected_end_with_the_value,
+    close_waits_for_the_release_of_a_dropped_guard,
     inspect_shows_the_holder,
     release_wakes_a_waiter,
     a_cancelled_waiter_does_not_hold_up_the_next,
@@ -65,7 +68,7 @@ async fn an_acquisition_dropped_in_flight_leaves_nothing_behind(h: &dyn Harness)
         .await?;
     // Cut at points spread over a round trip, so some requests are on their way.
     for round in 0..20u64 {
-        let contender = clients[1].mutex("in-flight")?.with_ttl(LONG_TTL);
+        let contender = clients[1].mutex("in-flight")?.with_ttl(LONG_TTL)?;
         let _ = tokio::time::timeout(Duration::from_micros(round * 500), contender.lock()).await;
     }
     let deadline = Instant::now() + patience(h);
@@ -85,7 +88,7 @@ async fn an_acquisition_dropped_in_flight_leaves_nothing_behind(h: &dyn Harness)
     }
     holder.release().await?;
     for round in 0..20u64 {
-        let racer = clients[1].mutex("in-flight")?.with_ttl(LONG_TTL);
+        let racer = clients[1].mutex("in-flight")?.with_ttl(LONG_TTL)?;
         if let Ok(won) =
             tokio::time::timeout(Duration::from_micros(round * 500), racer.lock()).await
         {
@@ -194,7 +197,7 @@ async fn mutual_exclusion_under_contention(h: &dyn Harness) -> Outcome {
                     inside.fetch_sub(1, Ordering::SeqCst);
                     guard.release().await?;
                 }
-                crate::Result::Ok(())
+                Ok::<_, crate::Error>(())
             });
         }
     }
@@ -430,7 +433,7 @@ async fn cancelled_acquire_leaves_nothing_behind(h: &dyn Harness) -> Outcome {
         .mutex("cancel")?
         .lock_timeout(patience(h))
         .await?;
-    let waiter = clients[1].mutex("cancel")?.with_ttl(LONG_TTL);
+    let waiter = clients[1].mutex("cancel")?.with_ttl(LONG_TTL)?;
     ensure!(
         tokio::time::timeout(Duration::from_millis(200), waiter.lock())
             .await
@@ -439,14 +442,14 @@ async fn cancelled_acquire_leaves_nothing_behind(h: &dyn Harness) -> Outcome {
     );
     for round in 0..10u64 {
         let cut_after = Duration::from_micros(round * 700);
-        let contender = clients[1].mutex("cancel")?.with_ttl(LONG_TTL);
+        let contender = clients[1].mutex("cancel")?.with_ttl(LONG_TTL)?;
         let _ = tokio::time::timeout(cut_after, contender.try_lock()).await;
         let _ =
             tokio::time::timeout(cut_after, contender.lock_timeout(Duration::from_millis(5))).await;
     }
     holder.release().await?;
     for round in 0..10u64 {
-        let racer = clients[1].mutex("cancel")?.with_ttl(LONG_TTL);
+        let racer = clients[1].mutex("cancel")?.with_ttl(LONG_TTL)?;
         let cut_after = Duration::from_micros(round * 700);
         if let Ok(won) = tokio::time::timeout(cut_after, racer.lock()).await {
             drop(won?);
@@ -470,7 +473,8 @@ async fn cancelled_acquire_leaves_nothing_behind(h: &dyn Harness) -> Outcome {
 async fn reentrant_owner_shares_the_grant(h: &dyn Harness) -> Outcome {
     let ns = namespace();
     let clients = clients(h, &ns, 2).await?;
-    let mine = clients[0].mutex("reentrant")?.reentrant("worker-1");
+    let me = LockOwner::new();
+    let mine = clients[0].mutex("reentrant")?.reentrant(&me);
     let first = mine.lock_timeout(patience(h)).await?;
     let second = mine.lock_timeout(Duration::from_secs(2)).await?;
     ensure!(
@@ -480,7 +484,7 @@ async fn reentrant_owner_shares_the_grant(h: &dyn Harness) -> Outcome {
     ensure!(
         clients[0]
             .mutex("reentrant")?
-            .reentrant("worker-2")
+            .reentrant(&LockOwner::new())
             .try_lock()
             .await?
             .is_none(),
@@ -561,7 +565,7 @@ async fn dropped_guard_releases_in_background(h: &dyn Harness) -> Outcome {
     let clients = clients(h, &ns, 2).await?;
     let guard = clients[0]
         .mutex("dropped")?
-        .with_ttl(LONG_TTL)
+        .with_ttl(LONG_TTL)?
         .lock_timeout(patience(h))
         .await?;
     drop(guard);
@@ -579,14 +583,19 @@ async fn with_lock_cancels_when_lost(h: &dyn Harness) -> Outcome {
     let ns = namespace();
     let client = h.client(&ns, options(h)).await?;
     let ran = client
-        .with_lock("work", |lease| async move { lease.fencing_token() })
-        .await?;
-    ensure!(ran.get() > 0, "with_lock returned no token");
+        .with_lock("work", async |guard| {
+            // The closure holds the guard: it can extend the lease and check it before a commit.
+            guard.extend().await?;
+            Ok::<_, crate::Error>((guard.fencing_token(), guard.is_lost()))
+        })
+        .await??;
+    ensure!(ran.0.get() > 0, "with_lock returned no token");
+    ensure!(!ran.1, "the guard looked lost inside with_lock");
     let finished = AtomicBool::new(false);
     let started = AtomicBool::new(false);
     let key = client.key("work")?;
     let result = client
-        .with_lock("work", |_lease| async {
+        .with_lock("work", async |_guard| {
             started.store(true, Ordering::SeqCst);
             if h.force_release(&key).await.is_ok() {
                 tokio::time::sleep(patience(h) * 2).await;
@@ -606,6 +615,61 @@ async fn with_lock_cancels_when_lost(h: &dyn Harness) -> Outcome {
         Err(e) if e.kind() == ErrorKind::Lost => {}
         other => return Err(Failure(format!("expected a Lost error, got {other:?}"))),
     }
+    expect_no_leftovers(h, &ns).await
+}
+
+/// A critical section that finishes after its lock was taken away (the holder did not notice
+/// in time) is not reported as protected, and its value is not thrown away: the caller gets
+/// both the `Lost` error and what the section produced.
+async fn with_lock_reports_an_unprotected_end_with_the_value(h: &dyn Harness) -> Outcome {
+    let ns = namespace();
+    let client = h.client(&ns, options(h).with_ttl(LONG_TTL)).await?;
+    let key = client.key("unprotected")?;
+    let result = client
+        .with_lock("unprotected", async |guard| {
+            let taken_away = h.force_release(&key).await.is_ok();
+            (guard.fencing_token(), taken_away)
+        })
+        .await;
+    let Err(e) = result else {
+        return Err(Failure(
+            "with_lock reported a section protected to its end after its lock was taken away"
+                .into(),
+        ));
+    };
+    ensure!(
+        e.kind() == ErrorKind::Lost,
+        "expected Lost, got {}",
+        e.error()
+    );
+    match e.into_value() {
+        Some((token, true)) => ensure!(token.get() > 0, "the value lost its token"),
+        Some((_, false)) => return Err(Failure("force_release failed".into())),
+        None => return Err(Failure("with_lock threw the section's value away".into())),
+    }
+    expect_no_leftovers(h, &ns).await
+}
+
+/// `close` returns only once the release of a dropped guard is done: right after it, another
+/// client takes the lock without waiting (the grant asked for a minute's TTL).
+async fn close_waits_for_the_release_of_a_dropped_guard(h: &dyn Harness) -> Outcome {
+    let ns = namespace();
+    let clients = clients(h, &ns, 2).await?;
+    let guard = clients[0]
+        .mutex("closing")?
+        .with_ttl(LONG_TTL)?
+        .lock_timeout(patience(h))
+        .await?;
+    drop(guard);
+    clients[0].close().await;
+    let next = clients[1].mutex("closing")?.try_lock().await?;
+    let Some(next) = next else {
+        return Err(Failure(
+            "the lock was still held after close returned: close did not wait for the release"
+                .into(),
+        ));
+    };
+    next.release().await?;
     expect_no_leftovers(h, &ns).await
 }
 
@@ -630,7 +694,7 @@ async fn inspect_shows_the_holder(h: &dyn Harness) -> Outcome {
     );
     if let Some(left) = info.remaining_ttl {
         ensure!(
-            left <= guard.lease().ttl() + Duration::from_secs(1),
+            left <= guard.ttl() + Duration::from_secs(1),
             "remaining TTL {left:?} above the TTL"
         );
     }
@@ -653,13 +717,13 @@ async fn release_wakes_a_waiter(h: &dyn Harness) -> Outcome {
     }
     let holder = clients[0]
         .mutex("wake")?
-        .with_ttl(LONG_TTL)
+        .with_ttl(LONG_TTL)?
         .lock_timeout(patience(h))
         .await?;
     // Polling this slowly would miss the 20 s deadline: only a notification can wake it.
     let waiter = clients[1]
         .mutex("wake")?
-        .with_options(options(h).with_backoff(Duration::from_millis(5), LONG_TTL));
+        .with_options(options(h).with_backoff(Duration::from_millis(5), LONG_TTL))?;
     let waiting = tokio::spawn(async move { waiter.lock_timeout(Duration::from_secs(20)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     holder.release().await?;
@@ -686,13 +750,13 @@ async fn a_cancelled_waiter_does_not_hold_up_the_next(h: &dyn Harness) -> Outcom
     }
     let holder = clients[0]
         .mutex("handoff")?
-        .with_ttl(LONG_TTL)
+        .with_ttl(LONG_TTL)?
         .lock_timeout(patience(h))
         .await?;
     let waiter = || -> std::result::Result<_, Failure> {
         let mutex = clients[1]
             .mutex("handoff")?
-            .with_options(options(h).with_backoff(Duration::from_millis(5), LONG_TTL));
+            .with_options(options(h).with_backoff(Duration::from_millis(5), LONG_TTL))?;
         Ok(tokio::spawn(async move {
             mutex.lock_timeout(Duration::from_secs(20)).await
         }))
@@ -725,7 +789,7 @@ async fn a_cancelled_release_still_releases(h: &dyn Harness) -> Outcome {
     let clients = clients(h, &ns, 2).await?;
     let guard = clients[0]
         .mutex("cancelled-release")?
-        .with_ttl(LONG_TTL)
+        .with_ttl(LONG_TTL)?
         .lock_timeout(patience(h))
         .await?;
     // Polled once, then dropped: the release is on its way but unanswered.
@@ -786,14 +850,14 @@ where
     let holder_client = h.client(&ns, options(h)).await?;
     let holder = holder_client
         .mutex("restart")?
-        .with_ttl(LONG_TTL)
+        .with_ttl(LONG_TTL)?
         .lock_timeout(patience(h))
         .await?;
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let client = h.client(&ns, waiting.clone()).await?;
         for _ in 0..WAITERS_PER_CLIENT {
-            let mutex = client.mutex("restart")?.with_ttl(LONG_TTL);
+            let mutex = client.mutex("restart")?.with_ttl(LONG_TTL)?;
             let wait = patience(h) + LONG_TTL / 2;
             tasks.push(tokio::spawn(async move {
                 let guard = mutex.lock_timeout(wait).await?;

@@ -200,7 +200,7 @@ pub async fn exercise(
         .lock()
         .await
         .expect("the lock");
-    let mut secrets = owner_token_spellings(guard.lease().owner());
+    let mut secrets = owner_token_spellings(crate::backend::lease_of(&guard).owner());
     let contended = other
         .mutex("job")
         .expect("a valid key")
@@ -222,7 +222,7 @@ pub async fn exercise(
     let info = other.inspect("job").await.expect("inspect");
     let mut shown = vec![
         format!("{guard:?}"),
-        format!("{:?}", guard.lease()),
+        format!("{:?}", crate::backend::lease_of(&guard)),
         format!("{info:?}"),
         format!("{locks:?} {other:?}"),
         format!("{:?}", locks.backend()),
@@ -236,8 +236,10 @@ pub async fn exercise(
         .await
         .expect("the waiter did not panic")
         .expect("the waiter was granted");
-    secrets.extend(owner_token_spellings(next.lease().owner()));
-    shown.push(format!("{next:?} {:?}", next.lease()));
+    secrets.extend(owner_token_spellings(
+        crate::backend::lease_of(&next).owner(),
+    ));
+    shown.push(format!("{next:?} {:?}", crate::backend::lease_of(&next)));
     assert!(
         next.release().await.expect("release"),
         "the waiter's lock was not held"

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_core::backend::async_trait;
 use lockkit_core::testing::Harness;
-use lockkit_core::{Error, ErrorKind, LockClient, LockKey, LockOptions, Result, async_trait};
+use lockkit_core::{Error, ErrorKind, LockClient, LockKey, LockOptions, Result};
 use lockkit_etcd::etcd_client::{GetOptions, SortOrder, SortTarget};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 

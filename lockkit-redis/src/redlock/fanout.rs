@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockkit_core::{Error, ErrorKind, OwnerToken};
+use lockkit_core::backend::OwnerToken;
+use lockkit_core::{Error, ErrorKind};
 use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -80,7 +81,7 @@ impl RedlockBackend {
             .collect();
         let (answers, pending) = self.gather(deadline, bound, pending, enough).await;
         if !pending.is_empty() {
-            lockkit_core::runtime::spawn(pending.for_each(|_| std::future::ready(())));
+            lockkit_core::backend::runtime::spawn(pending.for_each(|_| std::future::ready(())));
         }
         answers
     }

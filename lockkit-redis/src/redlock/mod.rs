@@ -7,10 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockkit_core::backend::{
+    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, OwnerToken, Renewal,
+};
 use lockkit_core::{
-    AcquireRequest, Attempt, Capabilities, Contention, Error, ErrorKind, FencingGuarantee,
-    FencingToken, Grant, Lease, LockBackend, LockInfo, LockKey, OwnerToken, Renewal, Result, Tier,
-    WaitStrategy,
+    Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
+    Tier, WaitStrategy,
 };
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, Value};
@@ -118,7 +120,7 @@ impl RedlockBackend {
         let addrs = config.nodes.clone();
         let notifications = Arc::new(AtomicU64::new(0));
         let sequence = notifications.clone();
-        let nodes = lockkit_core::runtime::run(async move {
+        let nodes = lockkit_core::backend::runtime::run(async move {
             addrs
                 .into_iter()
                 .map(|addr| {
@@ -143,7 +145,7 @@ impl RedlockBackend {
             notifications,
         };
         let connecting = backend.clone();
-        let loaded = lockkit_core::runtime::run(async move {
+        let loaded = lockkit_core::backend::runtime::run(async move {
             let bound = connecting.config.connect_timeout + connecting.config.node_timeout;
             let load = |mut con: ConnectionManager| async move {
                 scripts::load_all()

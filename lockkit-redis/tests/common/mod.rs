@@ -7,9 +7,10 @@ pub mod private;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_core::backend::async_trait;
+use lockkit_core::backend::url::ConnectionUrl;
 use lockkit_core::testing::{Harness, backend_missing, endpoint};
-use lockkit_core::url::ConnectionUrl;
-use lockkit_core::{LockClient, LockKey, LockOptions, Result, async_trait};
+use lockkit_core::{LockClient, LockKey, LockOptions, Result};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use redis::aio::MultiplexedConnection;
 
@@ -63,7 +64,7 @@ pub async fn redlock() -> Option<RedisHarness> {
 
 impl RedisHarness {
     /// A backend of this topology (its own connections).
-    pub async fn backend(&self) -> Result<lockkit_core::SharedBackend> {
+    pub async fn backend(&self) -> Result<lockkit_core::backend::SharedBackend> {
         Ok(match &self.topology {
             Topology::Single(c) | Topology::Sentinel(c) => {
                 Arc::new(RedisBackend::connect(c.clone()).await?)

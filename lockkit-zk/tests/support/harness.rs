@@ -5,9 +5,10 @@
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::{LockBackend, async_trait};
 use lockkit_core::testing::Harness;
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::{LockBackend, LockClient, LockKey, LockOptions, Result, async_trait};
+use lockkit_core::{LockClient, LockKey, LockOptions, Result};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
 

@@ -1,22 +1,42 @@
-//! The contract between the core and a backend: a few primitive operations, and what
-//! backend authors share beyond it ([`cleanup`]: in-flight clean-up). The types of the
-//! contract are also at the crate root.
+//! The backend-author API: the contract between the core and a backend ([`LockBackend`], a
+//! few primitive operations and the types they exchange), and what backend authors share
+//! beyond it: [`cleanup`] (in-flight clean-up), [`runtime`] (lockkit's background runtime),
+//! [`url`] (connection URLs), the lease arithmetic ([`clock_drift`], [`validity_deadline`]).
+//!
+//! Users of locks never need this module: the crate root has everything they touch. It is
+//! separate so that the secret part of a grant ([`OwnerToken`], [`Lease::owner`]) is
+//! reachable only by code that asks for it here, as a backend must. The session token a
+//! backend attaches to its grants ([`Grant::with_session`]) is not reachable at all: a
+//! lease only says whether its session is alive ([`Lease::session_alive`]).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-
 use crate::capabilities::{Capabilities, Tier};
 use crate::error::Result;
 use crate::key::LockKey;
-use crate::lease::Lease;
-use crate::token::{FencingToken, OwnerToken};
+use crate::token::FencingToken;
 
-#[path = "cleanup.rs"]
+pub use crate::error::BoxError;
+pub use crate::key::validate_segment;
+pub use crate::lease::{Lease, clock_drift, validity_deadline};
+pub use crate::token::OwnerToken;
+/// Re-exported so backends implement [`LockBackend`] with the same macro version.
+pub use async_trait::async_trait;
+/// Re-exported for backends that attach session tokens to grants.
+pub use tokio_util::sync::CancellationToken;
+
+/// The lease of a held lock: what a backend's own extensions need (an etcd transaction that
+/// commits only while the lock is held, for example) and what backend tests inspect. It
+/// carries the grant's secret owner token, which is why it is here and not on the guard.
+pub fn lease_of(guard: &crate::MutexGuard) -> &Lease {
+    guard.lease()
+}
+
 pub mod cleanup;
+pub mod runtime;
+pub mod url;
 
 /// A backend shared between clients and tasks.
 pub type SharedBackend = Arc<dyn LockBackend>;
@@ -94,7 +114,8 @@ impl Grant {
         self
     }
 
-    /// Sets the session token (see [`Lease::session`]).
+    /// Sets the session token: the backend cancels it when the session holding the grant is
+    /// gone, which fires the lost signal of every lock of the session.
     #[must_use]
     pub fn with_session(mut self, session: CancellationToken) -> Self {
         self.session = Some(session);
@@ -273,7 +294,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// batch (one pipeline, one keep-alive) override it; the default renews them concurrently.
     ///
     /// The core calls `renew` and `renew_many` on lockkit's own runtime
-    /// ([`runtime`](crate::runtime)), never on the application's: connections a backend uses
+    /// ([`runtime`]), never on the application's: connections a backend uses
     /// only for renewals have their drivers there.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         futures_util::future::join_all(leases.iter().map(|lease| self.renew(lease))).await

@@ -4,7 +4,7 @@
 //! what a cancelled or failed acquisition left, retried until its requests are settled or
 //! the session that owns the records is gone.
 //!
-//! The core's [`abandon`](crate::LockBackend::abandon) contract says a backend removes
+//! The core's [`abandon`](crate::backend::LockBackend::abandon) contract says a backend removes
 //! everything a request left, "even one whose attempt was still in flight". A request
 //! whose future was dropped, or that timed out, may still take effect on the server after
 //! the clean-up looked: the clean-up is over only once every request of the acquisition is
@@ -29,7 +29,7 @@ use crate::token::OwnerToken;
 
 /// What a backend keeps for each acquisition from its first attempt until it is released
 /// or abandoned, by owner token (the token is the same across the attempts of one
-/// acquisition, see [`AcquireRequest`](crate::AcquireRequest)).
+/// acquisition, see [`AcquireRequest`](crate::backend::AcquireRequest)).
 ///
 /// `Debug` shows how many acquisitions there are, never their tokens.
 pub struct Acquisitions<E> {
@@ -216,7 +216,7 @@ pub fn spawn_sweep<F, Fut>(
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = Result<Sweep>> + Send + 'static,
 {
-    crate::runtime::spawn(async move {
+    crate::backend::runtime::spawn(async move {
         let mut pause = delay;
         let mut failed = retry.first;
         loop {
