@@ -86,7 +86,9 @@ pub(crate) const MAX_ROUNDS: usize = 4;
 /// `InterProcessMutex` on `{chroot}/{namespace}/{key}` and lockkit exclude each other (both
 /// order the children by the sequence after the last `lock-`, as Curator's
 /// `StandardLockInternalsDriver` does). Tested beside Curator 5.4 (`tests/interop_curator.rs`);
-/// the repository's `docs/interop.md` has the mapping of names.
+/// the repository's `docs/interop.md` has the mapping of names. A Curator client without the
+/// chroot in its connect string creates a missing chroot as a container, which the server
+/// deletes once it is empty; the next lock then creates it again, persistent.
 #[derive(Clone)]
 pub struct ZkBackend {
     pub(crate) inner: Arc<Inner>,

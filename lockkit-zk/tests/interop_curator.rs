@@ -41,7 +41,7 @@ fn curator_target(config: &ZkConfig, namespace: &str, key: &str) -> (String, Str
 }
 
 /// The same lock for a Curator client without a chroot: `{chroot}/{namespace}/{key}`.
-/// Curator then creates a missing chroot, as a container node (see the ignored test).
+/// Curator then creates a missing chroot, as a container node (see the chroot test).
 fn curator_absolute_path(config: &ZkConfig, namespace: &str, key: &str) -> String {
     format!("{}/{namespace}/{key}", config.chroot)
 }
@@ -137,16 +137,14 @@ async fn curator_interprocess_mutex_and_lockkit_exclude_each_other() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
-/// Known limit (docs/interop.md, "The chroot"): Curator creates missing parents as container
-/// nodes, and ZooKeeper deletes an empty container that once had children. When a Curator
-/// service is the first to use lockkit's chroot, the chroot is such a container; once the
-/// last lock under it is gone the server deletes it, and a lockkit client connected before
-/// that fails every later lock with `Unavailable` ("the lock's parent kept disappearing")
-/// until it opens a new session. This is what lockkit should do instead: take the lock.
-/// Ignored until lockkit re-creates a vanished chroot; `--ignored` shows it failing. On a
-/// private server (ports 21700-21749) that checks its containers every 100 ms instead of 60 s.
+/// docs/interop.md, "The chroot": Curator creates missing parents as container nodes, and
+/// ZooKeeper deletes an empty container that once had children. When a Curator service is
+/// the first to use lockkit's chroot, the chroot is such a container; once the last lock
+/// under it is gone the server deletes it. A lockkit client connected before that still
+/// takes the lock: it creates the chroot again, as the persistent node it creates at session
+/// start, on the session it has. On a private server (ports 21700-21749) that checks its
+/// containers every 100 ms instead of 60 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known limit: a chroot that Curator created is a container ZooKeeper deletes when empty (docs/interop.md)"]
 async fn a_chroot_that_curator_created_and_zookeeper_deleted_does_not_stop_lockkit() {
     if !server::installed() {
         return;
@@ -214,6 +212,48 @@ async fn a_chroot_that_curator_created_and_zookeeper_deleted_does_not_stop_lockk
     let _ = std::fs::remove_dir_all(&tmp);
     let guard = again.expect("lockkit locks again after the server deleted the chroot");
     assert!(guard.release().await.expect("release"));
+
+    // Persistent, not a container: the chroot stays once empty (a stat cannot tell the two
+    // apart). It is empty when the server has deleted the namespace node, a container.
+    let namespace_node = format!("{chroot}/{namespace}");
+    let by = Instant::now() + Duration::from_secs(20);
+    while admin
+        .check_stat(&namespace_node)
+        .await
+        .expect("stat")
+        .is_some()
+    {
+        assert!(Instant::now() < by, "{namespace_node} stayed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    container_checks_ran(&admin).await;
+    assert!(
+        admin.check_stat(chroot).await.expect("stat").is_some(),
+        "lockkit created the chroot again as a container: the server deleted it once empty"
+    );
+}
+
+/// Returns once the server has run its container check twice since the call, so a
+/// container that was empty at the call is gone: each run deletes a probe container emptied
+/// before it began, and the first run's deletes are applied before the second's.
+async fn container_checks_ran(admin: &zk::Client) {
+    for _ in 0..2 {
+        let probe = format!("/lk-probe-{:08x}", rand::random::<u32>());
+        let child = format!("{probe}/child");
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        admin.create(&probe, &[], &container).await.expect("probe");
+        admin.create(&child, &[], &persistent).await.expect("child");
+        admin.delete(&child, None).await.expect("delete the child");
+        let by = Instant::now() + Duration::from_secs(20);
+        while admin.check_stat(&probe).await.expect("stat").is_some() {
+            assert!(
+                Instant::now() < by,
+                "the server kept the empty container {probe}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// A Curator client with lockkit's chroot as its namespace (`.namespace("lockkit-test")`) and
