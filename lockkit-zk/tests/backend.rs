@@ -564,6 +564,8 @@ async fn grants_and_renewals_are_trusted_for_part_of_the_session_timeout() {
 
 /// The lock nodes under `parent` whose name starts with `prefix`.
 async fn nodes_named(admin: &zk::Client, parent: &str, prefix: &str) -> Vec<String> {
+    // The admin's server may be a follower behind the one the backend wrote through.
+    admin.sync(parent).await.expect("sync the lock");
     let mut nodes: Vec<String> = admin
         .list_children(parent)
         .await
