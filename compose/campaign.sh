@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# compose/campaign.sh [--tiers T,...] [--scenarios S,...] [--ttl-ms N]: the full fault-injection campaign
+# compose/campaign.sh [--tiers T,...] [--scenarios S,...] [--ttl-ms N] [--random DURATION [--seed N]]: the full fault-injection campaign
 # (lockkit-campaign) in a release build, every scenario on every tier it applies to. It starts the
 # topologies with compose/up.sh (installing packages if missing), stops them afterwards, prints the table
 # and keeps each run's histories under target/campaign/. Exit 1 if a run broke one of its tier's guarantees.
+# With --random: the randomized campaign instead (lockkit-campaign/src/random.rs), DURATION shared by the tiers.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

@@ -19,13 +19,21 @@ LK_TIMEOUT=${LOCKKIT_COMPOSE_TIMEOUT:-60}
 LK_STOP_TIMEOUT=${LOCKKIT_COMPOSE_STOP_TIMEOUT:-3}
 mkdir -p "$LK_DATA" "$LK_PIDS" "$LK_LOGS"
 
-# Port plan (BACKENDS.md §1), everything on 127.0.0.1.
-LK_REDIS_PORT=20000
-LK_SENTINEL_PRIMARY_PORT=20010 LK_SENTINEL_REPLICA_PORT=20011
-LK_SENTINEL_PORTS=(20020 20021 20022) LK_SENTINEL_MASTER=lkprimary
-LK_REDLOCK_PORTS=(20031 20032 20033 20034 20035)
-LK_ETCD_CLIENT_PORTS=(20101 20102 20103) LK_ETCD_PEER_PORTS=(20111 20112 20113)
-LK_ZK_CLIENT_PORTS=(20201 20202 20203) LK_ZK_QUORUM_PORTS=(20211 20212 20213) LK_ZK_ELECTION_PORTS=(20221 20222 20223)
+# Port plan (BACKENDS.md §1), everything on 127.0.0.1. LOCKKIT_COMPOSE_PORT_OFFSET (default 0) shifts
+# every port, so a second set of topologies (with its own LOCKKIT_COMPOSE_DIR) can run beside the first.
+LK_OFF=${LOCKKIT_COMPOSE_PORT_OFFSET:-0}
+[[ $LK_OFF =~ ^[0-9]+$ ]] && ((LK_OFF <= 40000)) || { echo "LOCKKIT_COMPOSE_PORT_OFFSET must be 0-40000, got $LK_OFF" >&2; return 2 2>/dev/null || exit 2; }
+lk_shift() { local p out=(); for p; do out+=($((p + LK_OFF))); done; echo "${out[*]}"; }
+LK_REDIS_PORT=$((20000 + LK_OFF))
+LK_SENTINEL_PRIMARY_PORT=$((20010 + LK_OFF)) LK_SENTINEL_REPLICA_PORT=$((20011 + LK_OFF))
+read -ra LK_SENTINEL_PORTS <<<"$(lk_shift 20020 20021 20022)"
+LK_SENTINEL_MASTER=lkprimary
+read -ra LK_REDLOCK_PORTS <<<"$(lk_shift 20031 20032 20033 20034 20035)"
+read -ra LK_ETCD_CLIENT_PORTS <<<"$(lk_shift 20101 20102 20103)"
+read -ra LK_ETCD_PEER_PORTS <<<"$(lk_shift 20111 20112 20113)"
+read -ra LK_ZK_CLIENT_PORTS <<<"$(lk_shift 20201 20202 20203)"
+read -ra LK_ZK_QUORUM_PORTS <<<"$(lk_shift 20211 20212 20213)"
+read -ra LK_ZK_ELECTION_PORTS <<<"$(lk_shift 20221 20222 20223)"
 LK_TOPOLOGIES="redis sentinel redlock etcd zk"
 
 lk_hostports() { local p out=''; for p; do out+=${out:+,}127.0.0.1:$p; done; echo "$out"; }

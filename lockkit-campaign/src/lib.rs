@@ -13,6 +13,7 @@
 
 pub mod expect;
 pub mod private;
+pub mod random;
 pub mod report;
 pub mod run;
 pub mod scenarios;

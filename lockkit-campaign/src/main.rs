@@ -3,9 +3,11 @@
 //! ```sh
 //! compose/up.sh all
 //! cargo run --release -p lockkit-campaign -- [--tiers redis,etcd-3] [--scenarios partition] [--ttl-ms 2000]
+//! cargo run --release -p lockkit-campaign -- --random 10m [--seed 42] [--tiers ...]
 //! ```
-//! Prints one Markdown row per tier × scenario; exits 1 if a run broke a guarantee its tier
-//! makes (see `expect.rs`), 2 if a scenario could not be carried out.
+//! Prints one Markdown row per tier × scenario (or per tier, for `--random`: see
+//! `random.rs`); exits 1 if a run broke a guarantee its tier makes (see `expect.rs`), 2 if a
+//! scenario could not be carried out.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +15,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lockkit_campaign::worker::{self, WorkerSpec};
-use lockkit_campaign::{Campaign, Scenario, Tier, Topology, report, run_all};
+use lockkit_campaign::{Campaign, Scenario, Tier, Topology, random, report, run_all};
 
 #[derive(Debug, Parser)]
 #[command(about = "lockkit's fault-injection campaign")]
@@ -32,6 +34,13 @@ struct Cli {
     /// Where to keep the histories.
     #[arg(long, default_value = "target/campaign")]
     dir: PathBuf,
+    /// Instead of the scenarios: the randomized campaign, for this long in all (`10m`, `90s`),
+    /// shared equally by the tiers.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    random: Option<Duration>,
+    /// The seed of the randomized campaign's fault schedule (random by default; printed).
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,6 +97,9 @@ async fn main() -> ExitCode {
         dir: cli.dir,
         ttl: Duration::from_millis(cli.ttl_ms),
     };
+    if let Some(total) = cli.random {
+        return randomized(&campaign, &tiers, total, cli.seed).await;
+    }
     match run_all(&campaign, &tiers, &scenarios).await {
         Ok(rows) => {
             println!("{}", report::markdown(&rows));
@@ -101,5 +113,60 @@ async fn main() -> ExitCode {
             eprintln!("{e}");
             ExitCode::from(2)
         }
+    }
+}
+
+async fn randomized(
+    campaign: &Campaign,
+    tiers: &[Tier],
+    total: Duration,
+    seed: Option<u64>,
+) -> ExitCode {
+    let Some(share) = u32::try_from(tiers.len())
+        .ok()
+        .filter(|n| *n > 0)
+        .map(|n| total / n)
+    else {
+        eprintln!("no tier is up");
+        return ExitCode::from(2);
+    };
+    let plan = random::Plan {
+        duration: share,
+        seed: seed.unwrap_or_else(rand::random),
+        break_fencing: false,
+    };
+    eprintln!(
+        "randomized campaign: seed {}, {share:?} per tier (replay: --random {} --seed {})",
+        plan.seed,
+        humantime::format_duration(total),
+        plan.seed
+    );
+    let mut rows = Vec::new();
+    for tier in tiers {
+        eprintln!("{} / random...", tier.name());
+        match random::run_random(campaign, tier, &plan).await {
+            Ok(row) => {
+                let broken = row.broken();
+                if !broken.is_empty() {
+                    eprintln!(
+                        "  FAILED ({}): {:?}; histories in {}",
+                        broken.join("; "),
+                        row.outcome.verdict.violations,
+                        row.outcome.dir.display()
+                    );
+                }
+                rows.push(row);
+            }
+            Err(e) => {
+                eprintln!("{} / random: {e}", tier.name());
+                return ExitCode::from(2);
+            }
+        }
+    }
+    println!("{}", random::markdown(&rows));
+    if rows.iter().all(|row| row.broken().is_empty()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

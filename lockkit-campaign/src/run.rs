@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use lockkit::{LockClient, LockkitConfig};
 use lockkit_core::testing::check::{Verdict, check};
 use lockkit_core::testing::fenced::FencedResource;
-use lockkit_core::testing::history::{HistoryWriter, What, merge, read_history};
+use lockkit_core::testing::history::{Event, HistoryWriter, What, merge, read_history};
 
 use crate::CampaignError;
 use crate::tiers::Tier;
@@ -31,6 +31,8 @@ pub struct Outcome {
     pub took: Duration,
     /// Where its histories are.
     pub dir: PathBuf,
+    /// The merged history.
+    pub events: Vec<Event>,
 }
 
 /// Shared settings of a campaign.
@@ -51,6 +53,8 @@ pub struct Run {
     pub tier: Tier,
     /// The lock's name.
     pub key: String,
+    /// Further lock names the run's workers use (looked at for leftovers too).
+    pub extra_keys: Vec<String>,
     /// The TTL of every lock.
     pub ttl: Duration,
     scenario: &'static str,
@@ -91,6 +95,7 @@ impl Run {
             faults: 0,
             started: Instant::now(),
             key,
+            extra_keys: Vec::new(),
             dir,
         })
     }
@@ -112,6 +117,7 @@ impl Run {
             stop_after_check: false,
             acquire_timeout_ms: 30_000,
             between_ms: 0,
+            break_fencing: false,
         }
     }
 
@@ -207,12 +213,23 @@ impl Run {
             leaked,
             took: self.started.elapsed(),
             dir: self.dir,
+            events,
         })
     }
 
-    /// 1 if the lock still has a record on the servers once the TTL of any dead holder has
-    /// passed (every live worker is idle then, holding nothing and queued nowhere).
+    /// How many of the run's locks still have a record on the servers once the TTL of any
+    /// dead holder has passed (every live worker is idle then, holding nothing and queued
+    /// nowhere).
     async fn leftovers(&self) -> Result<usize, CampaignError> {
+        let mut leaked = 0;
+        for key in std::iter::once(&self.key).chain(&self.extra_keys) {
+            leaked += self.leftover(key).await?;
+        }
+        Ok(leaked)
+    }
+
+    /// 1 if `key` still has a record on the servers (see [`Run::leftovers`]).
+    async fn leftover(&self, key: &str) -> Result<usize, CampaignError> {
         let patience = self.ttl * 3 + Duration::from_secs(10);
         let started = Instant::now();
         let mut observer: Option<LockClient> = None;
@@ -220,7 +237,7 @@ impl Run {
             // A cluster that has just lost or regained members may refuse for a moment.
             let looked = match &observer {
                 Some(locks) => locks
-                    .inspect(&self.key)
+                    .inspect(key)
                     .await
                     .map(|held| held.is_some())
                     .map_err(CampaignError::from),

@@ -69,6 +69,10 @@ pub struct WorkerSpec {
     /// The pause between iterations, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub between_ms: u64,
+    /// Test only: present fencing token 1 instead of the grant's, as a client that does not
+    /// pass its token along would; the campaign must catch it.
+    #[arg(long, hide = true)]
+    pub break_fencing: bool,
 }
 
 impl WorkerSpec {
@@ -94,6 +98,9 @@ impl WorkerSpec {
         }
         if self.stop_after_check {
             args.push("--stop-after-check".to_owned());
+        }
+        if self.break_fencing {
+            args.push("--break-fencing".to_owned());
         }
         args
     }
@@ -187,7 +194,11 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             }
         };
         grants += 1;
-        let token = guard.fencing_token().get();
+        let token = if spec.break_fencing {
+            1
+        } else {
+            guard.fencing_token().get()
+        };
         let remaining_ms = u64::try_from(guard.remaining().as_millis()).unwrap_or(u64::MAX);
         record(
             &history,

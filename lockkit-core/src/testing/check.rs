@@ -67,6 +67,40 @@ pub struct Verdict {
     pub lost_lag: Vec<Option<Duration>>,
     /// The first violations, described, for a failure message.
     pub violations: Vec<String>,
+    /// Every overlap, for judging which fault explains it.
+    pub overlapping: Vec<Overlap>,
+    /// Every stale write the resource accepted, for the same judgement.
+    pub stale: Vec<StaleWrite>,
+}
+
+/// A write the fenced resource stored although a grant that started after the writer's had
+/// already written: counted in [`Verdict::stale_accepted`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleWrite {
+    /// The key.
+    pub key: String,
+    /// The writer, and when its grant started.
+    pub writer: (String, u64),
+    /// The later grant that had written first, and when it started.
+    pub newer: (String, u64),
+}
+
+/// Two critical sections of one key that overlapped: `first` was granted before `second`,
+/// and held the key until `until` (monotonic nanoseconds, as in the history).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlap {
+    /// The key.
+    pub key: String,
+    /// The process granted first.
+    pub first: String,
+    /// When it was granted.
+    pub first_start: u64,
+    /// The process granted while `first` still held the key.
+    pub second: String,
+    /// When it was granted.
+    pub second_start: u64,
+    /// When the overlap ended.
+    pub until: u64,
 }
 
 impl Verdict {
@@ -243,7 +277,16 @@ fn overlaps(verdict: &mut Verdict, key: &str, grants: &[&Grant], history_end: u6
             if b.start >= a_end {
                 break;
             }
-            let overlap = Duration::from_nanos(a_end.min(b.end(history_end)) - b.start);
+            let until = a_end.min(b.end(history_end));
+            let overlap = Duration::from_nanos(until - b.start);
+            verdict.overlapping.push(Overlap {
+                key: key.to_owned(),
+                first: a.process.clone(),
+                first_start: a.start,
+                second: b.process.clone(),
+                second_start: b.start,
+                until,
+            });
             verdict.overlaps += 1;
             verdict.overlap_total += overlap;
             verdict.overlap_max = verdict.overlap_max.max(overlap);
@@ -313,6 +356,11 @@ fn stale_writes(verdict: &mut Verdict, key: &str, grants: &[&Grant], events: &[E
             .find(|g| g.start > writer.start && g.start < event.at_ns && written_by(g, event.at_ns))
         {
             verdict.stale_accepted += 1;
+            verdict.stale.push(StaleWrite {
+                key: key.to_owned(),
+                writer: (writer.process.clone(), writer.start),
+                newer: (newer.process.clone(), newer.start),
+            });
             verdict.violation(format!(
                 "{key}: a write by {} with token {token} was stored after {} had been granted {}",
                 event.process, newer.process, newer.token
