@@ -7,7 +7,8 @@
 //!   safety) and [`MutexGuard`] (fencing token, lost signal, renewal on lockkit's own
 //!   background thread so that busy user tasks cannot starve it, background release);
 //! - validated keys ([`LockKey`]), [`FencingToken`], [`LostSignal`], [`Tier`],
-//!   [`Capabilities`], [`LockInfo`], one [`Error`] type and [`WithLockError`];
+//!   [`Capabilities`], [`LockInfo`] and [`LockPage`] (what operators see), one [`Error`] type
+//!   and [`WithLockError`];
 //! - [`MemoryBackend`], an in-process backend with real semantics, for tests and examples.
 //!
 //! The backend-author API is in [`backend`]: the [`LockBackend`](backend::LockBackend) trait
@@ -56,7 +57,7 @@ mod with_lock;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backend::LockInfo;
+pub use backend::{LockInfo, LockPage};
 pub use capabilities::{Capabilities, FencingGuarantee, Tier, WaitStrategy};
 pub use client::LockClient;
 pub use error::{Error, ErrorKind, Result};
