@@ -10,11 +10,14 @@ use lockkit::{Error, ErrorKind, LockClient, LockkitConfig};
 use serde_json::json;
 
 mod logging;
+mod operator;
 mod run;
 mod signals;
 
 /// Exit codes (besides the command's own, which `run` passes through).
 mod exit {
+    /// `release --force` was declined at its confirmation prompt.
+    pub(crate) const DECLINED: u8 = 1;
     /// Bad usage (clap's own code).
     pub(crate) const USAGE: u8 = 2;
     /// Something else went wrong (an unexpected backend error).
@@ -41,7 +44,7 @@ mod exit {
 /// The backend comes from --config FILE, --url URL, or the environment (LOCKKIT_CONFIG,
 /// LOCKKIT_URL, LOCKKIT_* overrides).
 ///
-/// Exit codes: 0 success; `run` passes the command's code through (128+N when it died of
+/// Exit codes: 0 success; 1 `release --force` declined; `run` passes the command's code through (128+N when it died of
 /// signal N); 2 usage; 69 backend unavailable; 70 unexpected error; 75 lock not acquired;
 /// 76 lock lost while the command ran (it was terminated); 77 authentication refused;
 /// 78 invalid configuration or key; 126/127 command not executable / not found; 128+N
@@ -106,6 +109,34 @@ enum Command_ {
     /// Loads the configuration, prints it (secrets redacted) with its tier, and checks that
     /// the backend answers.
     Check,
+    /// List the held locks of the namespace.
+    ///
+    /// Prints each held lock whose name starts with PREFIX (all of them without one): its
+    /// name, fencing token, remaining TTL and queued waiters, where the backend knows them.
+    /// With --json, one JSON object per line. The backend is read a page at a time; locks
+    /// taken or released meanwhile may or may not be listed.
+    List {
+        /// Only locks whose names start with this.
+        #[arg(default_value = "")]
+        prefix: String,
+    },
+    /// Break a lock an operator knows is stale: `release --force KEY`.
+    ///
+    /// Removes the current holder's grant whoever it is, and wakes the waiters. The holder
+    /// is not told: its guard reports the lock lost at its next renewal (`lockkit run`
+    /// then terminates its command), and until then it may still act; a fencing token keeps
+    /// it harmless only where the protected resource checks tokens. Asks for confirmation
+    /// on stdin unless --yes; exits 1 when declined.
+    Release {
+        /// Required: a lock is released by its holder; this breaks it for someone else.
+        #[arg(long, required = true)]
+        force: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// The lock name.
+        key: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -212,6 +243,10 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command_::Check => check(&config, cli.json).await,
         Command_::Status { key } => status(&config, &key, cli.json).await,
+        Command_::List { prefix } => operator::list(&config, &prefix, cli.json).await,
+        Command_::Release { key, yes, .. } => {
+            operator::force_release(&config, &key, yes, cli.json).await
+        }
         Command_::Run(args) => {
             let mut signals = signals::Signals::new().map_err(|e| Failure {
                 code: exit::SOFTWARE,
