@@ -76,6 +76,7 @@ impl LockClient {
     }
 
     fn build(backend: SharedBackend, namespace: String, options: LockOptions) -> Self {
+        crate::metrics::describe();
         LockClient {
             inner: Arc::new(ClientInner {
                 backend,
