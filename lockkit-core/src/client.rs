@@ -77,6 +77,7 @@ impl LockClient {
 
     fn build(backend: SharedBackend, namespace: String, options: LockOptions) -> Self {
         crate::metrics::describe();
+        crate::metrics::register(backend.as_ref());
         LockClient {
             inner: Arc::new(ClientInner {
                 backend,

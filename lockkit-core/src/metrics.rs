@@ -5,7 +5,8 @@
 //! `redlock`, `etcd`, `zk`) and `tier` (`local`, `single`, `replicated`, `quorum`,
 //! `consensus`), which tells a single Redis (`single`) from a Sentinel group (`replicated`).
 //! Each [`LockClient`](crate::LockClient) describes them (help text and unit) to the recorder
-//! installed when it is created; call [`describe`] after installing a recorder later.
+//! installed when it is created, and registers its backend's counters without an `outcome`
+//! and its gauge at zero; call [`describe`] after installing a recorder later.
 //!
 //! | name | type | unit | labels | meaning |
 //! |---|---|---|---|---|
@@ -35,6 +36,28 @@
 //!
 //! `examples/metrics.rs` serves these at `/metrics` with `metrics-exporter-prometheus` while
 //! a few tasks contend; CI runs it and checks that every name of [`ALL`] is in its output.
+//! An excerpt of that output, on a single Redis (histograms are summaries unless the exporter
+//! is given buckets):
+//!
+//! ```text
+//! # HELP lockkit_acquire_total Finished lock acquisitions, by outcome (granted, contended, timeout, error, cancelled).
+//! # TYPE lockkit_acquire_total counter
+//! lockkit_acquire_total{backend="redis",tier="single",outcome="granted"} 21
+//! lockkit_acquire_total{backend="redis",tier="single",outcome="contended"} 1
+//! lockkit_acquire_total{backend="redis",tier="single",outcome="cancelled"} 1
+//! # HELP lockkit_held_locks Locks held by this process now.
+//! # TYPE lockkit_held_locks gauge
+//! lockkit_held_locks{backend="redis",tier="single"} 0
+//! # HELP lockkit_lost_total Held locks that were lost (expired, taken away, or their session ended).
+//! # TYPE lockkit_lost_total counter
+//! lockkit_lost_total{backend="redis",tier="single"} 1
+//! # HELP lockkit_hold_seconds How long a lock was held, from its grant to its release or loss.
+//! # TYPE lockkit_hold_seconds summary
+//! lockkit_hold_seconds{backend="redis",tier="single",quantile="0.5"} 0.0113
+//! lockkit_hold_seconds{backend="redis",tier="single",quantile="0.99"} 0.0156
+//! lockkit_hold_seconds_sum{backend="redis",tier="single"} 1.3972
+//! lockkit_hold_seconds_count{backend="redis",tier="single"} 21
+//! ```
 
 use std::time::Duration;
 
@@ -129,6 +152,16 @@ pub fn describe() {
     );
 }
 
+/// Registers the series of `backend` that carry no outcome at zero, so that they exist (and
+/// alerts on `rate(...)` work) before the first event: the contended, failed-renewal and
+/// lost counters and the held-locks gauge.
+pub(crate) fn register(backend: &dyn LockBackend) {
+    for name in [CONTENDED_TOTAL, RENEW_FAILURES_TOTAL, LOST_TOTAL] {
+        metrics::counter!(name, &labels(backend)).increment(0);
+    }
+    metrics::gauge!(HELD_LOCKS, &labels(backend)).increment(0.0);
+}
+
 /// The labels of every series: the backend's name and its tier.
 fn labels(backend: &dyn LockBackend) -> [(&'static str, &'static str); 2] {
     [
@@ -183,4 +216,21 @@ pub(crate) fn renew_failed(backend: &dyn LockBackend) {
 
 pub(crate) fn lost(backend: &dyn LockBackend) {
     metrics::counter!(LOST_TOTAL, &labels(backend)).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_table_documents_every_metric_and_nothing_else() {
+        let documented: Vec<&str> = include_str!("metrics.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("//! | `lockkit_"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        let all: Vec<String> = super::ALL
+            .iter()
+            .map(|name| name.trim_start_matches("lockkit_").to_owned())
+            .collect();
+        assert_eq!(documented, all, "the metrics table and ALL disagree");
+    }
 }
