@@ -9,6 +9,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use lockkit::{Error, ErrorKind, LockClient, LockkitConfig};
 use serde_json::json;
 
+mod docs;
 mod logging;
 mod operator;
 mod run;
@@ -119,6 +120,22 @@ enum Command_ {
         /// Only locks whose names start with this.
         #[arg(default_value = "")]
         prefix: String,
+    },
+    /// Print a shell completion script.
+    ///
+    /// For example: `lockkit completions bash > /etc/bash_completion.d/lockkit`,
+    /// `lockkit completions zsh > "${fpath[1]}/_lockkit"`,
+    /// `lockkit completions fish > ~/.config/fish/completions/lockkit.fish`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, in roff: `lockkit man > lockkit.1`.
+    ///
+    /// With a subcommand, its own page: `lockkit man run > lockkit-run.1`.
+    Man {
+        /// A subcommand whose page to print instead.
+        subcommand: Option<String>,
     },
     /// Break a lock an operator knows is stale: `release --force KEY`.
     ///
@@ -239,6 +256,11 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    match &cli.command {
+        Command_::Completions { shell } => return Ok(docs::completions(*shell)),
+        Command_::Man { subcommand } => return docs::man(subcommand.as_deref()),
+        _ => {}
+    }
     let config = load_config(&cli.source)?;
     match cli.command {
         Command_::Check => check(&config, cli.json).await,
@@ -247,6 +269,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command_::Release { key, yes, .. } => {
             operator::force_release(&config, &key, yes, cli.json).await
         }
+        Command_::Completions { .. } | Command_::Man { .. } => Ok(0),
         Command_::Run(args) => {
             let mut signals = signals::Signals::new().map_err(|e| Failure {
                 code: exit::SOFTWARE,
