@@ -314,3 +314,29 @@ fn verbose_and_rust_log_log_to_stderr() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("RUST_LOG"));
 }
+
+#[test]
+fn a_run_whose_binary_was_replaced_while_it_waited_still_starts_its_command() {
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
+    // A package upgrade replaces the binary while a run waits for its lock.
+    let copy = env.file("lockkit-old");
+    std::fs::copy(env!("CARGO_BIN_EXE_lockkit"), &copy).unwrap();
+    let mut holder = env.spawn_holder("upgrade", &[], "");
+    let ran = env.file("ran");
+    let mut waiter = std::process::Command::new(&copy)
+        .args(["run", "--wait", "30s", "upgrade", "--", "touch"])
+        .arg(&ran)
+        .env_remove("LOCKKIT_CONFIG")
+        .env("LOCKKIT_URL", &env.url)
+        .env("LOCKKIT_NAMESPACE", &env.namespace)
+        .spawn()
+        .unwrap();
+    // spawn() returns once the copy runs; the holder keeps it waiting until after this.
+    std::fs::remove_file(&copy).unwrap();
+    signal(holder.id(), Signal::SIGTERM);
+    wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(wait_exit(&mut waiter, Duration::from_secs(20)), 0);
+    assert!(ran.exists(), "the command did not run");
+}

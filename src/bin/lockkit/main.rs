@@ -1,6 +1,12 @@
 //! `lockkit`: run a command under a distributed lock, show a lock's holder, check a
 //! configuration. See `lockkit --help` and the README's "Command line" section.
 
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "the lockkit command-line tool needs Linux: `run` ties its command's life to its own with \
+     PR_SET_PDEATHSIG and reads signals from a signalfd (the library builds everywhere)"
+);
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;

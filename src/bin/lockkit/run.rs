@@ -188,7 +188,9 @@ fn spawn(
     let valid_until_ms = valid_until
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let mut command = Command::new(std::env::current_exe()?);
+    // This very binary, even if it was replaced on disk since lockkit started (an upgrade):
+    // current_exe() would then name a deleted file.
+    let mut command = Command::new("/proc/self/exe");
     command
         .args(trampoline_args(program, rest))
         .env("LOCKKIT_KEY", &args.key)
