@@ -111,7 +111,10 @@ lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever i
         command -v etcdctl >/dev/null || need+=(etcd-client) ;;
       zk)
         { command -v java >/dev/null && [ -e /usr/share/java/zookeeper.jar ]; } || need+=(zookeeper)
-        [ -e /usr/share/java/slf4j-simple.jar ] || need+=(libslf4j-java) ;;
+        [ -e /usr/share/java/slf4j-simple.jar ] || need+=(libslf4j-java)
+        # The Curator interop test (lockkit-zk/tests/interop_curator.rs) compiles a Java contender.
+        [ -e /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
+        command -v javac >/dev/null || need+=(default-jdk-headless) ;;
     esac
   done
   ((${#need[@]})) || return 0

@@ -1,4 +1,7 @@
 #![doc = include_str!("../README.md")]
+// On docs.rs (nightly rustdoc with `--cfg docsrs`, see Cargo.toml), `doc_cfg` marks every
+// feature-gated item with its feature by itself (checked with rustdoc 1.97.0-nightly
+// 2026-05-19: the backend modules and `LockkitConfig`'s fields); no `doc(cfg(...))` needed.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
@@ -9,7 +12,7 @@ pub use connect::connect;
 
 pub use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockClient, LockInfo, LockKey,
-    LockOptions, LockOwner, LostSignal, MemoryBackend, Mutex, MutexGuard, Result, Tier,
+    LockOptions, LockOwner, LockPage, LostSignal, MemoryBackend, Mutex, MutexGuard, Result, Tier,
     WaitStrategy, WithLockError,
 };
 

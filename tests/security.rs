@@ -72,6 +72,10 @@ fn from_env(table: &str, password: &str) -> lockkit::Result<LockkitConfig> {
 }
 
 /// The password the configuration holds for `table`.
+#[cfg_attr(
+    not(any(feature = "redis", feature = "etcd", feature = "zk")),
+    allow(unused_variables)
+)]
 fn password_of(config: &LockkitConfig, table: &str) -> Option<String> {
     match table {
         #[cfg(feature = "redis")]

@@ -131,24 +131,37 @@ impl ZkBackend {
         .with_retryable(true))
     }
 
-    /// Creates the lock's parent, and the namespace node above it when that is missing
-    /// too (first use, or removed by the server as an empty container).
+    /// Creates the lock's parent, and what is missing above it: the namespace node (first
+    /// use, or deleted by the server as an empty container) and the chroot (deleted by the
+    /// server when another client created it as a container, see
+    /// [`Self::recreate_chroot`]). A level that vanishes again meanwhile is left to the
+    /// caller's next round.
     pub(crate) async fn create_parents(&self, session: &Session, paths: &LockPaths) -> Result<()> {
-        let container = self.container_options();
-        for path in [&paths.parent, &paths.namespace, &paths.parent] {
-            match within(
-                self.timeout(),
-                "create the lock's parent",
-                session.client.create(path, &[], &container),
-            )
-            .await?
-            {
-                Ok(_) | Err(zk::Error::NodeExists) if path == &paths.parent => return Ok(()),
-                Ok(_) | Err(zk::Error::NodeExists | zk::Error::NoNode) => {}
-                Err(e) => return Err(map("create the lock's parent", e)),
-            }
+        if self.create_container(session, &paths.parent).await? {
+            return Ok(());
         }
+        if !self.create_container(session, &paths.namespace).await? {
+            // Only the chroot is above the namespace node.
+            self.recreate_chroot(session).await?;
+            self.create_container(session, &paths.namespace).await?;
+        }
+        self.create_container(session, &paths.parent).await?;
         Ok(())
+    }
+
+    /// Creates the container node `path` unless it exists; `false` when its parent is missing.
+    async fn create_container(&self, session: &Session, path: &str) -> Result<bool> {
+        match within(
+            self.timeout(),
+            "create the lock's parent",
+            session.client.create(path, &[], &self.container_options()),
+        )
+        .await?
+        {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map("create the lock's parent", e)),
+        }
     }
 
     /// Finds the nodes named `own_prefix…` an earlier attempt left: the lowest is kept,

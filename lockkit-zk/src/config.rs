@@ -61,8 +61,9 @@ pub struct ZkConfig {
     /// The ensemble's servers as `host:port`; the client connects to one of them and fails
     /// over to the others. Default: `["127.0.0.1:2181"]`.
     pub hosts: Vec<String>,
-    /// The absolute znode under which every lock lives (created, with the configured ACL,
-    /// when missing). Locks are `{chroot}/{namespace}/{key}/_c_{id}-lock-{sequence}`, `{id}`
+    /// The absolute znode under which every lock lives (created as a persistent node, with
+    /// the configured ACL, when missing: at session start, and again when the server has
+    /// deleted it, as it does with a chroot another client created as a container). Locks are `{chroot}/{namespace}/{key}/_c_{id}-lock-{sequence}`, `{id}`
     /// a digest of the secret owner token.
     /// Default: `"/lockkit"`.
     pub chroot: String,

@@ -9,7 +9,7 @@ use lockkit_core::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::backend::ZkBackend;
+use crate::backend::{ZkBackend, within};
 use crate::config::ZkConfig;
 use crate::error::{BACKEND, map, timed_out};
 use crate::naming::LockPaths;
@@ -95,9 +95,7 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
     let client = connect(connector, config, "connect").await?;
-    let acls = acls(config);
-    client
-        .mkdir(&config.chroot, &zk::CreateMode::Persistent.with_acls(acls))
+    create_chroot(&client, config)
         .await
         .map_err(|e| map("create the chroot", e))?;
     // Digest credentials are not checked at connect time; reading the chroot is.
@@ -111,6 +109,16 @@ async fn open_here(config: &ZkConfig) -> Result<zk::Client> {
             config.chroot
         ))
     })
+}
+
+/// Creates the chroot, and the nodes above it, where missing: persistent nodes with the ACL
+/// of every node lockkit creates. `root` must not be rooted at the chroot.
+async fn create_chroot(root: &zk::Client, config: &ZkConfig) -> std::result::Result<(), zk::Error> {
+    root.mkdir(
+        &config.chroot,
+        &zk::CreateMode::Persistent.with_acls(acls(config)),
+    )
+    .await
 }
 
 /// Connects `connector` to the configured hosts, over TLS when the configuration says so
@@ -389,6 +397,34 @@ impl ZkBackend {
             Err(e) => return Err(map("read the lock node through the leader", e)),
         };
         Ok((children, czxid))
+    }
+
+    /// Creates the chroot again, as at session start, after the server deleted it: another
+    /// client (Curator without a chroot in its connect string) that found it missing created
+    /// it as a container, which the server deletes once it is empty. Requests go through a
+    /// clone of the session's client rooted at `/`: the same session and credentials (the
+    /// clones of a `zookeeper-client` `Client` share both), so the ACL is the one the session
+    /// start would have given.
+    pub(crate) async fn recreate_chroot(&self, session: &Session) -> Result<()> {
+        let config = &self.inner.config;
+        let root = session.client.clone().chroot("/").map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                BACKEND,
+                "the client refused the ZooKeeper root as a path",
+            )
+        })?;
+        tracing::warn!(
+            chroot = %config.chroot,
+            "the zk chroot is gone (deleted by the server as an empty container?): creating it again as a persistent node"
+        );
+        within(
+            self.timeout(),
+            "create the chroot again",
+            create_chroot(&root, config),
+        )
+        .await?
+        .map_err(|e| map("create the chroot again", e))
     }
 
     /// How long a grant or renewal is trusted: see [`trusted_for`].

@@ -205,6 +205,39 @@ async fn digest_acls_cover_every_lock_node_and_its_parents() {
     assert!(!err.is_retryable());
 }
 
+/// A chroot deleted under a live session (the server deletes one that another client created
+/// as a container, docs/interop.md "The chroot") comes back, on the next lock, with the ACL
+/// it gets at session start: creator-only for the digest user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chroot_deleted_under_the_session_comes_back_creator_only() {
+    let Some(config) = secured_config() else {
+        return;
+    };
+    let _cleanup = RemoveChroot(config.clone());
+    let locks = LockClient::with_options(
+        Arc::new(ZkBackend::connect(config.clone()).await.unwrap()),
+        "ns",
+        LockOptions::default(),
+    )
+    .unwrap();
+    let password = config.password.clone().unwrap();
+    let owner = client_with(&config, Some(&format!("{USER}:{password}"))).await;
+    owner.delete(&config.chroot, None).await.unwrap();
+
+    let guard = locks.mutex("job").unwrap().lock().await.unwrap();
+    let (acls, _) = owner.get_acl(&config.chroot).await.unwrap();
+    assert_eq!(acls.len(), 1, "{acls:?}");
+    assert_eq!(acls[0].scheme(), "digest", "{acls:?}");
+    assert!(acls[0].id().starts_with(&format!("{USER}:")), "{acls:?}");
+    assert_eq!(acls[0].permission(), zk::Permission::ALL, "{acls:?}");
+    let stranger = client_with(&config, None).await;
+    assert_eq!(
+        stranger.list_children(&config.chroot).await.map(|_| ()),
+        Err(zk::Error::NoAuth)
+    );
+    assert!(guard.release().await.unwrap());
+}
+
 /// No password and no owner token in the `Debug` of the configuration, the backend, clients,
 /// guards and leases, in the error of a wrong password, or in a TRACE capture of a whole cycle
 /// (the ZooKeeper client's own events, which show request paths, included): lock nodes are

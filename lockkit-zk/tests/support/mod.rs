@@ -1,7 +1,9 @@
 //! What the ZooKeeper tests share: the ensemble's address, a raw admin client, the
 //! conformance harness ([`harness`]) and private server processes ([`server`]).
 
+pub(crate) mod curator;
 pub(crate) mod harness;
+pub(crate) mod sections;
 pub(crate) mod server;
 
 use std::time::Duration;

@@ -52,12 +52,25 @@ pub struct ZkServer {
     dir: PathBuf,
     main_class: &'static str,
     classpath: String,
+    jvm_flags: Vec<String>,
 }
 
 impl ZkServer {
     /// Writes `config` as `dir/zoo.cfg` and starts `main_class` on it, with a small heap.
     /// Does not wait for it to serve.
     pub fn start(dir: &Path, config: &str, main_class: &'static str, classpath: &str) -> Self {
+        ZkServer::start_with(dir, config, main_class, classpath, &[])
+    }
+
+    /// As [`ZkServer::start`], with extra JVM flags (system properties that zoo.cfg cannot
+    /// set, such as `-Dznode.container.checkIntervalMs=200`).
+    pub fn start_with(
+        dir: &Path,
+        config: &str,
+        main_class: &'static str,
+        classpath: &str,
+        jvm_flags: &[&str],
+    ) -> Self {
         std::fs::create_dir_all(dir).expect("server dir");
         std::fs::write(dir.join("zoo.cfg"), config).expect("zoo.cfg");
         let mut server = ZkServer {
@@ -65,6 +78,7 @@ impl ZkServer {
             dir: dir.to_owned(),
             main_class,
             classpath: classpath.to_owned(),
+            jvm_flags: jvm_flags.iter().map(|f| (*f).to_owned()).collect(),
         };
         server.launch();
         server
@@ -73,6 +87,15 @@ impl ZkServer {
     /// A standalone server on a free port of `ports` (plain client port, data in
     /// `dir/data`, the settings of the compose servers), serving once this returns.
     pub fn standalone(dir: &Path, ports: std::ops::Range<u16>) -> (ZkServer, u16) {
+        ZkServer::standalone_with(dir, ports, &[])
+    }
+
+    /// As [`ZkServer::standalone`], with extra JVM flags.
+    pub fn standalone_with(
+        dir: &Path,
+        ports: std::ops::Range<u16>,
+        jvm_flags: &[&str],
+    ) -> (ZkServer, u16) {
         let port = free_port(ports);
         let config = format!(
             "tickTime=500\n\
@@ -86,7 +109,7 @@ impl ZkServer {
              forceSync=no\n",
             data = dir.join("data").display(),
         );
-        let mut server = ZkServer::start(dir, &config, STANDALONE, CLASSPATH);
+        let mut server = ZkServer::start_with(dir, &config, STANDALONE, CLASSPATH, jvm_flags);
         server.serving(port);
         (server, port)
     }
@@ -147,10 +170,9 @@ impl ZkServer {
                 "-XX:-UsePerfData",
                 "-Djava.net.preferIPv4Stack=true",
                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "-cp",
-                &self.classpath,
-                self.main_class,
             ])
+            .args(&self.jvm_flags)
+            .args(["-cp", &self.classpath, self.main_class])
             .arg(self.dir.join("zoo.cfg"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
