@@ -127,22 +127,6 @@ enum Command_ {
         #[arg(default_value = "")]
         prefix: String,
     },
-    /// Print a shell completion script.
-    ///
-    /// For example: `lockkit completions bash > /etc/bash_completion.d/lockkit`,
-    /// `lockkit completions zsh > "${fpath[1]}/_lockkit"`,
-    /// `lockkit completions fish > ~/.config/fish/completions/lockkit.fish`.
-    Completions {
-        /// The shell.
-        shell: clap_complete::Shell,
-    },
-    /// Print the man page, in roff: `lockkit man > lockkit.1`.
-    ///
-    /// With a subcommand, its own page: `lockkit man run > lockkit-run.1`.
-    Man {
-        /// A subcommand whose page to print instead.
-        subcommand: Option<String>,
-    },
     /// Break a lock an operator knows is stale: `release --force KEY`.
     ///
     /// Removes the current holder's grant whoever it is, and wakes the waiters. The holder
@@ -159,6 +143,22 @@ enum Command_ {
         yes: bool,
         /// The lock name.
         key: String,
+    },
+    /// Print a shell completion script.
+    ///
+    /// For example: `lockkit completions bash > /etc/bash_completion.d/lockkit`,
+    /// `lockkit completions zsh > "${fpath[1]}/_lockkit"`,
+    /// `lockkit completions fish > ~/.config/fish/completions/lockkit.fish`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, in roff: `lockkit man > lockkit.1`.
+    ///
+    /// With a subcommand, its own page: `lockkit man run > lockkit-run.1`.
+    Man {
+        /// A subcommand whose page to print instead.
+        subcommand: Option<String>,
     },
 }
 
