@@ -12,7 +12,7 @@ pub use connect::connect;
 
 pub use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockClient, LockInfo, LockKey,
-    LockOptions, LockOwner, LostSignal, MemoryBackend, Mutex, MutexGuard, Result, Tier,
+    LockOptions, LockOwner, LockPage, LostSignal, MemoryBackend, Mutex, MutexGuard, Result, Tier,
     WaitStrategy, WithLockError,
 };
 

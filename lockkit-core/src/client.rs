@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError, Weak};
 
 use tokio::sync::Mutex as AsyncMutex;
 
-use crate::backend::{LockBackend, LockInfo, SharedBackend};
+use crate::backend::{LockBackend, LockInfo, LockPage, SharedBackend};
 use crate::background::Background;
 use crate::capabilities::{Capabilities, Tier};
 use crate::error::Result;
@@ -76,6 +76,8 @@ impl LockClient {
     }
 
     fn build(backend: SharedBackend, namespace: String, options: LockOptions) -> Self {
+        crate::metrics::describe();
+        crate::metrics::register(backend.as_ref());
         LockClient {
             inner: Arc::new(ClientInner {
                 backend,
@@ -183,6 +185,65 @@ impl LockClient {
     /// Invalid name, backend failures.
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         self.inner.backend.inspect(&self.key(name)?).await
+    }
+
+    /// One page of the locks held in this client's namespace whose names start with
+    /// `prefix`: at most `limit`, from `cursor` (`None` first, then the page's
+    /// [`next`](LockPage::next) until it is `None`). Operators' tooling (`lockkit list`);
+    /// see [`LockBackend::list`](crate::backend::LockBackend::list) for what a listing
+    /// promises.
+    ///
+    /// ```
+    /// use lockkit_core::{LockClient, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockkit_core::Result<()> {
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let _a = locks.mutex("job-a")?.lock().await?;
+    /// let _b = locks.mutex("job-b")?.lock().await?;
+    /// let mut names = Vec::new();
+    /// let mut cursor = None;
+    /// loop {
+    ///     let page = locks.list_page("job-", cursor.as_deref(), 1).await?;
+    ///     names.extend(page.locks.into_iter().map(|(key, _info)| key.name().to_owned()));
+    ///     match page.next {
+    ///         Some(next) => cursor = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// names.sort();
+    /// names.dedup(); // a listing may repeat a lock
+    /// assert_eq!(names, ["job-a", "job-b"]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// An invalid prefix or a zero limit, backend failures
+    /// ([`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a backend that cannot list).
+    pub async fn list_page(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        crate::backend::validate_listing(&self.inner.namespace, prefix, limit)?;
+        self.inner
+            .backend
+            .list(&self.inner.namespace, prefix, cursor, limit)
+            .await
+    }
+
+    /// Breaks the lock `name` whoever holds it, and returns whether it was held: for an
+    /// operator who knows the holder is stale (its process is gone, or hung). The holder is
+    /// not asked: its guard reports [`lost`](crate::MutexGuard::lost) at its next renewal,
+    /// and until then it may still act. A fencing token keeps it harmless only where the
+    /// protected resource checks tokens.
+    ///
+    /// # Errors
+    /// Invalid name, backend failures.
+    pub async fn force_release(&self, name: &str) -> Result<bool> {
+        self.inner.backend.force_release(&self.key(name)?).await
     }
 
     /// Checks that the backend answers.

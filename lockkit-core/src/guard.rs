@@ -10,6 +10,7 @@ use tracing::Instrument as _;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
+use crate::metrics;
 use crate::renewal::{self, HeldLease};
 use crate::token::FencingToken;
 
@@ -187,7 +188,10 @@ impl MutexGuard {
 
 async fn release_now(held: &HeldLease) -> Result<bool> {
     let span = tracing::debug_span!("lockkit.release", key = %held.lease.key(), backend = held.backend.name());
-    let was_ours = held.backend.release(&held.lease).instrument(span).await?;
+    let sent_at = Instant::now();
+    let answer = held.backend.release(&held.lease).instrument(span).await;
+    metrics::released(held.backend.as_ref(), sent_at.elapsed());
+    let was_ours = answer?;
     if !was_ours {
         held.mark_lost("released after the lock had been lost");
     }

@@ -22,7 +22,7 @@ mod with_lock;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backend::LockInfo;
+pub use backend::{LockInfo, LockPage};
 pub use capabilities::{Capabilities, FencingGuarantee, Tier, WaitStrategy};
 pub use client::LockClient;
 pub use error::{Error, ErrorKind, Result};

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::backend::{AcquireRequest, Attempt, Contention, Grant, LockBackend, LockInfo, Renewal};
+use crate::backend::{
+    AcquireRequest, Attempt, Contention, Grant, LockBackend, LockInfo, LockPage, Renewal,
+};
 use crate::capabilities::{Capabilities, FencingGuarantee, Tier, WaitStrategy};
 use crate::error::Result;
 use crate::key::LockKey;
@@ -232,5 +234,44 @@ impl LockBackend for MemoryBackend {
 
     async fn ping(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// The cursor is the last name of the page before: names sort, and a page lists the
+    /// next `limit` names after it.
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        crate::backend::validate_listing(namespace, prefix, limit)?;
+        let mut held: Vec<(LockKey, LockInfo)> = self.with_slots(|slots, now| {
+            slots
+                .iter()
+                .filter(|(key, _)| {
+                    key.namespace() == namespace
+                        && key.name().starts_with(prefix)
+                        && cursor.is_none_or(|after| key.name() > after)
+                })
+                .filter_map(|(key, slot)| {
+                    let holder = slot.live_holder(now)?;
+                    let info = LockInfo::new(holder.fencing_token)
+                        .with_remaining_ttl(holder.expires_at - now);
+                    Some((key.clone(), info))
+                })
+                .collect()
+        });
+        held.sort_by(|a, b| a.0.name().cmp(b.0.name()));
+        let more = held.len() > limit;
+        held.truncate(limit);
+        let next = more
+            .then(|| held.last().map(|(key, _)| key.name().to_owned()))
+            .flatten();
+        Ok(LockPage::new(held, next))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        Ok(MemoryBackend::force_release(self, key))
     }
 }

@@ -256,7 +256,7 @@ impl Acquisition<'_> {
                     self.absorb(late).await?;
                 }
                 Ok(Attempt::Contended(contention)) => {
-                    metrics::contended(backend.name());
+                    metrics::contended(backend.as_ref());
                     self.failing_since = None;
                     self.last_error = None;
                     if matches!(self.wait, Wait::No) {
@@ -321,7 +321,7 @@ impl Acquisition<'_> {
         Scheduler::global().register(held.clone());
         self.pending.armed = false;
         metrics::acquired(
-            self.pending.backend.name(),
+            self.pending.backend.as_ref(),
             "granted",
             self.started.elapsed(),
             self.waited,
@@ -462,7 +462,7 @@ impl Acquisition<'_> {
     async fn give_up(&mut self, outcome: &'static str) {
         self.pending.abandon().await;
         metrics::acquired(
-            self.pending.backend.name(),
+            self.pending.backend.as_ref(),
             outcome,
             self.started.elapsed(),
             self.waited,
@@ -510,6 +510,7 @@ impl PendingAcquire {
 impl Drop for PendingAcquire {
     fn drop(&mut self) {
         if self.armed {
+            metrics::cancelled(self.backend.as_ref());
             let backend = self.backend.clone();
             let request = self.request.clone();
             self.background.spawn(async move {

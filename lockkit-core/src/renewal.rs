@@ -4,7 +4,7 @@
 //! renewal.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,8 @@ pub(crate) struct HeldLease {
     pub(crate) background: Background,
     drift: Duration,
     state: StdMutex<HeldState>,
+    /// Whether the hold has ended (released or lost) for the held-locks gauge: once only.
+    ended: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -88,12 +90,14 @@ impl HeldLease {
             None => CancellationToken::new(),
         };
         let next_renewal = auto_renew.then(|| renewal_time(lease.acquired_at(), valid_until));
+        metrics::held(backend.as_ref());
         Arc::new(HeldLease {
             lease,
             backend,
             lost,
             background,
             drift,
+            ended: AtomicBool::new(false),
             state: StdMutex::new(HeldState {
                 valid_until,
                 next_renewal,
@@ -137,17 +141,27 @@ impl HeldLease {
         state.holders = state.holders.saturating_sub(1);
         if state.holders == 0 && !state.released {
             state.released = true;
+            drop(state);
+            self.end();
             return true;
         }
         false
     }
 
+    /// The hold ends (first release or loss): the gauge and the hold-duration histogram.
+    fn end(&self) {
+        if !self.ended.swap(true, Ordering::AcqRel) {
+            metrics::no_longer_held(self.backend.as_ref(), self.lease.acquired_at().elapsed());
+        }
+    }
+
     pub(crate) fn mark_lost(&self, why: &str) {
         if !self.lost.is_cancelled() {
             tracing::warn!(key = %self.lease.key(), backend = self.backend.name(), why, "lock lost");
-            metrics::lost(self.backend.name());
+            metrics::lost(self.backend.as_ref());
             self.lost.cancel();
         }
+        self.end();
     }
 
     /// Applies the answer to a renewal sent at `sent_at`. Answers may arrive out of order (a
@@ -195,7 +209,7 @@ impl HeldLease {
             }
             None => {
                 if let Err(e) = answer {
-                    metrics::renew_failed(self.backend.name());
+                    metrics::renew_failed(self.backend.as_ref());
                     tracing::warn!(key = %self.lease.key(), backend = self.backend.name(), error = %e.display_chain(), "renewal failed; retrying before the validity deadline");
                 }
                 if origin == Origin::Scheduler && state.next_renewal.is_some() {
@@ -205,6 +219,13 @@ impl HeldLease {
                 Applied::Unchanged
             }
         }
+    }
+}
+
+impl Drop for HeldLease {
+    /// A lease dropped without a release or a loss (a grant never handed out) ends too.
+    fn drop(&mut self) {
+        self.end();
     }
 }
 
@@ -225,6 +246,7 @@ pub(crate) async fn extend_now(held: &HeldLease) -> Result<()> {
     let answer =
         tokio::time::timeout_at(held.valid_until().into(), held.backend.renew(&held.lease))
             .await
+            .inspect(|_| metrics::renewed(held.backend.as_ref(), sent_at.elapsed()))
             .unwrap_or_else(|_| {
                 Err(Error::new(
                     ErrorKind::Unavailable,
@@ -415,7 +437,10 @@ impl Scheduler {
         });
         let abort = renewing.abort_handle();
         let answers = match tokio::time::timeout_at(deadline.into(), renewing).await {
-            Ok(Ok(answers)) if answers.len() == batch.len() => answers,
+            Ok(Ok(answers)) if answers.len() == batch.len() => {
+                metrics::renewed(backend.as_ref(), sent_at.elapsed());
+                answers
+            }
             outcome => {
                 let why = match outcome {
                     Ok(Ok(_)) => "renew_many returned the wrong number of answers",

@@ -11,7 +11,7 @@ use lockkit_core::backend::{
 };
 use lockkit_core::testing::{self, Harness};
 use lockkit_core::{
-    Capabilities, LockClient, LockInfo, LockKey, LockOptions, MemoryBackend, Result, Tier,
+    Capabilities, LockClient, LockInfo, LockKey, LockOptions, LockPage, MemoryBackend, Result, Tier,
 };
 
 /// Clients of one harness share one memory backend, as processes share one server.
@@ -138,6 +138,20 @@ impl LockBackend for Slow {
     }
     async fn ping(&self) -> Result<()> {
         Ok(())
+    }
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        lag().await;
+        self.memory.list(namespace, prefix, cursor, limit).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        lag().await;
+        LockBackend::force_release(&self.memory, key).await
     }
 }
 

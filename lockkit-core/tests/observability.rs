@@ -51,10 +51,34 @@ async fn acquisitions_contention_and_losses_are_counted_and_tokens_never_traced(
         .await
         .expect("lost fires");
     assert!(!guard.release().await.expect("release"));
+    // A hold that ends with a release, and an acquisition cancelled while it waits.
+    let busy = locks
+        .mutex("busy")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    let waiting = locks.mutex("busy").expect("key");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), waiting.lock())
+            .await
+            .is_err()
+    );
+    assert!(busy.release().await.expect("release"));
+    locks.close().await;
 
-    let snapshot: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
+    let full = snapshotter.snapshot().into_vec();
+    for name in metrics::ALL {
+        let (_, unit, description, _) = full
+            .iter()
+            .find(|(key, ..)| key.key().name() == name)
+            .unwrap_or_else(|| panic!("{name} was never recorded"));
+        assert!(
+            unit.is_some() && description.is_some(),
+            "{name} is not described"
+        );
+    }
+    let snapshot: Vec<_> = full
         .into_iter()
         .map(|(key, _, _, value)| {
             let key = key.key();
@@ -71,7 +95,8 @@ async fn acquisitions_contention_and_losses_are_counted_and_tokens_never_traced(
             metrics::ACQUIRE_TOTAL,
             Some(("outcome", "granted"))
         ),
-        1
+        2,
+        "job and busy"
     );
     assert_eq!(
         counter(
@@ -91,6 +116,38 @@ async fn acquisitions_contention_and_losses_are_counted_and_tokens_never_traced(
             .iter()
             .any(|(n, _, _)| n == metrics::ACQUIRE_SECONDS)
     );
+    assert_eq!(
+        counter(
+            &snapshot,
+            metrics::ACQUIRE_TOTAL,
+            Some(("outcome", "cancelled"))
+        ),
+        1,
+        "the acquisition dropped while waiting"
+    );
+    assert!(
+        snapshot
+            .iter()
+            .all(|(_, labels, _)| labels.iter().any(|(k, v)| k == "tier" && v == "local")),
+        "a series without its tier label"
+    );
+    let held: Vec<f64> = snapshot
+        .iter()
+        .filter(|(n, ..)| n == metrics::HELD_LOCKS)
+        .map(|(.., value)| match value {
+            DebugValue::Gauge(g) => g.into_inner(),
+            _ => f64::NAN,
+        })
+        .collect();
+    assert_eq!(held, [0.0], "the held-locks gauge once every hold ended");
+    let holds = snapshot
+        .iter()
+        .find_map(|(n, _, value)| match value {
+            DebugValue::Histogram(h) if n == metrics::HOLD_SECONDS => Some(h.len()),
+            _ => None,
+        })
+        .unwrap_or(0);
+    assert_eq!(holds, 2, "one hold lost, one released");
 
     let traces = capture.text();
     assert!(

@@ -15,8 +15,8 @@ use etcd_client::{
 };
 use lockkit_core::backend::cleanup::Acquisitions;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, CancellationToken, Contention, Lease, LockBackend, OwnerToken,
-    Renewal, lease_of, runtime,
+    AcquireRequest, Attempt, CancellationToken, Contention, Lease, LockBackend, LockPage,
+    OwnerToken, Renewal, lease_of, runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, MutexGuard, Result, Tier,
@@ -499,6 +499,20 @@ impl LockBackend for EtcdBackend {
             }
         }
         Ok(Some(info))
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        self.list_page(namespace, prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.break_lock(key).await
     }
 
     async fn ping(&self) -> Result<()> {

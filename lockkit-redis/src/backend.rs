@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, LockPage, Renewal,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, Result, Tier, WaitStrategy,
@@ -16,6 +16,7 @@ use redis::Value;
 use crate::config::{RedisConfig, parse_host};
 use crate::connection::{Dialer, Epoch, Primary};
 use crate::error::{BACKEND, unexpected};
+use crate::listing;
 use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
 
@@ -437,6 +438,52 @@ impl LockBackend for RedisBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         Ok(self.holder(key).await?.map(|holder| holder.info))
+    }
+
+    /// One `SCAN ... MATCH {namespace/prefix* COUNT limit` (a few when they find nothing;
+    /// `COUNT` is a hint to Redis, so a page may hold a few more than `limit`), then each
+    /// lock's holder, read concurrently. The cursor is Redis' own.
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        lockkit_core::backend::validate_listing(namespace, prefix, limit)?;
+        let cursor = listing::scan_cursor(BACKEND, cursor)?;
+        let (keys, next) = self
+            .primary
+            .request("listing locks", |mut con| async move {
+                listing::scan(&mut con, namespace, prefix, cursor, limit).await
+            })
+            .await?;
+        let holders = futures_util::future::join_all(keys.iter().map(|key| self.holder(key))).await;
+        let mut locks = Vec::with_capacity(keys.len());
+        for (key, holder) in keys.into_iter().zip(holders) {
+            if let Some(holder) = holder? {
+                locks.push((key, holder.info));
+            }
+        }
+        Ok(LockPage::new(locks, (next != 0).then(|| next.to_string())))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let keys = &Keys::of(key);
+        let reply: Value = self
+            .primary
+            .request("breaking the lock", |mut con| async move {
+                scripts::FORCE_RELEASE
+                    .key(&keys.lock)
+                    .arg(&keys.channel)
+                    .invoke_async(&mut con)
+                    .await
+            })
+            .await?;
+        match reply {
+            Value::Int(n) => Ok(n == 1),
+            _ => Err(unexpected(BACKEND, "the force-release script")),
+        }
     }
 
     async fn ping(&self) -> Result<()> {

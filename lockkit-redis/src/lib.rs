@@ -7,6 +7,7 @@ mod connection;
 mod error;
 mod eviction;
 mod lanes;
+mod listing;
 mod notify;
 mod redlock;
 mod scripts;

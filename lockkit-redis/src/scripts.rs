@@ -15,6 +15,7 @@ const RELEASE_LUA: &str = include_str!("../scripts/release.lua");
 const RENEW_LUA: &str = include_str!("../scripts/renew.lua");
 const INSPECT_LUA: &str = include_str!("../scripts/inspect.lua");
 const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
+const FORCE_RELEASE_LUA: &str = include_str!("../scripts/force_release.lua");
 
 /// Takes a free lock and returns its fencing token, or the holder's remaining TTL.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
@@ -26,6 +27,9 @@ pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_L
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 /// Redlock: raise a node's fence counter to the token a majority agreed on.
 pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_LUA));
+/// Delete the lock whoever holds it, plus a release notification (an operator's break).
+pub(crate) static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 
 /// One pipeline of `SCRIPT LOAD`s of every script, so that the first calls need no
 /// `NOSCRIPT` round trip.
@@ -37,6 +41,7 @@ pub(crate) fn load_all() -> redis::Pipeline {
         RENEW_LUA,
         INSPECT_LUA,
         RAISE_FENCE_LUA,
+        FORCE_RELEASE_LUA,
     ] {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockkit_core::backend::cleanup::{Acquisitions, Ledger};
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Lease, LockBackend, OwnerToken, Renewal, runtime,
+    AcquireRequest, Attempt, Contention, Lease, LockBackend, LockPage, OwnerToken, Renewal, runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -328,6 +328,20 @@ impl LockBackend for ZkBackend {
             "the holder kept changing while inspecting the lock",
         )
         .with_retryable(true))
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        self.list_page(namespace, prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.break_lock(key).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -7,6 +7,7 @@ mod cleanup;
 mod config;
 mod error;
 mod naming;
+mod operator;
 mod session;
 #[cfg(feature = "tls")]
 mod tls;

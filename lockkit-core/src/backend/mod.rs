@@ -217,6 +217,44 @@ impl LockInfo {
     }
 }
 
+/// One page of held locks, from [`LockBackend::list`] (or
+/// [`LockClient::list_page`](crate::LockClient::list_page)).
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockPage {
+    /// The held locks of this page, with what the backend knows about each.
+    pub locks: Vec<(LockKey, LockInfo)>,
+    /// Where the next page starts (pass it back as the cursor); `None` after the last page.
+    /// A page may be short, or even empty, while more follow.
+    pub next: Option<String>,
+}
+
+impl LockPage {
+    /// A page of `locks`, followed by the page at `next`.
+    pub fn new(locks: Vec<(LockKey, LockInfo)>, next: Option<String>) -> Self {
+        LockPage { locks, next }
+    }
+}
+
+/// Checks the arguments of [`LockBackend::list`]: a valid namespace, a prefix that could start
+/// a lock name (or is empty), a limit of at least 1.
+///
+/// # Errors
+/// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) for the namespace or prefix,
+/// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a zero limit.
+pub fn validate_listing(namespace: &str, prefix: &str, limit: usize) -> Result<()> {
+    validate_segment("namespace", namespace)?;
+    if !prefix.is_empty() && prefix != "." && prefix != ".." {
+        validate_segment("name prefix", prefix)?;
+    }
+    if limit == 0 {
+        return Err(crate::Error::invalid_config(
+            "a page of locks needs a limit of at least 1",
+        ));
+    }
+    Ok(())
+}
+
 /// The primitive operations a lock backend implements. Everything else (waiting, backoff,
 /// renewal scheduling, reentrancy, the lost signal, cancel safety) lives once in the core's
 /// [`Mutex`](crate::Mutex) and [`LockClient`](crate::LockClient).
@@ -328,4 +366,53 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable), [`ErrorKind::Auth`](crate::ErrorKind::Auth), ...
     async fn ping(&self) -> Result<()>;
+
+    /// One page of the locks held in `namespace` whose names start with `prefix` (all of them
+    /// for `""`), at most `limit` of them, starting at `cursor` (`None` for the first page;
+    /// then the [`LockPage::next`] of the page before).
+    ///
+    /// An operator's view, not a snapshot: a lock taken or released while the pages are read
+    /// may or may not be listed, and a lock may be listed in two pages (Redis `SCAN` promises
+    /// no more), so a caller that needs each once drops repeats. Each page is bounded work on
+    /// the server: implementations read the keyspace a page at a time (Redis `SCAN` with
+    /// `COUNT`, an etcd range with a limit) and never load it whole; ZooKeeper, which cannot
+    /// page, reads the namespace's children (lock names, not their queues) in one call.
+    /// [`validate_listing`] checks the arguments. The default says
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
+    ///
+    /// # Errors
+    /// Invalid arguments, backend failures.
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        let _ = (namespace, prefix, cursor, limit);
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            self.name(),
+            "this backend cannot list locks",
+        ))
+    }
+
+    /// Breaks the lock `key` whoever holds it, as an operator who knows the holder is stale
+    /// does: removes the current holder's grant (not the queued waiters, not the fencing
+    /// counter, so tokens keep increasing) and wakes the waiters. Returns whether the lock
+    /// was held. The old holder is not told: its next renewal reports
+    /// [`Renewal::Lost`], so its guard's lost signal fires then.
+    ///
+    /// The default says [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let _ = key;
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            self.name(),
+            "this backend cannot break locks",
+        ))
+    }
 }

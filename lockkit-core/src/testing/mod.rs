@@ -18,6 +18,7 @@
 pub mod check;
 pub mod fenced;
 pub mod history;
+mod operator;
 pub mod proxy;
 mod recording;
 mod scenarios;
@@ -314,6 +315,8 @@ macro_rules! conformance_tests {
             a_cancelled_waiter_does_not_hold_up_the_next,
             a_cancelled_release_still_releases,
             an_acquisition_dropped_in_flight_leaves_nothing_behind,
+            list_shows_the_held_locks_by_prefix_page_by_page,
+            force_release_breaks_the_lock_and_the_holder_reports_lost,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

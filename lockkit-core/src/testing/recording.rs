@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Contention, Lease, LockBackend, OwnerToken, Renewal, SharedBackend,
+    AcquireRequest, Attempt, Contention, Lease, LockBackend, LockPage, OwnerToken, Renewal,
+    SharedBackend,
 };
 use crate::{Capabilities, LockInfo, LockKey, Result, Tier};
 
@@ -127,5 +128,21 @@ impl LockBackend for Recording {
     async fn ping(&self) -> Result<()> {
         self.record("ping", None, 0);
         self.inner.ping().await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        self.record("list", None, 0);
+        self.inner.list(namespace, prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.record("force_release", None, 0);
+        self.inner.force_release(key).await
     }
 }

@@ -4,6 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::operator::{
+    force_release_breaks_the_lock_and_the_holder_reports_lost,
+    list_shows_the_held_locks_by_prefix_page_by_page,
+};
 use super::{Failure, Harness, Outcome, Scenario};
 use crate::backend::{AcquireRequest, Attempt, Renewal};
 use crate::capabilities::WaitStrategy;
@@ -52,6 +56,8 @@ scenarios!(
     a_cancelled_waiter_does_not_hold_up_the_next,
     a_cancelled_release_still_releases,
     an_acquisition_dropped_in_flight_leaves_nothing_behind,
+    list_shows_the_held_locks_by_prefix_page_by_page,
+    force_release_breaks_the_lock_and_the_holder_reports_lost,
 );
 
 /// An acquisition whose future is dropped while its request is in flight (a queue entry
@@ -120,17 +126,21 @@ async fn an_acquisition_dropped_in_flight_leaves_nothing_behind(h: &dyn Harness)
 const LONG_TTL: Duration = Duration::from_secs(60);
 
 /// A fresh random namespace, so scenarios never see each other's keys.
-fn namespace() -> String {
+pub(super) fn namespace() -> String {
     format!("lk-test-{:08x}", rand::random::<u32>())
 }
 
-fn options(h: &dyn Harness) -> LockOptions {
+pub(super) fn options(h: &dyn Harness) -> LockOptions {
     LockOptions::default()
         .with_ttl(h.ttl())
         .with_backoff(Duration::from_millis(5), Duration::from_millis(100))
 }
 
-async fn clients(h: &dyn Harness, ns: &str, n: usize) -> Result<Vec<LockClient>, Failure> {
+pub(super) async fn clients(
+    h: &dyn Harness,
+    ns: &str,
+    n: usize,
+) -> Result<Vec<LockClient>, Failure> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(h.client(ns, options(h)).await?);
@@ -139,11 +149,11 @@ async fn clients(h: &dyn Harness, ns: &str, n: usize) -> Result<Vec<LockClient>,
 }
 
 /// Generous bound for anything that should happen within a few TTLs.
-fn patience(h: &dyn Harness) -> Duration {
+pub(super) fn patience(h: &dyn Harness) -> Duration {
     h.ttl() * 4 + Duration::from_secs(10)
 }
 
-async fn expect_no_leftovers(h: &dyn Harness, ns: &str) -> Outcome {
+pub(super) async fn expect_no_leftovers(h: &dyn Harness, ns: &str) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let left = h.leftovers(ns).await?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, OwnerToken, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, LockPage, OwnerToken, Renewal,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -26,6 +26,7 @@ use crate::scripts::{self, AcquireReply, Holder, Keys, millis};
 use fanout::NodeResult;
 
 mod fanout;
+mod operator;
 
 const BACKEND: &str = "redlock";
 
@@ -628,6 +629,20 @@ impl LockBackend for RedlockBackend {
             info = info.with_remaining_ttl(*remaining);
         }
         Ok(Some(info))
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        self.list_page(namespace, prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.break_lock(key).await
     }
 
     async fn ping(&self) -> Result<()> {

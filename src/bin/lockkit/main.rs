@@ -1,21 +1,30 @@
 //! `lockkit`: run a command under a distributed lock, show a lock's holder, check a
 //! configuration. See `lockkit --help` and the README's "Command line" section.
 
-use std::io::Write;
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "the lockkit command-line tool needs Linux: `run` ties its command's life to its own with \
+     PR_SET_PDEATHSIG and reads signals from a signalfd (the library builds everywhere)"
+);
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use lockkit::{Error, ErrorKind, LockClient, LockkitConfig, MutexGuard};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use clap::{ArgAction, Args, Parser, Subcommand};
+use lockkit::{Error, ErrorKind, LockClient, LockkitConfig};
 use serde_json::json;
-use tokio::process::Command;
-use tokio::signal::unix::{SignalKind, signal};
+
+mod docs;
+mod logging;
+mod operator;
+mod run;
+mod signals;
 
 /// Exit codes (besides the command's own, which `run` passes through).
 mod exit {
+    /// `release --force` was declined at its confirmation prompt.
+    pub(crate) const DECLINED: u8 = 1;
     /// Bad usage (clap's own code).
     pub(crate) const USAGE: u8 = 2;
     /// Something else went wrong (an unexpected backend error).
@@ -23,7 +32,7 @@ mod exit {
     /// The backend did not answer (or no quorum did).
     pub(crate) const UNAVAILABLE: u8 = 69;
     /// The lock was not acquired: held by someone else with `--no-wait`, or not free within
-    /// `--wait`.
+    /// `--wait` (the default of `--conflict-exit-code`).
     pub(crate) const NOT_ACQUIRED: u8 = 75;
     /// The lock was lost while the command ran; the command was terminated.
     pub(crate) const LOST: u8 = 76;
@@ -42,18 +51,24 @@ mod exit {
 /// The backend comes from --config FILE, --url URL, or the environment (LOCKKIT_CONFIG,
 /// LOCKKIT_URL, LOCKKIT_* overrides).
 ///
-/// Exit codes: 0 success; `run` passes the command's code through (128+N when it died of
+/// Exit codes: 0 success; 1 `release --force` declined; `run` passes the command's code through (128+N when it died of
 /// signal N); 2 usage; 69 backend unavailable; 70 unexpected error; 75 lock not acquired;
 /// 76 lock lost while the command ran (it was terminated); 77 authentication refused;
-/// 78 invalid configuration or key; 126/127 command not executable / not found.
+/// 78 invalid configuration or key; 126/127 command not executable / not found; 128+N
+/// signal N interrupted lockkit before the command started.
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version)]
 struct Cli {
     #[command(flatten)]
     source: Source,
-    /// Print machine-readable JSON instead of text.
+    /// Print machine-readable JSON instead of text, on stdout. With `run`, stdout carries
+    /// only lockkit's report: the command's stdout goes to lockkit's stderr.
     #[arg(long, global = true)]
     json: bool,
+    /// Log more to stderr: -v info, -vv debug, -vvv trace (default: warnings, such as
+    /// failed renewals). RUST_LOG (e.g. `lockkit_redis=debug,warn`) overrides it.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command_,
 }
@@ -73,9 +88,21 @@ enum Command_ {
     /// Run a command while holding a lock.
     ///
     /// Acquires KEY, runs CMD while holding it (renewing it), releases it when CMD exits and
-    /// exits with CMD's code. CMD sees LOCKKIT_KEY, LOCKKIT_FENCING_TOKEN and LOCKKIT_BACKEND.
-    /// If the lock is lost, CMD gets SIGTERM, then SIGKILL after --grace, and lockkit exits
-    /// with 76. SIGINT and SIGTERM sent to lockkit are forwarded to CMD.
+    /// exits with CMD's code.
+    ///
+    /// CMD sees LOCKKIT_KEY, LOCKKIT_FENCING_TOKEN, LOCKKIT_BACKEND, LOCKKIT_TTL_MS (the
+    /// lock's TTL) and LOCKKIT_VALID_UNTIL_MS (when the lock would expire, in milliseconds
+    /// since the Unix epoch, if lockkit stopped renewing it at CMD's start; lockkit renews it
+    /// while CMD runs).
+    ///
+    /// CMD never runs without the lock: if the lock is lost, CMD gets SIGTERM, then SIGKILL
+    /// after --grace, and lockkit exits with 76; if lockkit dies (even of SIGKILL), the
+    /// kernel kills CMD (processes CMD started itself are not covered).
+    ///
+    /// SIGINT, SIGTERM, SIGHUP and SIGQUIT: while lockkit waits for the lock, they abandon
+    /// the wait cleanly (exit 128+N); while CMD runs, each reaches CMD once (one sent by the
+    /// terminal already reached CMD and is not sent again; one sent to lockkit by a process
+    /// is passed on).
     Run(RunArgs),
     /// Show whether a lock is held.
     ///
@@ -89,6 +116,50 @@ enum Command_ {
     /// Loads the configuration, prints it (secrets redacted) with its tier, and checks that
     /// the backend answers.
     Check,
+    /// List the held locks of the namespace.
+    ///
+    /// Prints each held lock whose name starts with PREFIX (all of them without one): its
+    /// name, fencing token, remaining TTL and queued waiters, where the backend knows them.
+    /// With --json, one JSON object per line. The backend is read a page at a time; locks
+    /// taken or released meanwhile may or may not be listed.
+    List {
+        /// Only locks whose names start with this.
+        #[arg(default_value = "")]
+        prefix: String,
+    },
+    /// Break a lock an operator knows is stale: `release --force KEY`.
+    ///
+    /// Removes the current holder's grant whoever it is, and wakes the waiters. The holder
+    /// is not told: its guard reports the lock lost at its next renewal (`lockkit run`
+    /// then terminates its command), and until then it may still act; a fencing token keeps
+    /// it harmless only where the protected resource checks tokens. Asks for confirmation
+    /// on stdin unless --yes; exits 1 when declined.
+    Release {
+        /// Required: a lock is released by its holder; this breaks it for someone else.
+        #[arg(long, required = true)]
+        force: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// The lock name.
+        key: String,
+    },
+    /// Print a shell completion script.
+    ///
+    /// For example: `lockkit completions bash > /etc/bash_completion.d/lockkit`,
+    /// `lockkit completions zsh > "${fpath[1]}/_lockkit"`,
+    /// `lockkit completions fish > ~/.config/fish/completions/lockkit.fish`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, in roff: `lockkit man > lockkit.1`.
+    ///
+    /// With a subcommand, its own page: `lockkit man run > lockkit-run.1`.
+    Man {
+        /// A subcommand whose page to print instead.
+        subcommand: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -96,12 +167,17 @@ struct RunArgs {
     /// How long the lock lives without renewal (default: the configuration's lock.ttl).
     #[arg(long, value_parser = humantime::parse_duration)]
     ttl: Option<Duration>,
-    /// Wait at most this long for the lock (default: as long as it takes).
+    /// Wait at most this long for the lock (default: the configuration's
+    /// lock.wait_timeout; as long as it takes when that is not set).
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
-    /// Fail at once (exit 75) if the lock is held.
+    /// Fail at once, with the conflict exit code, if the lock is held.
     #[arg(long)]
     no_wait: bool,
+    /// The exit code when the lock is not acquired (held with --no-wait, or not free within
+    /// the wait), like `flock -E`: tells a skipped run from a failed one.
+    #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    conflict_exit_code: u8,
     /// After the lock is lost: how long CMD has between SIGTERM and SIGKILL.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     grace: Duration,
@@ -138,8 +214,26 @@ impl From<Error> for Failure {
 }
 
 fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    if args
+        .nth(1)
+        .is_some_and(|first| first == signals::TRAMPOLINE)
+    {
+        return signals::exec_child(args);
+    }
     let cli = Cli::parse();
     let json = cli.json;
+    if let Err(message) = logging::init(cli.verbose) {
+        eprintln!("lockkit: {message}");
+        return ExitCode::from(exit::USAGE);
+    }
+    // Before the runtime starts its threads, so that they all inherit the mask.
+    if matches!(cli.command, Command_::Run(_))
+        && let Err(e) = signals::block()
+    {
+        eprintln!("lockkit: cannot take over signals: {e}");
+        return ExitCode::from(exit::SOFTWARE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -168,11 +262,27 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    match &cli.command {
+        Command_::Completions { shell } => return Ok(docs::completions(*shell)),
+        Command_::Man { subcommand } => return docs::man(subcommand.as_deref()),
+        _ => {}
+    }
     let config = load_config(&cli.source)?;
     match cli.command {
         Command_::Check => check(&config, cli.json).await,
         Command_::Status { key } => status(&config, &key, cli.json).await,
-        Command_::Run(args) => run(config, args, cli.json).await,
+        Command_::List { prefix } => operator::list(&config, &prefix, cli.json).await,
+        Command_::Release { key, yes, .. } => {
+            operator::force_release(&config, &key, yes, cli.json).await
+        }
+        Command_::Completions { .. } | Command_::Man { .. } => Ok(0),
+        Command_::Run(args) => {
+            let mut signals = signals::Signals::new().map_err(|e| Failure {
+                code: exit::SOFTWARE,
+                message: format!("cannot listen for signals: {e}"),
+            })?;
+            run::run(config, args, cli.json, &mut signals).await
+        }
     }
 }
 
@@ -250,143 +360,4 @@ async fn status(config: &LockkitConfig, key: &str, json: bool) -> Result<u8, Fai
         }
     }
     Ok(0)
-}
-
-async fn acquire(locks: &LockClient, args: &RunArgs) -> Result<MutexGuard, Failure> {
-    let mut mutex = locks.mutex(&args.key)?;
-    if let Some(ttl) = args.ttl {
-        mutex = mutex.with_ttl(ttl)?;
-    }
-    let not_acquired = |why: String| Failure {
-        code: exit::NOT_ACQUIRED,
-        message: why,
-    };
-    if args.no_wait {
-        return mutex
-            .try_lock()
-            .await?
-            .ok_or_else(|| not_acquired(format!("{} is held by someone else", args.key)));
-    }
-    match args.wait {
-        Some(wait) => mutex.lock_timeout(wait).await.map_err(|e| match e.kind() {
-            ErrorKind::Timeout => {
-                not_acquired(format!("{} was not free within {wait:?}", args.key))
-            }
-            _ => e.into(),
-        }),
-        None => Ok(mutex.lock().await?),
-    }
-}
-
-async fn run(config: LockkitConfig, args: RunArgs, json: bool) -> Result<u8, Failure> {
-    let locks = connect(&config).await?;
-    let guard = acquire(&locks, &args).await?;
-    let (program, rest) = args.command.split_first().ok_or_else(|| Failure {
-        code: exit::USAGE,
-        message: "no command given".into(),
-    })?;
-    // Listening before the command starts: a signal that arrives right after the spawn is
-    // forwarded instead of killing lockkit and orphaning the command.
-    let (mut interrupts, mut terminations) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(i), Ok(t)) => (i, t),
-        _ => {
-            let _ = guard.release().await;
-            return Err(Failure {
-                code: exit::SOFTWARE,
-                message: "cannot listen for signals".into(),
-            });
-        }
-    };
-    let child = Command::new(program)
-        .args(rest)
-        .env("LOCKKIT_KEY", &args.key)
-        .env(
-            "LOCKKIT_FENCING_TOKEN",
-            guard.fencing_token().get().to_string(),
-        )
-        .env("LOCKKIT_BACKEND", config.backend.as_str())
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match child {
-        Ok(child) => child,
-        Err(e) => {
-            let _ = guard.release().await;
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => exit::NOT_FOUND,
-                _ => exit::NOT_EXECUTABLE,
-            };
-            return Err(Failure {
-                code,
-                message: format!("cannot run {program}: {e}"),
-            });
-        }
-    };
-    let pid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
-    let forward = |sig: Signal| {
-        if let Some(pid) = pid {
-            let _ = kill(pid, sig);
-        }
-    };
-    let lost = guard.lost();
-    tokio::pin!(lost);
-    let mut lost_lock = false;
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status,
-            _ = interrupts.recv() => forward(Signal::SIGINT),
-            _ = terminations.recv() => forward(Signal::SIGTERM),
-            () = &mut lost, if !lost_lock => {
-                lost_lock = true;
-                eprintln!("lockkit: lost the lock on {}: terminating the command", args.key);
-                forward(Signal::SIGTERM);
-                if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
-                    eprintln!("lockkit: the command outlived the {:?} grace period: killing it", args.grace);
-                    forward(Signal::SIGKILL);
-                }
-            }
-        }
-    };
-    let status = status.map_err(|e| Failure {
-        code: exit::SOFTWARE,
-        message: format!("waiting for the command: {e}"),
-    })?;
-    let released = if lost_lock {
-        drop(guard);
-        false
-    } else {
-        guard.release().await.unwrap_or(false)
-    };
-    // A lost lock's guard is released in the background: let that finish (it removes what
-    // may be left on the server) before the process exits, within a bound.
-    let _ = tokio::time::timeout(Duration::from_secs(5), locks.close()).await;
-    let code = match (
-        status.code(),
-        std::os::unix::process::ExitStatusExt::signal(&status),
-    ) {
-        (Some(code), _) => u8::try_from(code).unwrap_or(exit::SOFTWARE),
-        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(exit::SOFTWARE),
-        (None, None) => exit::SOFTWARE,
-    };
-    let code = if lost_lock { exit::LOST } else { code };
-    if json {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(
-            out,
-            "{}",
-            json!({
-                "key": args.key,
-                "command_exit": status.code(),
-                "lost": lost_lock,
-                "released": released,
-                "exit_code": code,
-            })
-        );
-    }
-    Ok(code)
 }

@@ -1,0 +1,142 @@
+//! The etcd backend's operator operations: listing held locks a range page at a time, and
+//! breaking a lock by deleting its holder's key.
+
+use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, Txn, TxnOp};
+use futures_util::future::join_all;
+use lockkit_core::backend::{LockBackend, LockPage, validate_listing};
+use lockkit_core::{Error, LockKey, Result};
+
+use crate::backend::EtcdBackend;
+use crate::naming::by_create;
+
+/// The first key after every key that starts with `prefix` (etcd's range end of a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // all keys from the start
+}
+
+impl EtcdBackend {
+    /// One range read of at most `limit` key names (keys only) under
+    /// `<prefix>/<namespace>/<name-prefix>`, from the cursor: the key to start at. A lock's
+    /// keys (its holder and its queue) are `<...>/<name>/<entry>`, adjacent in key order, so
+    /// the page's locks are the names among them, and the next page starts after the last
+    /// name's keys (`<name>0`: `0` follows `/`). Then each lock's holder and queue length,
+    /// read concurrently ([`inspect`](LockBackend::inspect)).
+    pub(crate) async fn list_page(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage> {
+        validate_listing(namespace, prefix, limit)?;
+        let root = format!("{}/{namespace}/", self.inner.config.prefix);
+        let from = format!("{root}{prefix}");
+        let start = match cursor {
+            None => from.clone(),
+            Some(cursor) if cursor.starts_with(&from) => cursor.to_owned(),
+            Some(cursor) => {
+                return Err(Error::invalid_config(format!(
+                    "{cursor:?} is not a cursor of this listing"
+                )));
+            }
+        };
+        let end = prefix_end(from.as_bytes());
+        let limit_keys = i64::try_from(limit).unwrap_or(i64::MAX);
+        let response = self
+            .call("listing locks", |mut client| {
+                let (start, end) = (start.clone(), end.clone());
+                async move {
+                    let options = GetOptions::new()
+                        .with_range(end)
+                        .with_keys_only()
+                        .with_limit(limit_keys);
+                    client.get(start, Some(options)).await
+                }
+            })
+            .await?;
+        let mut names: Vec<String> = Vec::new();
+        for kv in response.kvs() {
+            let key = String::from_utf8_lossy(kv.key());
+            let Some((name, _entry)) = key.strip_prefix(&root).and_then(|r| r.split_once('/'))
+            else {
+                continue;
+            };
+            if names.last().is_none_or(|last| last != name) {
+                names.push(name.to_owned());
+            }
+        }
+        let next = match names.last() {
+            Some(last) if response.more() => Some(format!("{root}{last}0")),
+            _ => None,
+        };
+        let keys: Vec<LockKey> = names
+            .iter()
+            .filter_map(|name| LockKey::new(namespace, name).ok())
+            .collect();
+        let infos = join_all(keys.iter().map(|key| self.inspect(key))).await;
+        let mut locks = Vec::with_capacity(keys.len());
+        for (key, info) in keys.into_iter().zip(infos) {
+            if let Some(info) = info? {
+                locks.push((key, info));
+            }
+        }
+        Ok(LockPage::new(locks, next))
+    }
+
+    /// Deletes the holder's key (the lowest create revision of the lock) if it is still that
+    /// key: the next waiter's watch on it fires, and the holder's next renewal check finds
+    /// its key gone. The queue and other clients' keys stay.
+    pub(crate) async fn break_lock(&self, key: &LockKey) -> Result<bool> {
+        let prefix = self.lock_prefix(key);
+        let response = self
+            .call("reading the holder", |mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(by_create(SortOrder::Ascend, 1)))
+                        .await
+                }
+            })
+            .await?;
+        let Some(holder) = response.kvs().first() else {
+            return Ok(false);
+        };
+        let (holder_key, revision) = (holder.key().to_vec(), holder.create_revision());
+        // If the compare fails, the holder seen is gone already (released, or broken by
+        // someone else): still "held", and a new holder is never broken unseen.
+        self.call("breaking the lock", |mut client| {
+            let holder_key = holder_key.clone();
+            async move {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        holder_key.clone(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
+                    .and_then([TxnOp::delete(holder_key, None)]);
+                client.txn(txn).await
+            }
+        })
+        .await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn the_range_end_of_a_prefix_follows_every_key_under_it() {
+        assert_eq!(prefix_end(b"lk/ns/job"), b"lk/ns/joc");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), [0]);
+    }
+}

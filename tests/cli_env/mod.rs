@@ -1,0 +1,145 @@
+//! The `lockkit` binary as the end-to-end CLI tests drive it: one backend (by the variable
+//! that names its test URL), a random namespace, a scratch directory.
+#![allow(dead_code)] // each test file uses its own part
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lockkit_core::testing::{backend_missing, endpoint};
+
+pub(crate) struct Env {
+    pub(crate) url: String,
+    pub(crate) namespace: String,
+    pub(crate) dir: PathBuf,
+}
+
+impl Env {
+    /// The backend whose URL is in `var` (`LOCKKIT_TEST_ETCD_URL`, ...), or `None` after
+    /// [`backend_missing`] when it is not there.
+    pub(crate) fn new(var: &str) -> Option<Env> {
+        let Some(url) = endpoint(var) else {
+            backend_missing(var);
+            return None;
+        };
+        let namespace = format!("lk-cli-{:08x}", rand::random::<u32>());
+        let dir = std::env::temp_dir().join(&namespace);
+        std::fs::create_dir_all(&dir).unwrap();
+        Some(Env {
+            url,
+            namespace,
+            dir,
+        })
+    }
+
+    pub(crate) fn lockkit(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lockkit"));
+        command
+            .env_remove("LOCKKIT_CONFIG")
+            .env_remove("RUST_LOG")
+            .env("LOCKKIT_URL", &self.url)
+            .env("LOCKKIT_NAMESPACE", &self.namespace);
+        command
+    }
+
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
+        self.lockkit().args(args).output().unwrap()
+    }
+
+    pub(crate) fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub(crate) fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.file(name)).unwrap_or_default()
+    }
+
+    /// `lockkit --json status KEY`, parsed.
+    pub(crate) fn status(&self, key: &str) -> serde_json::Value {
+        let out = self.run(&["--json", "status", key]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Waits until `check` holds for the status of `key`.
+    pub(crate) fn wait_status(
+        &self,
+        key: &str,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) {
+        let by = Instant::now() + Duration::from_secs(15);
+        loop {
+            let status = self.status(key);
+            if check(&status) {
+                return;
+            }
+            assert!(Instant::now() < by, "{key} never {what}: {status}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts `lockkit run [extra] KEY -- sh -c SCRIPT` in the background with a command that
+    /// runs `setup` (its traps) and then says it is ready, and waits until the command is
+    /// ready and holds `key`.
+    pub(crate) fn spawn_holder(&self, key: &str, extra: &[&str], setup: &str) -> Child {
+        let ready = self.file(&format!("ready-{key}"));
+        let script = format!("{setup} touch {}; sleep 30 & wait", ready.display());
+        let mut args = vec!["run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[key, "--", "sh", "-c", &script]);
+        let child = self
+            .lockkit()
+            .args(&args)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let by = Instant::now() + Duration::from_secs(15);
+        while !ready.exists() || self.status(key)["held"] != true {
+            assert!(Instant::now() < by, "lockkit run never took {key}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends `signal` to the process `pid` (one this test started).
+pub(crate) fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+}
+
+/// Waits for `child` to exit and returns its code (-1 when a signal killed it).
+pub(crate) fn wait_exit(child: &mut Child, within: Duration) -> i32 {
+    let by = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(
+            Instant::now() < by,
+            "lockkit did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the process `pid` is gone (or a zombie nobody reaped yet: it runs no more).
+pub(crate) fn is_dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name in parentheses: "123 (sleep) Z ...".
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
