@@ -147,10 +147,16 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
     }
 }
 
+/// The port compose/lib.sh gives the member (shifted by LOCKKIT_COMPOSE_PORT_OFFSET).
 fn port_of(member: &str) -> u16 {
-    if member == "sentinel-primary" {
-        20010
-    } else {
-        20011
-    }
+    let offset: u16 = std::env::var("LOCKKIT_COMPOSE_PORT_OFFSET")
+        .ok()
+        .and_then(|o| o.parse().ok())
+        .unwrap_or(0);
+    offset
+        + if member == "sentinel-primary" {
+            20010
+        } else {
+            20011
+        }
 }
