@@ -4,124 +4,32 @@
 #![cfg(all(feature = "cli", feature = "redis"))]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod cli_env;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lockkit_core::testing::{backend_missing, endpoint};
+use cli_env::{Env, wait_exit};
 
-struct Env {
-    url: String,
-    namespace: String,
-    dir: PathBuf,
-}
-
-fn env() -> Option<Env> {
-    let Some(url) = endpoint("LOCKKIT_TEST_REDIS_URL") else {
-        backend_missing("LOCKKIT_TEST_REDIS_URL");
-        return None;
-    };
-    let namespace = format!("lk-cli-{:08x}", rand::random::<u32>());
-    let dir = std::env::temp_dir().join(&namespace);
-    std::fs::create_dir_all(&dir).unwrap();
-    Some(Env {
-        url,
-        namespace,
-        dir,
-    })
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Env {
-    fn lockkit(&self) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_lockkit"));
-        command
-            .env_remove("LOCKKIT_CONFIG")
-            .env("LOCKKIT_URL", &self.url)
-            .env("LOCKKIT_NAMESPACE", &self.namespace);
-        command
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.lockkit().args(args).output().unwrap()
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    fn read(&self, name: &str) -> String {
-        std::fs::read_to_string(self.file(name)).unwrap_or_default()
-    }
-
-    fn status(&self, key: &str) -> serde_json::Value {
-        let out = self.run(&["--json", "status", key]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn redis_del(&self, key: &str) {
-        let port = self.url.rsplit(':').next().unwrap();
-        let out = Command::new("redis-cli")
-            .args(["-p", port, "DEL", &format!("{{{}/{key}}}", self.namespace)])
-            .output()
-            .unwrap();
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "1",
-            "the lock key was not there"
-        );
-    }
-
-    /// Starts `lockkit run` in the background with a command that runs `setup` (its traps)
-    /// and then says it is ready, and waits until the command is ready and holds `key`.
-    fn spawn_holder(&self, key: &str, extra: &[&str], setup: &str) -> std::process::Child {
-        let ready = self.file(&format!("ready-{key}"));
-        let script = format!("{setup} touch {}; sleep 30 & wait", ready.display());
-        let mut args = vec!["run"];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&[key, "--", "sh", "-c", &script]);
-        let child = self
-            .lockkit()
-            .args(&args)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let by = Instant::now() + Duration::from_secs(10);
-        while !ready.exists() || self.status(key)["held"] != true {
-            assert!(Instant::now() < by, "lockkit run never took {key}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child
-    }
-}
-
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> i32 {
-    let by = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(
-            Instant::now() < by,
-            "lockkit did not exit within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Deletes the Redis key of the lock `key` behind its holder's back.
+fn redis_del(env: &Env, key: &str) {
+    let port = env.url.rsplit(':').next().unwrap();
+    let out = Command::new("redis-cli")
+        .args(["-p", port, "DEL", &format!("{{{}/{key}}}", env.namespace)])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "1",
+        "the lock key was not there"
+    );
 }
 
 #[test]
 fn run_passes_the_environment_and_the_exit_code_and_releases() {
-    let Some(env) = env() else { return };
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
     let out_file = env.file("env");
     let script = format!(
         "printf '%s %s %s' \"$LOCKKIT_KEY\" \"$LOCKKIT_FENCING_TOKEN\" \"$LOCKKIT_BACKEND\" > {}; exit 3",
@@ -155,7 +63,9 @@ fn run_passes_the_environment_and_the_exit_code_and_releases() {
 
 #[test]
 fn a_held_lock_is_not_acquired_with_no_wait_or_within_wait() {
-    let Some(env) = env() else { return };
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
     let mut holder = env.spawn_holder("busy", &[], "");
     let status = env.status("busy");
     assert_eq!(status["tier"], "single");
@@ -196,7 +106,9 @@ fn a_held_lock_is_not_acquired_with_no_wait_or_within_wait() {
 
 #[test]
 fn signals_are_forwarded_to_the_command_and_the_lock_released() {
-    let Some(env) = env() else { return };
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
     let marker = env.file("got-int");
     let setup = format!("trap 'echo int > {}; exit 7' INT;", marker.display());
     let mut holder = env.spawn_holder("signalled", &[], &setup);
@@ -212,11 +124,13 @@ fn signals_are_forwarded_to_the_command_and_the_lock_released() {
 
 #[test]
 fn the_command_is_terminated_when_the_lock_is_taken_away() {
-    let Some(env) = env() else { return };
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
     let marker = env.file("got-term");
     let setup = format!("trap 'echo term > {}; exit 0' TERM;", marker.display());
     let mut holder = env.spawn_holder("stolen", &["--ttl", "900ms"], &setup);
-    env.redis_del("stolen");
+    redis_del(&env, "stolen");
     let started = Instant::now();
     assert_eq!(
         wait_exit(&mut holder, Duration::from_secs(10)),
@@ -236,13 +150,15 @@ fn the_command_is_terminated_when_the_lock_is_taken_away() {
         &["--ttl", "900ms", "--grace", "300ms"],
         "trap '' TERM;",
     );
-    env.redis_del("stubborn");
+    redis_del(&env, "stubborn");
     assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), 76);
 }
 
 #[test]
 fn bad_input_and_unreachable_servers_have_their_exit_codes() {
-    let Some(env) = env() else { return };
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
     let out = env
         .lockkit()
         .args(["--url", "redis://h:notaport", "check"])

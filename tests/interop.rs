@@ -12,15 +12,13 @@
 
 #[path = "../lockkit-zk/tests/support/curator.rs"]
 mod curator;
-#[path = "../lockkit-zk/tests/support/sections.rs"]
-mod sections;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lockkit_core::testing::sections::Sections;
 use lockkit_core::testing::{backend_missing, endpoint};
-use sections::Sections;
 
 const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -34,7 +34,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::CampaignError;
 use crate::run::{Campaign, Outcome, Run};
-use crate::tiers::{Tier, Topology, member, restore};
+use crate::tiers::{Tier, Topology, member, restore, restore_if_replaced};
 use crate::worker::Worker;
 
 /// What a randomized run does on each tier.
@@ -506,26 +506,6 @@ async fn server_fault(run: &mut Run, rng: &mut StdRng, kind: Nemesis) -> Result<
         }
     }
     run.heal()
-}
-
-async fn restore_if_replaced(name: &str) -> Result<(), CampaignError> {
-    let port = Tier::port_of(name)?;
-    let by = Instant::now() + Duration::from_secs(40);
-    while Instant::now() < by {
-        let info = std::process::Command::new("redis-cli")
-            .args(["-p", &port, "info", "replication"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        let leader = member(&["leader", "sentinel"]).unwrap_or_default();
-        if (leader == name && info.contains("role:master"))
-            || (leader != name && info.contains("master_link_status:up"))
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Err(CampaignError(format!("{name} did not settle within 40 s")))
 }
 
 /// Whether a fault explains `overlap` on `topology` (see the module docs): a pause of one of

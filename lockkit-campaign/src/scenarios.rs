@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use crate::CampaignError;
 use crate::private::{SplitSentinel, persistent_redis};
 use crate::run::{Campaign, Outcome, Run};
-use crate::tiers::{Tier, Topology, member, restore};
+use crate::tiers::{Tier, Topology, member, restore, restore_if_replaced};
 
 /// A fault scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -304,26 +304,6 @@ async fn settle(deciders: &[String]) {
     for name in deciders.iter().filter(|n| n.starts_with("sentinel-")) {
         let _ = restore_if_replaced(name).await;
     }
-}
-
-async fn restore_if_replaced(name: &str) -> Result<(), CampaignError> {
-    let port = Tier::port_of(name)?;
-    let by = std::time::Instant::now() + Duration::from_secs(40);
-    while std::time::Instant::now() < by {
-        let info = std::process::Command::new("redis-cli")
-            .args(["-p", &port, "info", "replication"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        let leader = member(&["leader", "sentinel"]).unwrap_or_default();
-        if (leader == name && info.contains("role:master"))
-            || (leader != name && info.contains("master_link_status:up"))
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Err(CampaignError(format!("{name} did not settle within 40 s")))
 }
 
 /// A holder writing carefully every 100 ms for 5 × TTL, and a waiter queued behind it.

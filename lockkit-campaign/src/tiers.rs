@@ -218,3 +218,28 @@ pub async fn restore(name: &str) -> Result<(), CampaignError> {
         "{name} did not rejoin as a replica within 40 s"
     )))
 }
+
+/// Waits until a Sentinel member that was paused or restarted has settled: the primary if
+/// the Sentinels say so, else a replica whose link to the primary is up.
+///
+/// # Errors
+/// When it has not within 40 s.
+pub async fn restore_if_replaced(name: &str) -> Result<(), CampaignError> {
+    let port = Tier::port_of(name)?;
+    let by = std::time::Instant::now() + Duration::from_secs(40);
+    while std::time::Instant::now() < by {
+        let info = Command::new("redis-cli")
+            .args(["-p", &port, "info", "replication"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let leader = member(&["leader", "sentinel"]).unwrap_or_default();
+        if (leader == name && info.contains("role:master"))
+            || (leader != name && info.contains("master_link_status:up"))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(CampaignError(format!("{name} did not settle within 40 s")))
+}

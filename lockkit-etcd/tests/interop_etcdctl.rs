@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit_core::testing::backend_missing;
+use lockkit_core::testing::sections::Sections;
 use lockkit_core::{LockClient, LockOptions};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
-use support::sections::Sections;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/section.sh");
 

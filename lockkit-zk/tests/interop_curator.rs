@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockkit_core::testing::sections::Sections;
 use lockkit_core::{LockClient, LockOptions};
 use lockkit_zk::{ZkBackend, ZkConfig};
 use support::curator::{Curator, compile, curator_classpath};
-use support::sections::Sections;
 use support::server::{self, ZkServer};
 use support::{TEST_CHROOT, admin, test_config, znodes_under};
 use zookeeper_client as zk;

@@ -23,6 +23,7 @@ pub mod proxy;
 mod recording;
 mod scenarios;
 mod secrets;
+pub mod sections;
 
 use std::fmt;
 use std::future::Future;

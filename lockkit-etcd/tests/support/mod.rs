@@ -5,7 +5,6 @@
 
 pub mod harness;
 pub mod private;
-pub mod sections;
 
 use lockkit_core::testing;
 use lockkit_etcd::etcd_client::GetOptions;

@@ -3,7 +3,6 @@
 
 pub(crate) mod curator;
 pub(crate) mod harness;
-pub(crate) mod sections;
 pub(crate) mod server;
 
 use std::time::Duration;

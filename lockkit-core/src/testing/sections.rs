@@ -9,9 +9,7 @@
 //! 4. remove `marker` (it is gone: another section removed it, noted in `overlaps`).
 //!
 //! The same steps are in `lockkit-zk/tests/interop/CuratorContender.java` and
-//! `lockkit-etcd/tests/interop/section.sh`; this file is the same in `lockkit-zk/tests/support/`
-//! and `lockkit-etcd/tests/support/`.
-#![allow(dead_code, unreachable_pub)] // not every test file runs sections
+//! `lockkit-etcd/tests/interop/section.sh`.
 
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
