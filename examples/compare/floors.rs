@@ -112,36 +112,44 @@ impl Floor {
         match self {
             Floor::Redis(con) => redis_cycle(con, "{floor/raw}").await,
             Floor::Redlock(nodes) => {
-                let owner = lockkit_core::backend::OwnerToken::generate()?.expose_hex();
-                let acquired = majority_answers(nodes.iter().map(|con| {
-                    let mut con = con.clone();
-                    let mut invocation = ACQUIRE.key("{floor/fanout}");
-                    invocation
-                        .key("{floor/fanout}:fence")
-                        .arg(&owner)
-                        .arg(10_000)
-                        .arg(3_600_000);
-                    async move { invocation.invoke_async::<(i64, i64)>(&mut con).await }
-                }))
-                .await;
-                for reply in acquired {
-                    if reply?.0 != 1 {
-                        return Err("the floor's key was taken".into());
+                // A straggler of the previous cycle's release (the rest of a fan-out is
+                // driven in the background) can still be on its way to a node: like any
+                // Redlock client, the floor gives back a minority grant and tries again.
+                for _ in 0..100 {
+                    let owner = lockkit_core::backend::OwnerToken::generate()?.expose_hex();
+                    let acquired = majority_answers(nodes.iter().map(|con| {
+                        let mut con = con.clone();
+                        let mut invocation = ACQUIRE.key("{floor/fanout}");
+                        invocation
+                            .key("{floor/fanout}:fence")
+                            .arg(&owner)
+                            .arg(10_000)
+                            .arg(3_600_000);
+                        async move { invocation.invoke_async::<(i64, i64)>(&mut con).await }
+                    }))
+                    .await;
+                    let mut granted = true;
+                    for reply in acquired {
+                        granted &= reply?.0 == 1;
                     }
+                    let released = majority_answers(nodes.iter().map(|con| {
+                        let mut con = con.clone();
+                        let mut invocation = RELEASE.key("{floor/fanout}");
+                        invocation
+                            .arg(&owner)
+                            .arg("lockkit:released:{floor/fanout}");
+                        async move { invocation.invoke_async::<i64>(&mut con).await }
+                    }))
+                    .await;
+                    for reply in released {
+                        reply?;
+                    }
+                    if granted {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 }
-                let released = majority_answers(nodes.iter().map(|con| {
-                    let mut con = con.clone();
-                    let mut invocation = RELEASE.key("{floor/fanout}");
-                    invocation
-                        .arg(&owner)
-                        .arg("lockkit:released:{floor/fanout}");
-                    async move { invocation.invoke_async::<i64>(&mut con).await }
-                }))
-                .await;
-                for reply in released {
-                    reply?;
-                }
-                Ok(())
+                Err("the floor's key stayed taken for 100 attempts".into())
             }
             Floor::Zk(client, parent) => {
                 let prefix = format!("{parent}/lock-");
