@@ -605,6 +605,7 @@ async fn strays_with_the_acquisitions_own_name_are_deleted() {
         "-lock-{}",
         lockkit_core::backend::lease_of(&first).handle().unwrap()
     );
+    admin.sync(&parent).await.expect("sync the lock");
     let ours: Vec<String> = admin
         .list_children(&parent)
         .await
