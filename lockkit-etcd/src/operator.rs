@@ -2,8 +2,7 @@
 //! breaking a lock by deleting its holder's key.
 
 use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, Txn, TxnOp};
-use futures_util::future::join_all;
-use lockkit_core::backend::{LockBackend, LockPage, validate_listing};
+use lockkit_core::backend::{LockPage, inspect_names, validate_listing};
 use lockkit_core::{Error, LockKey, Result};
 
 use crate::backend::EtcdBackend;
@@ -27,7 +26,7 @@ impl EtcdBackend {
     /// keys (its holder and its queue) are `<...>/<name>/<entry>`, adjacent in key order, so
     /// the page's locks are the names among them, and the next page starts after the last
     /// name's keys (`<name>0`: `0` follows `/`). Then each lock's holder and queue length,
-    /// read concurrently ([`inspect`](LockBackend::inspect)).
+    /// read concurrently ([`inspect`](lockkit_core::backend::LockBackend::inspect)).
     pub(crate) async fn list_page(
         &self,
         namespace: &str,
@@ -76,18 +75,7 @@ impl EtcdBackend {
             Some(last) if response.more() => Some(format!("{root}{last}0")),
             _ => None,
         };
-        let keys: Vec<LockKey> = names
-            .iter()
-            .filter_map(|name| LockKey::new(namespace, name).ok())
-            .collect();
-        let infos = join_all(keys.iter().map(|key| self.inspect(key))).await;
-        let mut locks = Vec::with_capacity(keys.len());
-        for (key, info) in keys.into_iter().zip(infos) {
-            if let Some(info) = info? {
-                locks.push((key, info));
-            }
-        }
-        Ok(LockPage::new(locks, next))
+        inspect_names(self, namespace, &names, next).await
     }
 
     /// Deletes the holder's key (the lowest create revision of the lock) if it is still that

@@ -1,8 +1,7 @@
 //! The ZooKeeper backend's operator operations: listing held locks, and breaking a lock by
 //! deleting its holder's node.
 
-use futures_util::future::join_all;
-use lockkit_core::backend::{LockBackend, LockPage, validate_listing};
+use lockkit_core::backend::{LockPage, inspect_names, validate_listing};
 use lockkit_core::{LockKey, Result};
 use zookeeper_client as zk;
 
@@ -14,7 +13,7 @@ impl ZkBackend {
     /// ZooKeeper cannot page a node's children: one `getChildren` of the namespace node reads
     /// the lock names (one parent node per lock, not their queues), which are sorted and
     /// paged here; the cursor is the last name of the page before. Then each lock's holder
-    /// and queue, read concurrently ([`inspect`](LockBackend::inspect)); parents left
+    /// and queue, read concurrently ([`inspect`](lockkit_core::backend::LockBackend::inspect)); parents left
     /// empty (they linger a while) are not listed.
     pub(crate) async fn list_page(
         &self,
@@ -33,18 +32,7 @@ impl ZkBackend {
         let more = names.len() > limit;
         names.truncate(limit);
         let next = more.then(|| names.last().cloned()).flatten();
-        let keys: Vec<LockKey> = names
-            .iter()
-            .filter_map(|name| LockKey::new(namespace, name).ok())
-            .collect();
-        let infos = join_all(keys.iter().map(|key| self.inspect(key))).await;
-        let mut locks = Vec::with_capacity(keys.len());
-        for (key, info) in keys.into_iter().zip(infos) {
-            if let Some(info) = info? {
-                locks.push((key, info));
-            }
-        }
-        Ok(LockPage::new(locks, next))
+        inspect_names(self, namespace, &names, next).await
     }
 
     /// Deletes the node with the lowest sequence: the next waiter's watch on it fires, and

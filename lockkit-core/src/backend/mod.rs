@@ -236,6 +236,32 @@ impl LockPage {
     }
 }
 
+/// The page of a backend that lists lock *names* and learns each holder by
+/// [`LockBackend::inspect`]: `names` (of locks in `namespace`) are inspected concurrently, a
+/// name no longer held (or not a valid name) is left out, and the page goes on at `next`.
+///
+/// # Errors
+/// The first inspection that failed.
+pub async fn inspect_names<B: LockBackend + ?Sized>(
+    backend: &B,
+    namespace: &str,
+    names: &[String],
+    next: Option<String>,
+) -> Result<LockPage> {
+    let keys: Vec<LockKey> = names
+        .iter()
+        .filter_map(|name| LockKey::new(namespace, name).ok())
+        .collect();
+    let infos = futures_util::future::join_all(keys.iter().map(|key| backend.inspect(key))).await;
+    let mut locks = Vec::with_capacity(keys.len());
+    for (key, info) in keys.into_iter().zip(infos) {
+        if let Some(info) = info? {
+            locks.push((key, info));
+        }
+    }
+    Ok(LockPage::new(locks, next))
+}
+
 /// Checks the arguments of [`LockBackend::list`]: a valid namespace, a prefix that could start
 /// a lock name (or is empty), a limit of at least 1.
 ///
