@@ -93,6 +93,24 @@ impl<T> From<crate::WithLockError<T>> for Failure {
     }
 }
 
+/// Sends `signal` to a server process a test started (by its PID) and waits up to `grace` for
+/// it to exit, then kills it; either way it is reaped.
+pub fn stop_child(
+    mut child: std::process::Child,
+    signal: nix::sys::signal::Signal,
+    grace: Duration,
+) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+    }
+    let by = std::time::Instant::now() + grace;
+    while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// The result of a scenario.
 pub type Outcome = std::result::Result<(), Failure>;
 

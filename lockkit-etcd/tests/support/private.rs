@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use lockkit_core::testing;
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 /// How long a stopped member may take to exit before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(10);
@@ -125,18 +124,9 @@ impl PrivateEtcd {
     /// Sends `signal` to the member (by its PID) and waits for it to exit, killing it if it
     /// has not after a grace period.
     pub fn stop(&mut self, signal: Signal) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = kill(Pid::from_raw(pid), signal);
+        if let Some(child) = self.child.take() {
+            lockkit_core::testing::stop_child(child, signal, EXIT_GRACE);
         }
-        let by = Instant::now() + EXIT_GRACE;
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < by {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 
     /// What the member logged, over all its runs.

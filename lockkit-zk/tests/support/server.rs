@@ -10,8 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockkit_core::testing::backend_missing;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// Debian's zookeeper.jar lists its other jars in its manifest, all but a logging binding.
@@ -140,18 +139,9 @@ impl ZkServer {
     /// Sends `signal` to the server (by its PID) and waits for it to exit, killing it if it
     /// has not after a grace period.
     pub fn stop(&mut self, signal: Signal) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = kill(Pid::from_raw(pid), signal);
+        if let Some(child) = self.child.take() {
+            lockkit_core::testing::stop_child(child, signal, EXIT_GRACE);
         }
-        let by = Instant::now() + EXIT_GRACE;
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < by {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 
     /// Starts the stopped server again, on the same configuration and data.
