@@ -62,7 +62,7 @@ impl Lanes {
         lane: &str,
         deadline: Instant,
         request: Fut,
-    ) -> impl Future<Output = Result<T, Undelivered>> + Send + 'static
+    ) -> impl Future<Output = Result<T, Undelivered>> + Send + use<T, Fut>
     where
         T: Send + 'static,
         Fut: Future<Output = T> + Send + 'static,

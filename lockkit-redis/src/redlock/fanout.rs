@@ -123,10 +123,9 @@ impl RedlockBackend {
     /// Runs one script that changes the lock of `keys[0]` on every node at once, until
     /// `enough` (see [`RedlockBackend::on_all_until`]), waiting for each node at most the
     /// node timeout. Each node's request goes through that node's lane for the lock (see
-    /// `lanes.rs`): it reaches the node after the lock's earlier requests there and is
-    /// pursued for `ttl` (the lock's TTL), whether or not anyone still waits for it. So the
-    /// nodes that have not answered when this returns may still apply it: callers treat them
-    /// as "may hold".
+    /// [`RedlockBackend::send_script`]), so the nodes that have not answered when this
+    /// returns may still apply it: callers treat them as "may hold".
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn script_until(
         &self,
         owner: &OwnerToken,
@@ -136,6 +135,27 @@ impl RedlockBackend {
         ttl: Duration,
         enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync,
     ) -> Vec<Option<NodeResult<Value>>> {
+        let now = Instant::now();
+        let pending = self.send_script(owner, script, keys, args, ttl, |_| true);
+        let bound = self.config.node_timeout;
+        // The requests are in their lanes' tasks: dropping the pending answers sends nothing less.
+        self.gather(now + bound, bound, pending, enough).await.0
+    }
+
+    /// Puts one script that changes the lock of `keys[0]` in the lane of this acquisition
+    /// (lock key and owner) on each node `to` picks, now, before returning: it reaches each
+    /// node after the acquisition's earlier requests there and is pursued for `ttl` (the
+    /// lock's TTL) whether or not anyone awaits the answers, so dropping them changes
+    /// nothing about what is sent (see `lanes.rs`).
+    pub(super) fn send_script(
+        &self,
+        owner: &OwnerToken,
+        script: &'static redis::Script,
+        keys: &[&str],
+        args: &[String],
+        ttl: Duration,
+        to: impl Fn(usize) -> bool,
+    ) -> FuturesUnordered<impl Future<Output = (usize, NodeResult<Value>)> + Send + 'static> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
@@ -154,10 +174,10 @@ impl RedlockBackend {
         );
         let now = Instant::now();
         let bound = self.config.node_timeout;
-        let pending: FuturesUnordered<_> = self
-            .nodes
+        self.nodes
             .iter()
             .enumerate()
+            .filter(|(i, _)| to(*i))
             .map(|(i, node)| {
                 let mut con = node.connection.clone();
                 let invocation = invocation.clone();
@@ -185,9 +205,7 @@ impl RedlockBackend {
                     (i, answer)
                 }
             })
-            .collect();
-        // The requests are in their lanes' tasks: dropping the pending answers sends nothing less.
-        self.gather(now + bound, bound, pending, enough).await.0
+            .collect()
     }
 
     /// Runs one script that changes a lock on every node (see

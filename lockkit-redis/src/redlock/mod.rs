@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, LockPage, OwnerToken, Renewal,
+    AcquireRequest, Attempt, Contention, Lease, LockBackend, LockPage, OwnerToken, Renewal,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -22,9 +22,10 @@ use crate::connection::Dialer;
 use crate::error::{timed_out, unexpected};
 use crate::lanes::Lanes;
 use crate::notify::{Notifier, Refusal};
-use crate::scripts::{self, AcquireReply, Holder, Keys, millis};
+use crate::scripts::{self, Holder, Keys, millis};
 use fanout::NodeResult;
 
+mod attempt;
 mod fanout;
 mod operator;
 
@@ -354,97 +355,9 @@ impl LockBackend for RedlockBackend {
             .with_min_ttl(self.config.node_timeout * 4)
     }
 
+    /// One attempt; see `attempt.rs` for what it waits for and what it leaves in flight.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        let keys = Keys::of(&request.key);
-        let quorum = self.quorum();
-        let marker = self.notifications.load(Ordering::SeqCst);
-        let granted = |answers: &[Option<NodeResult<Value>>]| {
-            answers
-                .iter()
-                .flatten()
-                .flatten()
-                .filter(|value| {
-                    matches!(
-                        scripts::acquire_reply(BACKEND, value),
-                        Ok(AcquireReply::Granted(_))
-                    )
-                })
-                .count()
-        };
-        // Returns as soon as a majority granted: the stragglers' keys are ours and go with
-        // the release, which is sent to every node.
-        let replies = self
-            .script_until(
-                &request.owner,
-                &scripts::ACQUIRE,
-                &[&keys.lock, &keys.fence],
-                &[
-                    request.owner.expose_hex(),
-                    millis(request.ttl).to_string(),
-                    millis(self.config.fence_ttl).to_string(),
-                    proposed_token().to_string(),
-                ],
-                request.ttl,
-                |answers| granted(answers) >= quorum,
-            )
-            .await;
-        let mut tokens = Vec::new();
-        let mut holder_ttls = Vec::new();
-        let mut answers = Vec::with_capacity(replies.len());
-        for reply in replies {
-            let answer = reply
-                .unwrap_or_else(|| Err(unexpected(BACKEND, "a node")))
-                .and_then(|value| scripts::acquire_reply(BACKEND, &value));
-            match &answer {
-                Ok(AcquireReply::Granted(token)) => tokens.push(*token),
-                Ok(AcquireReply::Contended(ttl)) => holder_ttls.push(ttl.unwrap_or(request.ttl)),
-                Err(_) => {}
-            }
-            answers.push(answer);
-        }
-        if let Some(token) = tokens
-            .iter()
-            .copied()
-            .max()
-            .filter(|_| tokens.len() >= quorum)
-        {
-            // A majority whose counters are already at the token needs no write-back.
-            if tokens.iter().filter(|t| **t == token).count() >= quorum {
-                return Ok(Attempt::Granted(Grant::new(
-                    token,
-                    self.validity(request.ttl),
-                )));
-            }
-            return match self.raise_fences(request, token).await {
-                Ok(()) => Ok(Attempt::Granted(Grant::new(
-                    token,
-                    self.validity(request.ttl),
-                ))),
-                Err(e) => {
-                    self.release_on_all(&request.key, &request.owner, request.ttl)
-                        .await;
-                    Err(e)
-                }
-            };
-        }
-        if !tokens.is_empty() || answers.iter().any(Result::is_err) {
-            self.release_on_all(&request.key, &request.owner, request.ttl)
-                .await;
-        }
-        if tokens.len() + holder_ttls.len() < quorum {
-            return Err(self.quorum_error("acquiring", tokens.len() + holder_ttls.len(), &answers));
-        }
-        // The lock frees up when enough of the holders' keys are gone for a majority.
-        holder_ttls.sort();
-        let frees_up = holder_ttls
-            .get(quorum.saturating_sub(tokens.len()).saturating_sub(1))
-            .copied()
-            .unwrap_or(request.ttl);
-        Ok(Attempt::Contended(
-            Contention::new()
-                .with_retry_after(frees_up)
-                .with_marker(marker),
-        ))
+        self.attempt(request).await
     }
 
     /// Listens for releases on ONE node, the first (in configuration order) that takes the

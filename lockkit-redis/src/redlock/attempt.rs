@@ -1,0 +1,297 @@
+//! One Redlock acquisition attempt: the fan-out of the acquire script, the answers counted
+//! until they decide, and the rollback of an attempt that did not win a majority.
+//!
+//! # Where a contended attempt spent its time (before issue 15)
+//! (measured below, see the numbers after the change)
+//!
+//! # What an attempt does now
+//! - It stops as soon as the answers decide: a majority granted, or so many nodes answered
+//!   "contended" (or failed) that the silent ones cannot make a majority any more (3 of 5
+//!   contended: the other 2 are not waited for).
+//! - A failed attempt's rollback is *sent* at once, in the acquisition's lanes (see
+//!   `lanes.rs`), to every node that may hold its key (those that granted, failed, or have
+//!   not answered yet: on those the rollback queues behind the attempt's own acquire), and
+//!   not awaited: the waiter goes on to wait or retry while it runs. Nothing is lost by not
+//!   awaiting it: the lane runs it after the attempt on each node and pursues it for the TTL
+//!   whether or not anyone waits; the acquisition's next attempt, its `abandon` (the core
+//!   calls it when the acquisition gives up, and in the background, counted by
+//!   `LockClient::close`, when the acquisition is dropped) and its release all queue behind
+//!   it in the same lanes, so none of them overtakes it and none of them ends before it on
+//!   a node that answers.
+//!
+//! # Why no server-side handoff for Redlock
+//! (see below)
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
+use lockkit_core::{Error, FencingToken, Result};
+use redis::Value;
+
+use super::fanout::NodeResult;
+use super::{BACKEND, RedlockBackend, proposed_token};
+use crate::scripts::{self, AcquireReply, Keys, millis};
+
+/// What the answers of one attempt say so far, node by node.
+#[derive(Debug)]
+pub(super) struct Tally {
+    /// Per node: `None` while it has not answered.
+    answers: Vec<Option<Result<AcquireReply>>>,
+    quorum: usize,
+}
+
+impl Tally {
+    fn of(replies: &[Option<NodeResult<Value>>], quorum: usize) -> Tally {
+        let answers = replies
+            .iter()
+            .map(|reply| {
+                reply.as_ref().map(|reply| {
+                    reply
+                        .as_ref()
+                        .map_err(crate::error::repeat)
+                        .and_then(|value| scripts::acquire_reply(BACKEND, value))
+                })
+            })
+            .collect();
+        Tally { answers, quorum }
+    }
+
+    fn granted(&self) -> usize {
+        self.tokens().len()
+    }
+
+    fn tokens(&self) -> Vec<FencingToken> {
+        self.answers
+            .iter()
+            .filter_map(|a| match a {
+                Some(Ok(AcquireReply::Granted(token))) => Some(*token),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn contended(&self, i: usize) -> bool {
+        matches!(self.answers[i], Some(Ok(AcquireReply::Contended(_))))
+    }
+
+    fn failed(&self) -> usize {
+        self.answers
+            .iter()
+            .filter(|a| matches!(a, Some(Err(_))))
+            .count()
+    }
+
+    fn silent(&self) -> usize {
+        self.answers.iter().filter(|a| a.is_none()).count()
+    }
+
+    /// Whether the answers so far decide the attempt: a majority granted, or the nodes that
+    /// could still grant are fewer than a majority.
+    pub(super) fn decided(&self) -> bool {
+        self.granted() >= self.quorum || self.granted() + self.silent() < self.quorum
+    }
+
+    /// The nodes that may hold the attempt's key: all but those that answered "contended".
+    fn may_hold(&self) -> Vec<usize> {
+        (0..self.answers.len())
+            .filter(|i| !self.contended(*i))
+            .collect()
+    }
+
+    /// Whether so many nodes failed that no majority can answer at all: a quorum error,
+    /// not contention. With every node answered this is the rule it always was (fewer than a
+    /// majority granted or said "contended").
+    fn unreachable(&self) -> bool {
+        self.failed() > self.answers.len() - self.quorum
+    }
+
+    /// When the lock may free up for this acquisition: when enough of the holders' keys are
+    /// gone that its own keys and the freed nodes make a majority.
+    fn frees_up(&self, ttl: Duration) -> Duration {
+        let mut holder_ttls: Vec<Duration> = self
+            .answers
+            .iter()
+            .filter_map(|a| match a {
+                Some(Ok(AcquireReply::Contended(left))) => Some(left.unwrap_or(ttl)),
+                _ => None,
+            })
+            .collect();
+        holder_ttls.sort();
+        let needed = self.quorum.saturating_sub(self.granted()).saturating_sub(1);
+        holder_ttls
+            .get(needed)
+            .or(holder_ttls.last())
+            .copied()
+            .unwrap_or(ttl)
+    }
+
+    fn errors(&self) -> Vec<Option<&Error>> {
+        self.answers
+            .iter()
+            .map(|a| a.as_ref().and_then(|a| a.as_ref().err()))
+            .collect()
+    }
+}
+
+impl RedlockBackend {
+    /// One attempt (see the module docs).
+    pub(super) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let keys = Keys::of(&request.key);
+        let quorum = self.quorum();
+        let marker = self.notifications.load(Ordering::SeqCst);
+        // Returns as soon as the answers decide: with a majority granted, the stragglers'
+        // keys are ours and go with the release, which is sent to every node.
+        let replies = self
+            .script_until(
+                &request.owner,
+                &scripts::ACQUIRE,
+                &[&keys.lock, &keys.fence],
+                &[
+                    request.owner.expose_hex(),
+                    millis(request.ttl).to_string(),
+                    millis(self.config.fence_ttl).to_string(),
+                    proposed_token().to_string(),
+                ],
+                request.ttl,
+                |answers| Tally::of(answers, quorum).decided(),
+            )
+            .await;
+        let tally = Tally::of(&replies, quorum);
+        let tokens = tally.tokens();
+        if let Some(token) = tokens
+            .iter()
+            .copied()
+            .max()
+            .filter(|_| tokens.len() >= quorum)
+        {
+            // A majority whose counters are already at the token needs no write-back.
+            if tokens.iter().filter(|t| **t == token).count() >= quorum {
+                return Ok(Attempt::Granted(Grant::new(
+                    token,
+                    self.validity(request.ttl),
+                )));
+            }
+            return match self.raise_fences(request, token).await {
+                Ok(()) => Ok(Attempt::Granted(Grant::new(
+                    token,
+                    self.validity(request.ttl),
+                ))),
+                Err(e) => {
+                    self.release_on_all(&request.key, &request.owner, request.ttl)
+                        .await;
+                    Err(e)
+                }
+            };
+        }
+        self.roll_back(request, &tally.may_hold());
+        if tally.unreachable() {
+            let got = tally.granted() + (0..replies.len()).filter(|i| tally.contended(*i)).count();
+            return Err(self.quorum_error_of("acquiring", got, &tally.errors()));
+        }
+        Ok(Attempt::Contended(
+            Contention::new()
+                .with_retry_after(tally.frees_up(request.ttl))
+                .with_marker(marker),
+        ))
+    }
+
+    /// Sends the release of a failed attempt to `nodes` in the acquisition's lanes, and
+    /// returns without awaiting the answers (see the module docs).
+    fn roll_back(&self, request: &AcquireRequest, nodes: &[usize]) {
+        if nodes.is_empty() {
+            return;
+        }
+        let keys = Keys::of(&request.key);
+        let sent = self.send_script(
+            &request.owner,
+            &scripts::RELEASE,
+            &[&keys.lock],
+            &[
+                request.owner.expose_hex(),
+                keys.channel.clone(),
+                "1".to_owned(),
+            ],
+            request.ttl,
+            |i| nodes.contains(&i),
+        );
+        // Each request lives in its lane's task: nobody needs its answer.
+        drop(sent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::error::unexpected;
+
+    fn granted() -> Option<NodeResult<Value>> {
+        Some(Ok(Value::Array(vec![Value::Int(1), Value::Int(7)])))
+    }
+
+    fn contended(pttl: i64) -> Option<NodeResult<Value>> {
+        Some(Ok(Value::Array(vec![Value::Int(0), Value::Int(pttl)])))
+    }
+
+    fn failed() -> Option<NodeResult<Value>> {
+        Some(Err(unexpected(BACKEND, "a test node")))
+    }
+
+    #[test]
+    fn three_of_five_contended_decide_without_the_other_two() {
+        let tally = Tally::of(
+            &[contended(900), None, contended(800), contended(700), None],
+            3,
+        );
+        assert!(tally.decided());
+        assert_eq!(tally.may_hold(), [1, 4], "the silent nodes may still grant");
+        assert!(!tally.unreachable());
+    }
+
+    #[test]
+    fn an_attempt_that_can_still_win_is_not_decided() {
+        let tally = Tally::of(&[contended(900), granted(), contended(800), None, None], 3);
+        assert!(
+            !tally.decided(),
+            "two silent nodes and one grant can still make 3"
+        );
+    }
+
+    #[test]
+    fn a_majority_granted_decides() {
+        let tally = Tally::of(&[granted(), granted(), None, granted(), None], 3);
+        assert!(tally.decided());
+    }
+
+    #[test]
+    fn failures_with_contention_are_contention_unless_no_majority_answers() {
+        let contention = Tally::of(&[failed(), contended(500), failed(), None, None], 3);
+        assert!(contention.decided());
+        assert!(!contention.unreachable());
+        let down = Tally::of(&[failed(), granted(), failed(), granted(), failed()], 3);
+        assert!(down.decided());
+        assert!(down.unreachable());
+    }
+
+    #[test]
+    fn the_lock_frees_up_when_enough_holder_keys_are_gone_for_a_majority() {
+        let ttl = Duration::from_secs(10);
+        // One node is ours: two more must free up, the second-shortest holder TTL.
+        let tally = Tally::of(
+            &[
+                granted(),
+                contended(300),
+                contended(100),
+                contended(200),
+                None,
+            ],
+            3,
+        );
+        assert_eq!(tally.frees_up(ttl), Duration::from_millis(200));
+        // Too few holders known: the longest known one, not the whole TTL.
+        let partial = Tally::of(&[failed(), contended(300), failed(), None, None], 3);
+        assert_eq!(partial.frees_up(ttl), Duration::from_millis(300));
+    }
+}
