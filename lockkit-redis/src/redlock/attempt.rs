@@ -23,15 +23,41 @@
 //! (see below)
 
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
 use lockkit_core::{Error, FencingToken, Result};
 use redis::Value;
 
-use super::fanout::NodeResult;
+use tokio::time::Instant;
+
+use super::fanout::{self, FollowUp, NodeResult};
 use super::{BACKEND, RedlockBackend, proposed_token};
 use crate::scripts::{self, AcquireReply, Keys, millis};
+
+/// What one node's acquire did, as the attempt knows it.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// No reply yet, and the attempt still counts on it.
+    Pending,
+    /// Replied: whether the node may hold the attempt's key (it granted, or failed in a way
+    /// that may have applied the script).
+    Answered { may_hold: bool },
+    /// The attempt gave up before the reply: the node's own lane slot rolls it back.
+    Lost,
+}
+
+/// Whether a reply to the acquire script may have left the attempt's key: anything but a
+/// clean "contended".
+fn may_hold(reply: &redis::RedisResult<Value>) -> bool {
+    !matches!(
+        reply
+            .as_ref()
+            .map(|value| scripts::acquire_reply(BACKEND, value)),
+        Ok(Ok(AcquireReply::Contended(_)))
+    )
+}
 
 /// What the answers of one attempt say so far, node by node.
 #[derive(Debug)]
@@ -92,13 +118,6 @@ impl Tally {
         self.granted() >= self.quorum || self.granted() + self.silent() < self.quorum
     }
 
-    /// The nodes that may hold the attempt's key: all but those that answered "contended".
-    fn may_hold(&self) -> Vec<usize> {
-        (0..self.answers.len())
-            .filter(|i| !self.contended(*i))
-            .collect()
-    }
-
     /// Whether so many nodes failed that no majority can answer at all: a quorum error,
     /// not contention. With every node answered this is the rule it always was (fewer than a
     /// majority granted or said "contended").
@@ -140,22 +159,50 @@ impl RedlockBackend {
         let keys = Keys::of(&request.key);
         let quorum = self.quorum();
         let marker = self.notifications.load(Ordering::SeqCst);
+        let slots = Arc::new(StdMutex::new(vec![Slot::Pending; self.nodes.len()]));
+        let rollback = Arc::new(fanout::invocation(
+            &scripts::RELEASE,
+            &[&keys.lock],
+            &self.rollback_args(request),
+        ));
+        let follow_up: FollowUp = {
+            let slots = slots.clone();
+            Arc::new(move |i, reply| {
+                let may_hold = may_hold(reply);
+                let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
+                match slots[i] {
+                    // The attempt gave up before this node answered: its key, if it got one,
+                    // goes now, in the same lane slot.
+                    Slot::Lost => may_hold.then(|| rollback.clone()),
+                    _ => {
+                        slots[i] = Slot::Answered { may_hold };
+                        None
+                    }
+                }
+            })
+        };
+        let sent_at = Instant::now();
+        let pending = self.send_script(
+            &request.owner,
+            &scripts::ACQUIRE,
+            &[&keys.lock, &keys.fence],
+            &[
+                request.owner.expose_hex(),
+                millis(request.ttl).to_string(),
+                millis(self.config.fence_ttl).to_string(),
+                proposed_token().to_string(),
+            ],
+            request.ttl,
+            |_| true,
+            Some(follow_up),
+        );
         // Returns as soon as the answers decide: with a majority granted, the stragglers'
         // keys are ours and go with the release, which is sent to every node.
-        let replies = self
-            .script_until(
-                &request.owner,
-                &scripts::ACQUIRE,
-                &[&keys.lock, &keys.fence],
-                &[
-                    request.owner.expose_hex(),
-                    millis(request.ttl).to_string(),
-                    millis(self.config.fence_ttl).to_string(),
-                    proposed_token().to_string(),
-                ],
-                request.ttl,
-                |answers| Tally::of(answers, quorum).decided(),
-            )
+        let bound = self.config.node_timeout;
+        let (replies, _) = self
+            .gather(sent_at + bound, bound, pending, |answers| {
+                Tally::of(answers, quorum).decided()
+            })
             .await;
         let tally = Tally::of(&replies, quorum);
         let tokens = tally.tokens();
@@ -184,7 +231,24 @@ impl RedlockBackend {
                 }
             };
         }
-        self.roll_back(request, &tally.may_hold());
+        // The nodes that answered and may hold a key get the rollback now; those still
+        // silent roll back in their own lane slot once they answer (see `follow_up`).
+        let answered_holding: Vec<usize> = {
+            let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
+            slots
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, slot)| match *slot {
+                    Slot::Pending => {
+                        *slot = Slot::Lost;
+                        None
+                    }
+                    Slot::Answered { may_hold } => may_hold.then_some(i),
+                    Slot::Lost => None,
+                })
+                .collect()
+        };
+        self.roll_back(request, &answered_holding);
         if tally.unreachable() {
             let got = tally.granted() + (0..replies.len()).filter(|i| tally.contended(*i)).count();
             return Err(self.quorum_error_of("acquiring", got, &tally.errors()));
@@ -194,6 +258,14 @@ impl RedlockBackend {
                 .with_retry_after(tally.frees_up(request.ttl))
                 .with_marker(marker),
         ))
+    }
+
+    fn rollback_args(&self, request: &AcquireRequest) -> Vec<String> {
+        vec![
+            request.owner.expose_hex(),
+            Keys::of(&request.key).channel,
+            "1".to_owned(),
+        ]
     }
 
     /// Sends the release of a failed attempt to `nodes` in the acquisition's lanes, and
@@ -207,13 +279,10 @@ impl RedlockBackend {
             &request.owner,
             &scripts::RELEASE,
             &[&keys.lock],
-            &[
-                request.owner.expose_hex(),
-                keys.channel.clone(),
-                "1".to_owned(),
-            ],
+            &self.rollback_args(request),
             request.ttl,
             |i| nodes.contains(&i),
+            None,
         );
         // Each request lives in its lane's task: nobody needs its answer.
         drop(sent);
@@ -246,7 +315,6 @@ mod tests {
             3,
         );
         assert!(tally.decided());
-        assert_eq!(tally.may_hold(), [1, 4], "the silent nodes may still grant");
         assert!(!tally.unreachable());
     }
 

@@ -19,6 +19,50 @@ use crate::error::{from_redis, timed_out, unexpected};
 /// One node's answer, or why it gave none.
 pub(super) type NodeResult<T> = std::result::Result<T, Error>;
 
+/// Given a node's index and its reply to a laned request, the request to send it next in
+/// the same lane slot, if any (see [`RedlockBackend::send_script`]).
+pub(super) type FollowUp = Arc<
+    dyn Fn(usize, &redis::RedisResult<Value>) -> Option<Arc<redis::ScriptInvocation<'static>>>
+        + Send
+        + Sync,
+>;
+
+/// `script` with its keys and arguments.
+pub(super) fn invocation(
+    script: &'static redis::Script,
+    keys: &[&str],
+    args: &[String],
+) -> redis::ScriptInvocation<'static> {
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    for arg in args {
+        invocation.arg(arg);
+    }
+    invocation
+}
+
+/// Runs a laned script on one node. A request that met a dropped connection (the node
+/// restarted, or is down) was not applied: it is sent again, with backoff, until the lane
+/// gives up on it. Every laned script may be repeated: a second acquire by the same owner
+/// returns its grant, a second release finds nothing to delete.
+async fn invoke_retrying(
+    invocation: &redis::ScriptInvocation<'static>,
+    con: &mut ConnectionManager,
+) -> redis::RedisResult<Value> {
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match invocation.invoke_async::<Value>(con).await {
+            Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(250));
+            }
+            outcome => break outcome,
+        }
+    }
+}
+
 impl RedlockBackend {
     /// Runs `request` on every node at once (on the renewal connections if `renewal`), each
     /// bounded by `bound`, and waits for every answer.
@@ -136,7 +180,7 @@ impl RedlockBackend {
         enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync,
     ) -> Vec<Option<NodeResult<Value>>> {
         let now = Instant::now();
-        let pending = self.send_script(owner, script, keys, args, ttl, |_| true);
+        let pending = self.send_script(owner, script, keys, args, ttl, |_| true, None);
         let bound = self.config.node_timeout;
         // The requests are in their lanes' tasks: dropping the pending answers sends nothing less.
         self.gather(now + bound, bound, pending, enough).await.0
@@ -146,7 +190,10 @@ impl RedlockBackend {
     /// (lock key and owner) on each node `to` picks, now, before returning: it reaches each
     /// node after the acquisition's earlier requests there and is pursued for `ttl` (the
     /// lock's TTL) whether or not anyone awaits the answers, so dropping them changes
-    /// nothing about what is sent (see `lanes.rs`).
+    /// nothing about what is sent (see `lanes.rs`). A `follow_up` sees each node's reply in
+    /// the request's lane slot and may return one more request for that node, sent at once
+    /// in the same slot: before anything later in the lane.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn send_script(
         &self,
         owner: &OwnerToken,
@@ -155,15 +202,9 @@ impl RedlockBackend {
         args: &[String],
         ttl: Duration,
         to: impl Fn(usize) -> bool,
+        follow_up: Option<FollowUp>,
     ) -> FuturesUnordered<impl Future<Output = (usize, NodeResult<Value>)> + Send + 'static> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(arg);
-        }
-        let invocation = Arc::new(invocation);
+        let invocation = Arc::new(invocation(script, keys, args));
         // One lane per acquisition: its acquire, write-back and rollback or release must
         // stay in order; other acquisitions' requests need no order against them, and
         // queueing them in one lane per key made a release wait behind every waiter's retry.
@@ -181,21 +222,13 @@ impl RedlockBackend {
             .map(|(i, node)| {
                 let mut con = node.connection.clone();
                 let invocation = invocation.clone();
+                let follow_up = follow_up.clone();
                 let reply = node.lanes.submit(&lane, now + ttl.max(bound), async move {
-                    // A request that met a dropped connection (the node restarted, or is
-                    // down) was not applied: it is sent again, with backoff, until the lane's
-                    // deadline. Every laned script may be repeated: a second acquire by the
-                    // same owner returns its grant, a second release finds nothing to delete.
-                    let mut pause = Duration::from_millis(20);
-                    loop {
-                        match invocation.invoke_async::<Value>(&mut con).await {
-                            Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
-                                tokio::time::sleep(pause).await;
-                                pause = (pause * 2).min(Duration::from_millis(250));
-                            }
-                            outcome => break outcome,
-                        }
+                    let reply = invoke_retrying(&invocation, &mut con).await;
+                    if let Some(next) = follow_up.and_then(|follow_up| follow_up(i, &reply)) {
+                        let _ = invoke_retrying(&next, &mut con).await;
                     }
+                    reply
                 });
                 async move {
                     let answer = match reply.await {
