@@ -140,6 +140,59 @@ async fn an_attempt_that_cannot_win_waits_neither_for_the_silent_nodes_nor_for_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_grants_after_the_attempt_gave_up_is_rolled_back_without_anyone_asking() {
+    let Some(mut setup) = setup().await else {
+        return;
+    };
+    let (_holder, guard) = setup.hold_on_three("late").await;
+    // The last two nodes apply the contender's requests at once but answer late.
+    let late = NODE_TIMEOUT * 3 / 4;
+    for proxy in &setup.proxies {
+        proxy.set(
+            Direction::Replies,
+            Fault::Delay {
+                base: late,
+                jitter: Duration::ZERO,
+            },
+        );
+    }
+    let request = AcquireRequest::new(
+        LockKey::new(&setup.namespace, "late").unwrap(),
+        OwnerToken::generate().unwrap(),
+        TTL,
+        true,
+    );
+    let attempt = tokio::time::timeout(late / 2, setup.contender.try_acquire(&request))
+        .await
+        .expect("the attempt waited for late nodes that could not change its outcome")
+        .unwrap();
+    assert!(matches!(attempt, Attempt::Contended(_)), "{attempt:?}");
+    // The free nodes took the contender's acquire: its keys are there...
+    let by = tokio::time::Instant::now() + late;
+    while setup.last_two("late").await.iter().any(Option::is_none) {
+        assert!(
+            tokio::time::Instant::now() < by,
+            "the acquire never reached the free nodes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ... and go once their late "granted" arrives, while the acquisition is still alive
+    // (no abandon, no retry): they would otherwise block those nodes for the whole TTL.
+    let by = tokio::time::Instant::now() + late + NODE_TIMEOUT;
+    while setup.last_two("late").await != [None, None] {
+        assert!(
+            tokio::time::Instant::now() < by,
+            "the late grants were never rolled back: {:?}",
+            setup.last_two("late").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    setup.heal();
+    setup.contender.abandon(&request).await.unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_dropped_while_its_rollbacks_are_held_back_leaves_nothing_after_close() {
     let Some(mut setup) = setup().await else {
         return;
