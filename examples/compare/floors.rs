@@ -244,7 +244,7 @@ async fn redis_at(host: &str) -> Result<ConnectionManager, BoxError> {
     Ok(ConnectionManager::new(redis::Client::open(format!("redis://{host}"))?).await?)
 }
 
-fn url_hosts(url: &str) -> Result<Vec<String>, BoxError> {
+pub(crate) fn url_hosts(url: &str) -> Result<Vec<String>, BoxError> {
     let parsed = lockkit_core::backend::url::ConnectionUrl::parse(url)?;
     Ok(parsed
         .hosts

@@ -8,13 +8,15 @@
 //!
 //! Workloads (DESIGN.md §6):
 //! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99,
-//!   against the backend's raw-protocol floor (`floors.rs`), in alternating rounds. The
-//!   Sentinel and Redlock tiers alternate with single-node Redis too, and report their p50
-//!   over its p50 in those rounds.
+//!   against the backend's raw-protocol floor (`floors.rs`) and its peer (`peers.rs`: rslock
+//!   on single-node Redis and Redlock), in alternating rounds. The Sentinel and Redlock tiers
+//!   alternate with single-node Redis too, and report their p50 over its p50 in those rounds.
 //! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
-//!   → release; the final value must be 8 × M, a shortfall is reported as lost updates.
-//!   Throughput and wait p50/p99, against a contended lock written by hand over the same
-//!   protocol (`floors.rs` says which per backend), in alternating rounds.
+//!   → release; the final value must be 8 × M per round, a shortfall is reported as lost
+//!   updates. Three rounds, in each of which lockkit, its raw floor (a contended lock written
+//!   by hand over the same protocol, `floors.rs` says which per backend) and its peer (each
+//!   worker with its own rslock client) run in turn, each round starting with the next one.
+//!   Throughput, wait p50, p99 and max: medians over the rounds (every round is in the JSON).
 //! - W3 holder crash: another process (this program, re-run with `--hold`) takes the lock with
 //!   a 2 s TTL and is killed with SIGKILL; the time until this process is granted the lock.
 //!   Not run on the memory tier, which cannot be shared between processes.
@@ -51,6 +53,7 @@ use serde::Serialize;
 mod failed;
 mod faults;
 mod floors;
+mod peers;
 mod report;
 mod speed;
 mod targets;
@@ -233,11 +236,40 @@ async fn run_tier(
     };
     report.tier = locks.tier().to_string();
     eprintln!("running {name} ({})...", report.tier);
+    let peer = match peers::Peer::for_target(name, url) {
+        Ok(peer) => peer,
+        Err(e) => {
+            report.record::<()>(
+                "connect",
+                Err(compare_error(format!("{name}: the peer: {e}"))),
+            );
+            None
+        }
+    };
     let w1 = async {
         let mut floor = floors::Floor::connect(name, url)
             .await
             .map_err(|e| compare_error(format!("{name}: the raw floor: {e}")))?;
-        let w1 = uncontended(&locks, floor.as_mut(), reference, sizes.uncontended_cycles).await;
+        let mut peer = match &peer {
+            Some(peer) => {
+                let key = format!("{{peer/w1-{:08x}}}", rand::random::<u32>());
+                let client = peer
+                    .client(&key)
+                    .await
+                    .map_err(|e| compare_error(format!("{name}: the peer: {e}")))?;
+                Some((peer.describe(), client))
+            }
+            None => None,
+        };
+        let peer = peer.as_mut().map(|(what, client)| (*what, client));
+        let w1 = uncontended(
+            &locks,
+            floor.as_mut(),
+            peer,
+            reference,
+            sizes.uncontended_cycles,
+        )
+        .await;
         if let Some(floor) = floor {
             floor.clean_up().await;
         }
@@ -248,7 +280,14 @@ async fn run_tier(
         let floor = floors::ContendedFloor::connect(name, url)
             .await
             .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
-        let w2 = contended(&locks, floor.as_ref(), sizes.workers, sizes.iterations).await;
+        let w2 = contended(
+            &locks,
+            floor.as_ref(),
+            peer.as_ref(),
+            sizes.workers,
+            sizes.iterations,
+        )
+        .await;
         if let Some(floor) = floor {
             floor.clean_up().await;
         }
