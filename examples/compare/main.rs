@@ -50,6 +50,7 @@
 use lockkit::LockkitConfig;
 use serde::Serialize;
 
+mod chart;
 mod failed;
 mod faults;
 mod floors;
@@ -61,7 +62,7 @@ mod targets;
 use faults::{
     Failover, HolderCrash, HolderPause, failover, hold, hold_and_write, holder_crash, holder_pause,
 };
-use report::{markdown, svg};
+use report::markdown;
 use speed::{Contended, Uncontended, contended, uncontended};
 
 #[derive(Debug, Clone, Copy)]
@@ -204,7 +205,8 @@ async fn main() -> lockkit::Result<()> {
         eprintln!("wrote {path}");
     }
     if let Some(path) = svg_path {
-        std::fs::write(&path, svg(&reports)).map_err(|e| compare_error(format!("{path}: {e}")))?;
+        let svg = chart::svg(&reports).map_err(|e| compare_error(format!("the chart: {e}")))?;
+        std::fs::write(&path, svg).map_err(|e| compare_error(format!("{path}: {e}")))?;
         eprintln!("wrote {path}");
     }
     let failures: usize = reports.iter().map(|r| r.failures.len()).sum();
