@@ -4,7 +4,11 @@
 //! cargo run --release --example compare -- [--quick] [--speed-only] [--json FILE] [--svg FILE]
 //! ```
 //!
-//! `--speed-only` runs W1 and W2 alone: no child processes, no server killed.
+//! `--speed-only` runs W1 and W2 alone: no child processes, no server killed. `--quick`
+//! runs W1 and W2 at a tenth of their size. The Markdown tables go to stdout (W1; W2 with a
+//! row per contender and lockkit's ratios to each; W3-W5); `--json` writes every number
+//! (each W2 round too), `--svg` the chart (`chart.rs`: W1 p50, W2 throughput, W2 max wait
+//! and W3 recovery per tier, lockkit beside its floor and peer).
 //!
 //! Workloads (DESIGN.md §6):
 //! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99,
