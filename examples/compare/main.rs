@@ -127,6 +127,13 @@ fn usage(problem: &str) -> ! {
     std::process::exit(2)
 }
 
+/// `name` with this run's random suffix: runs of the suite on the same servers (engineers
+/// measuring side by side) must not contend for each other's locks.
+fn run_key(name: &str) -> String {
+    static RUN: std::sync::LazyLock<u32> = std::sync::LazyLock::new(rand::random);
+    format!("{name}-{:08x}", *RUN)
+}
+
 fn compare_error(message: String) -> lockkit::Error {
     lockkit::Error::new(lockkit::ErrorKind::Backend, "compare", message)
 }

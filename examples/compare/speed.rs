@@ -111,9 +111,9 @@ pub(crate) async fn uncontended(
     // Short rounds, so that drift (a disk's fsync latency, a neighbour's load) hits the
     // contestants alike.
     const ROUNDS: usize = 20;
-    let mutex = locks.mutex("w1-uncontended")?;
+    let mutex = locks.mutex(&crate::run_key("w1-uncontended"))?;
     let reference_mutex = match &reference {
-        Some(reference) => Some(reference.locks.mutex("w1-reference")?),
+        Some(reference) => Some(reference.locks.mutex(&crate::run_key("w1-reference"))?),
         None => None,
     };
     let mut samples = Vec::with_capacity(cycles);
@@ -326,10 +326,11 @@ async fn lockkit_round(
     let before = side.shared.load(Ordering::SeqCst);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
+    let key = crate::run_key("w2-counter");
     for _ in 0..workers {
-        let (locks, shared) = (locks.clone(), side.shared.clone());
+        let (locks, shared, key) = (locks.clone(), side.shared.clone(), key.clone());
         tasks.spawn(async move {
-            let mutex = locks.mutex("w2-counter")?;
+            let mutex = locks.mutex(&key)?;
             let mut waits = Vec::with_capacity(iterations);
             for _ in 0..iterations {
                 let t = Instant::now();
