@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# compose/compare.sh [--quick] [--json FILE] [--svg FILE]: the comparison suite
-# (examples/compare.rs) in a release build, on every tier it supports. Without --json/--svg it
+# compose/compare.sh [--quick] [--speed-only] [--json FILE] [--svg FILE]: the comparison suite
+# (examples/compare/main.rs says what it measures: lockkit beside each backend's raw floor and,
+# on Redis and Redlock, rslock) in a release build, on every tier it supports. Without --json/--svg it
 # writes target/compare/compare.json and target/compare/compare.svg. It starts the topologies the suite needs with
 # compose/up.sh (installing packages if missing) and stops them afterwards.
 set -euo pipefail

@@ -40,11 +40,12 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A hand-written acquire+release loop against one backend's servers.
 pub(crate) enum Floor {
-    /// The two Lua scripts of lockkit-redis (acquire, release) on one Redis server.
-    Redis(ConnectionManager),
+    /// The two Lua scripts of lockkit-redis (acquire, release) on one Redis server, on a key
+    /// of this run's.
+    Redis(ConnectionManager, String),
     /// The same two scripts sent to every Redlock node in parallel, each step done when a
     /// majority answered, as lockkit's is.
-    Redlock(Vec<ConnectionManager>),
+    Redlock(Vec<ConnectionManager>, String),
     /// `create(EPHEMERAL_SEQUENTIAL)` + `get_children` + `delete` under one parent.
     Zk(zookeeper_client::Client, String),
     /// A `txn` that puts the key on a lease if it is absent, then a `delete`.
@@ -61,8 +62,8 @@ impl Floor {
     /// What the floor does, for the table.
     pub(crate) fn describe(&self) -> &'static str {
         match self {
-            Floor::Redis(_) => "2 Lua calls",
-            Floor::Redlock(_) => "2 Lua calls x 5 nodes, parallel, first 3 answers",
+            Floor::Redis(..) => "2 Lua calls",
+            Floor::Redlock(..) => "2 Lua calls x 5 nodes, parallel, first 3 answers",
             Floor::Zk(..) => "create + get_children + delete",
             #[cfg(feature = "etcd")]
             Floor::Etcd(..) => "txn put-if-absent + delete",
@@ -71,15 +72,20 @@ impl Floor {
 
     /// The floor for a target of the suite, or `None` where there is none (memory).
     pub(crate) async fn connect(target: &str, url: &str) -> Result<Option<Floor>, BoxError> {
+        // A key of this run's: another run of the suite on the same servers must not hold it.
+        let key = format!("{{floor/w1-{:08x}}}", rand::random::<u32>());
         Ok(match target {
-            "redis" => Some(Floor::Redis(redis_at(&url_host(url)?).await?)),
-            "redis-sentinel" => Some(Floor::Redis(redis_at(&sentinel_primary(url).await?).await?)),
+            "redis" => Some(Floor::Redis(redis_at(&url_host(url)?).await?, key)),
+            "redis-sentinel" => Some(Floor::Redis(
+                redis_at(&sentinel_primary(url).await?).await?,
+                key,
+            )),
             "redlock-5" => {
                 let mut nodes = Vec::new();
                 for host in url_hosts(url)? {
                     nodes.push(redis_at(&host).await?);
                 }
-                Some(Floor::Redlock(nodes))
+                Some(Floor::Redlock(nodes, key))
             }
             "zk-3" => {
                 let client = zookeeper_client::Client::connect(&url_hosts(url)?.join(",")).await?;
@@ -110,8 +116,8 @@ impl Floor {
     /// One acquire+release.
     pub(crate) async fn cycle(&mut self) -> Result<(), BoxError> {
         match self {
-            Floor::Redis(con) => redis_cycle(con, "{floor/raw}").await,
-            Floor::Redlock(nodes) => {
+            Floor::Redis(con, key) => redis_cycle(con, key).await,
+            Floor::Redlock(nodes, key) => {
                 // A straggler of the previous cycle's release (the rest of a fan-out is
                 // driven in the background) can still be on its way to a node: like any
                 // Redlock client, the floor gives back a minority grant and tries again.
@@ -119,9 +125,9 @@ impl Floor {
                     let owner = lockkit_core::backend::OwnerToken::generate()?.expose_hex();
                     let acquired = majority_answers(nodes.iter().map(|con| {
                         let mut con = con.clone();
-                        let mut invocation = ACQUIRE.key("{floor/fanout}");
+                        let mut invocation = ACQUIRE.key(key.as_str());
                         invocation
-                            .key("{floor/fanout}:fence")
+                            .key(format!("{key}:fence"))
                             .arg(&owner)
                             .arg(10_000)
                             .arg(3_600_000);
@@ -134,10 +140,8 @@ impl Floor {
                     }
                     let released = majority_answers(nodes.iter().map(|con| {
                         let mut con = con.clone();
-                        let mut invocation = RELEASE.key("{floor/fanout}");
-                        invocation
-                            .arg(&owner)
-                            .arg("lockkit:released:{floor/fanout}");
+                        let mut invocation = RELEASE.key(key.as_str());
+                        invocation.arg(&owner).arg(release_channel(key));
                         async move { invocation.invoke_async::<i64>(&mut con).await }
                     }))
                     .await;
@@ -185,6 +189,8 @@ impl Floor {
     /// Removes what the floor created.
     pub(crate) async fn clean_up(self) {
         match self {
+            Floor::Redis(con, key) => delete_keys(&[con], &key).await,
+            Floor::Redlock(nodes, key) => delete_keys(&nodes, &key).await,
             Floor::Zk(client, parent) => {
                 let _ = client.delete(&parent, None).await;
             }
@@ -192,7 +198,6 @@ impl Floor {
             Floor::Etcd(mut client, _, lease) => {
                 let _ = client.lease_revoke(lease).await;
             }
-            _ => {}
         }
     }
 }
@@ -244,7 +249,7 @@ async fn redis_at(host: &str) -> Result<ConnectionManager, BoxError> {
     Ok(ConnectionManager::new(redis::Client::open(format!("redis://{host}"))?).await?)
 }
 
-fn url_hosts(url: &str) -> Result<Vec<String>, BoxError> {
+pub(crate) fn url_hosts(url: &str) -> Result<Vec<String>, BoxError> {
     let parsed = lockkit_core::backend::url::ConnectionUrl::parse(url)?;
     Ok(parsed
         .hosts

@@ -4,17 +4,23 @@
 //! cargo run --release --example compare -- [--quick] [--speed-only] [--json FILE] [--svg FILE]
 //! ```
 //!
-//! `--speed-only` runs W1 and W2 alone: no child processes, no server killed.
+//! `--speed-only` runs W1 and W2 alone: no child processes, no server killed. `--quick`
+//! runs W1 and W2 at a tenth of their size. The Markdown tables go to stdout (W1; W2 with a
+//! row per contender and lockkit's ratios to each; W3-W5); `--json` writes every number
+//! (each W2 round too), `--svg` the chart (`chart.rs`: W1 p50, W2 throughput, W2 max wait
+//! and W3 recovery per tier, lockkit beside its floor and peer).
 //!
 //! Workloads (DESIGN.md §6):
 //! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99,
-//!   against the backend's raw-protocol floor (`floors.rs`), in alternating rounds. The
-//!   Sentinel and Redlock tiers alternate with single-node Redis too, and report their p50
-//!   over its p50 in those rounds.
+//!   against the backend's raw-protocol floor (`floors.rs`) and its peer (`peers.rs`: rslock
+//!   on single-node Redis and Redlock), in alternating rounds. The Sentinel and Redlock tiers
+//!   alternate with single-node Redis too, and report their p50 over its p50 in those rounds.
 //! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
-//!   → release; the final value must be 8 × M, a shortfall is reported as lost updates.
-//!   Throughput and wait p50/p99, against a contended lock written by hand over the same
-//!   protocol (`floors.rs` says which per backend), in alternating rounds.
+//!   → release; the final value must be 8 × M per round, a shortfall is reported as lost
+//!   updates. Three rounds, in each of which lockkit, its raw floor (a contended lock written
+//!   by hand over the same protocol, `floors.rs` says which per backend) and its peer (each
+//!   worker with its own rslock client) run in turn, each round starting with the next one.
+//!   Throughput, wait p50, p99 and max: medians over the rounds (every round is in the JSON).
 //! - W3 holder crash: another process (this program, re-run with `--hold`) takes the lock with
 //!   a 2 s TTL and is killed with SIGKILL; the time until this process is granted the lock.
 //!   Not run on the memory tier, which cannot be shared between processes.
@@ -48,9 +54,11 @@
 use lockkit::LockkitConfig;
 use serde::Serialize;
 
+mod chart;
 mod failed;
 mod faults;
 mod floors;
+mod peers;
 mod report;
 mod speed;
 mod targets;
@@ -58,7 +66,7 @@ mod targets;
 use faults::{
     Failover, HolderCrash, HolderPause, failover, hold, hold_and_write, holder_crash, holder_pause,
 };
-use report::{markdown, svg};
+use report::markdown;
 use speed::{Contended, Uncontended, contended, uncontended};
 
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +125,13 @@ fn usage(problem: &str) -> ! {
         "compare: {problem}\nusage: compare [--quick] [--speed-only] [--json FILE] [--svg FILE]"
     );
     std::process::exit(2)
+}
+
+/// `name` with this run's random suffix: runs of the suite on the same servers (engineers
+/// measuring side by side) must not contend for each other's locks.
+fn run_key(name: &str) -> String {
+    static RUN: std::sync::LazyLock<u32> = std::sync::LazyLock::new(rand::random);
+    format!("{name}-{:08x}", *RUN)
 }
 
 fn compare_error(message: String) -> lockkit::Error {
@@ -201,7 +216,8 @@ async fn main() -> lockkit::Result<()> {
         eprintln!("wrote {path}");
     }
     if let Some(path) = svg_path {
-        std::fs::write(&path, svg(&reports)).map_err(|e| compare_error(format!("{path}: {e}")))?;
+        let svg = chart::svg(&reports).map_err(|e| compare_error(format!("the chart: {e}")))?;
+        std::fs::write(&path, svg).map_err(|e| compare_error(format!("{path}: {e}")))?;
         eprintln!("wrote {path}");
     }
     let failures: usize = reports.iter().map(|r| r.failures.len()).sum();
@@ -233,11 +249,40 @@ async fn run_tier(
     };
     report.tier = locks.tier().to_string();
     eprintln!("running {name} ({})...", report.tier);
+    let peer = match peers::Peer::for_target(name, url) {
+        Ok(peer) => peer,
+        Err(e) => {
+            report.record::<()>(
+                "connect",
+                Err(compare_error(format!("{name}: the peer: {e}"))),
+            );
+            None
+        }
+    };
     let w1 = async {
         let mut floor = floors::Floor::connect(name, url)
             .await
             .map_err(|e| compare_error(format!("{name}: the raw floor: {e}")))?;
-        let w1 = uncontended(&locks, floor.as_mut(), reference, sizes.uncontended_cycles).await;
+        let mut peer = match &peer {
+            Some(peer) => {
+                let key = format!("{{peer/w1-{:08x}}}", rand::random::<u32>());
+                let client = peer
+                    .client(&key)
+                    .await
+                    .map_err(|e| compare_error(format!("{name}: the peer: {e}")))?;
+                Some((peer.describe(), client))
+            }
+            None => None,
+        };
+        let peer = peer.as_mut().map(|(what, client)| (*what, client));
+        let w1 = uncontended(
+            &locks,
+            floor.as_mut(),
+            peer,
+            reference,
+            sizes.uncontended_cycles,
+        )
+        .await;
         if let Some(floor) = floor {
             floor.clean_up().await;
         }
@@ -248,7 +293,14 @@ async fn run_tier(
         let floor = floors::ContendedFloor::connect(name, url)
             .await
             .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
-        let w2 = contended(&locks, floor.as_ref(), sizes.workers, sizes.iterations).await;
+        let w2 = contended(
+            &locks,
+            floor.as_ref(),
+            peer.as_ref(),
+            sizes.workers,
+            sizes.iterations,
+        )
+        .await;
         if let Some(floor) = floor {
             floor.clean_up().await;
         }

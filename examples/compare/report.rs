@@ -1,94 +1,19 @@
-//! The outputs: a Markdown table and an SVG chart.
+//! The Markdown tables (the chart is `chart.rs`).
 
 use crate::TierReport;
 
-/// A bar chart per tier, as SVG: W1 p50 latency (log scale) on the left, the W4 and W5 safety
-/// counts (stale writes rejected and accepted, overlaps) on the right.
-pub(crate) fn svg(reports: &[TierReport]) -> String {
-    let row = 34.0;
-    let height = 70.0 + row * reports.len() as f64;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"160\" y=\"22\" font-weight=\"bold\">W1 uncontended acquire+release p50 (µs, log scale)</text>\n\
-         <text x=\"560\" y=\"22\" font-weight=\"bold\">W4+W5 safety: stale rejected / stale accepted / overlaps</text>\n"
-    );
-    let max_log = reports
-        .iter()
-        .filter_map(|r| r.uncontended.as_ref())
-        .map(|u| u.p50_us.max(1.0).log10())
-        .fold(1.0, f64::max);
-    for (i, r) in reports.iter().enumerate() {
-        let y = 40.0 + row * i as f64;
-        out.push_str(&format!(
-            "<text x=\"10\" y=\"{ty}\">{} ({})</text>\n",
-            r.target,
-            r.tier,
-            ty = y + 14.0,
-        ));
-        match &r.uncontended {
-            Some(u) => {
-                let p50 = u.p50_us.max(1.0);
-                let width = 340.0 * (p50.log10() + 0.2) / (max_log + 0.2);
-                out.push_str(&format!(
-                    "<rect x=\"160\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"#4878a8\"/>\n\
-                     <text x=\"{tx:.1}\" y=\"{ty}\">{p50:.0}</text>\n",
-                    ty = y + 14.0,
-                    tx = 165.0 + width,
-                ));
-            }
-            None => out.push_str(&format!(
-                "<text x=\"165\" y=\"{ty}\">{}</text>\n",
-                cell(r, "W1", None::<()>, |_| String::new()),
-                ty = y + 14.0,
-            )),
-        }
-        let (rejected, accepted) = [
-            r.holder_pause
-                .as_ref()
-                .map(|w| (w.stale_rejected, w.stale_accepted)),
-            r.failover
-                .as_ref()
-                .map(|w| (w.stale_rejected, w.stale_accepted)),
-        ]
-        .into_iter()
-        .flatten()
-        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
-        let overlaps = r.failover.as_ref().map_or(0, |w| w.overlaps);
-        let mut x = 560.0;
-        for (count, color) in [
-            (rejected, "#59a14f"),
-            (accepted, "#e15759"),
-            (overlaps, "#f28e2b"),
-        ] {
-            let width = (count as f64 * 4.0).min(90.0);
-            out.push_str(&format!(
-                "<rect x=\"{x}\" y=\"{y}\" width=\"{width:.1}\" height=\"20\" fill=\"{color}\"/>\n\
-                 <text x=\"{tx:.1}\" y=\"{ty}\">{count}</text>\n",
-                tx = x + width + 3.0,
-                ty = y + 14.0,
-            ));
-            x += 110.0;
-        }
-    }
-    out.push_str("</svg>\n");
-    out
-}
-
+/// Three Markdown tables (W1; W2 with a row per contender; the fault workloads), the
+/// failures, and the other Redis tiers against single-node Redis.
 pub(crate) fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
-        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (x lockkit) | W1 p50 vs single Redis, same rounds | W2 final | W2 lost updates | W2 incr/s | W2 wait p50 µs | W2 wait p99 µs | W2 raw floor incr/s (x lockkit) | W2 raw floor wait p50 µs (x lockkit) | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (lockkit/floor) | W1 peer p50 µs (lockkit/peer) | W1 p50 vs single Redis, same rounds |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in reports {
-        let (u, c) = (r.uncontended.as_ref(), r.contended.as_ref());
+        let u = r.uncontended.as_ref();
         let cells = [
             r.target.clone(),
-            if r.tier.is_empty() {
-                cell(r, "connect", None::<()>, |_| String::new())
-            } else {
-                r.tier.clone()
-            },
+            tier(r),
             cell(r, "W1", u, |u| format!("{:.0}", u.cycles_per_sec)),
             cell(r, "W1", u, |u| format!("{:.1}", u.p50_us)),
             cell(r, "W1", u, |u| format!("{:.1}", u.p99_us)),
@@ -96,49 +21,81 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
                 (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
                 _ => "n/a".to_owned(),
             }),
+            cell(r, "W1", u, |u| match (&u.peer, u.peer_p50_us, u.vs_peer) {
+                (Some(peer), Some(p50), Some(ratio)) => format!("{peer} {p50:.1} ({ratio:.2}x)"),
+                _ => "n/a".to_owned(),
+            }),
             cell(r, "W1", u, |u| match (u.reference_p50_us, u.vs_reference) {
                 (Some(single), Some(ratio)) => format!("{ratio:.2}x ({single:.1} µs)"),
                 _ => "n/a".to_owned(),
             }),
-            cell(r, "W2", c, |c| c.final_value.to_string()),
-            cell(r, "W2", c, |c| c.lost_updates.to_string()),
-            cell(r, "W2", c, |c| format!("{:.0}", c.increments_per_sec)),
-            cell(r, "W2", c, |c| format!("{:.1}", c.wait_p50_us)),
-            cell(r, "W2", c, |c| format!("{:.1}", c.wait_p99_us)),
-            cell(r, "W2", c, |c| {
-                match (c.floor_increments_per_sec, c.vs_floor, c.floor_lost_updates) {
-                    (Some(floor), Some(ratio), Some(0)) => format!("{floor:.0} ({ratio:.2}x)"),
-                    (Some(floor), Some(ratio), Some(lost)) => {
-                        format!("{floor:.0} ({ratio:.2}x; the floor lost {lost} updates)")
-                    }
-                    _ => "n/a".to_owned(),
-                }
-            }),
-            cell(r, "W2", c, |c| {
-                match (c.floor_wait_p50_us, c.wait_p50_vs_floor) {
-                    (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
-                    _ => "n/a".to_owned(),
-                }
-            }),
-            cell(r, "W3", r.holder_crash.as_ref(), |w| {
-                format!("{:.0}", w.recovery_ms)
-            }),
-            cell(r, "W4", r.holder_pause.as_ref(), |w| {
-                format!("{} ({})", w.overlapping_writes, w.written_after_lost)
-            }),
-            cell(r, "W4", r.holder_pause.as_ref(), |w| {
-                format!("{} / {}", w.stale_rejected, w.stale_accepted)
-            }),
-            cell(r, "W5", r.failover.as_ref(), |w| w.killed.clone()),
-            cell(r, "W5", r.failover.as_ref(), |w| w.overlaps.to_string()),
-            cell(r, "W5", r.failover.as_ref(), |w| {
-                format!("{} / {}", w.stale_rejected, w.stale_accepted)
-            }),
-            cell(r, "W5", r.failover.as_ref(), |w| {
-                format!("{:.0}", w.longest_gap_ms)
-            }),
         ];
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+
+    let sizes = reports
+        .iter()
+        .find_map(|r| r.contended.as_ref())
+        .map_or(String::new(), |c| {
+            format!(
+                " ({} workers x {} iterations, medians of {} interleaved rounds)",
+                c.workers, c.iterations, c.rounds
+            )
+        });
+    out.push_str(&format!(
+        "\nW2 contended{sizes}:\n\n\
+         | target | contender | incr/s | wait p50 ms | wait p99 ms | max wait ms | lost updates | lockkit/this incr/s | lockkit/this max wait |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    ));
+    for r in reports {
+        let Some(c) = &r.contended else {
+            let failed = cell(r, "W2", None::<()>, |_| String::new());
+            out.push_str(&format!("| {} | {failed} | | | | | | | |\n", r.target));
+            continue;
+        };
+        let sides = [
+            (None, Some(&c.lockkit)),
+            (Some("raw floor"), c.floor.as_ref()),
+            (Some("peer"), c.peer.as_ref()),
+        ];
+        for (role, side) in sides {
+            let Some(side) = side else { continue };
+            let contender = match role {
+                None => "lockkit".to_owned(),
+                Some(role) => format!("{role}: {}", side.what),
+            };
+            let ratios = match role {
+                None => ["".to_owned(), "".to_owned()],
+                Some(_) => [
+                    format!(
+                        "{:.2}x",
+                        c.lockkit.increments_per_sec / side.increments_per_sec
+                    ),
+                    format!("{:.2}x", c.lockkit.wait_max_us / side.wait_max_us),
+                ],
+            };
+            out.push_str(&format!(
+                "| {} | {contender} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} | {} |\n",
+                r.target,
+                side.increments_per_sec,
+                side.wait_p50_us / 1e3,
+                side.wait_p99_us / 1e3,
+                side.wait_max_us / 1e3,
+                side.lost_updates,
+                ratios[0],
+                ratios[1],
+            ));
+        }
+    }
+
+    let faults_run = reports.iter().any(|r| {
+        r.holder_crash.is_some()
+            || r.holder_pause.is_some()
+            || r.failover.is_some()
+            || ["W3", "W4", "W5"].iter().any(|w| r.failed(w))
+    });
+    if faults_run {
+        faults(&mut out, reports);
     }
     let failures: Vec<String> = reports
         .iter()
@@ -172,6 +129,46 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
         out.extend(against_single);
     }
     out
+}
+
+/// The table of W3, W4 and W5.
+fn faults(out: &mut String, reports: &[TierReport]) {
+    out.push_str(
+        "\n| target | W3 crash: granted after ms (TTL 2 s) | W4 pause: overlapping writes (after lost) | W4 stale writes rejected / accepted | W5 killed | W5 overlaps | W5 stale rejected / accepted | W5 longest gap ms |\n\
+         |---|---:|---:|---:|---|---:|---:|---:|\n",
+    );
+    for r in reports {
+        let cells = [
+            r.target.clone(),
+            cell(r, "W3", r.holder_crash.as_ref(), |w| {
+                format!("{:.0}", w.recovery_ms)
+            }),
+            cell(r, "W4", r.holder_pause.as_ref(), |w| {
+                format!("{} ({})", w.overlapping_writes, w.written_after_lost)
+            }),
+            cell(r, "W4", r.holder_pause.as_ref(), |w| {
+                format!("{} / {}", w.stale_rejected, w.stale_accepted)
+            }),
+            cell(r, "W5", r.failover.as_ref(), |w| w.killed.clone()),
+            cell(r, "W5", r.failover.as_ref(), |w| w.overlaps.to_string()),
+            cell(r, "W5", r.failover.as_ref(), |w| {
+                format!("{} / {}", w.stale_rejected, w.stale_accepted)
+            }),
+            cell(r, "W5", r.failover.as_ref(), |w| {
+                format!("{:.0}", w.longest_gap_ms)
+            }),
+        ];
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+}
+
+/// The tier's name, or why it has none (it could not be reached).
+fn tier(report: &TierReport) -> String {
+    if report.tier.is_empty() {
+        cell(report, "connect", None::<()>, |_| String::new())
+    } else {
+        report.tier.clone()
+    }
 }
 
 /// A cell of `report`'s row: `show(value)`, `FAILED` if `workload` failed on this tier (the

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use lockkit::{LockClient, Mutex};
 
 use crate::floors::{BoxError, ContendedFloor, Contender, Floor};
+use crate::peers::{Peer, PeerClient};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -20,6 +21,13 @@ pub(crate) struct Uncontended {
     pub(crate) floor_p50_us: Option<f64>,
     /// lockkit's p50 over the floor's.
     pub(crate) vs_floor: Option<f64>,
+    /// The peer (a real client of the same servers), if the tier has one.
+    pub(crate) peer: Option<String>,
+    pub(crate) peer_cycles_per_sec: Option<f64>,
+    pub(crate) peer_p50_us: Option<f64>,
+    pub(crate) peer_p99_us: Option<f64>,
+    /// lockkit's p50 over the peer's.
+    pub(crate) vs_peer: Option<f64>,
     /// The tier W1 was also run on in the same rounds, to compare tiers without the drift
     /// between their runs (single-node Redis, for the other Redis tiers).
     pub(crate) reference: Option<String>,
@@ -31,24 +39,49 @@ pub(crate) struct Uncontended {
 #[derive(Debug, Serialize)]
 pub(crate) struct Contended {
     pub(crate) workers: usize,
+    /// Per worker and round.
     pub(crate) iterations: usize,
+    pub(crate) rounds: usize,
+    pub(crate) lockkit: ContendedSide,
+    /// The raw floor, if the backend has one.
+    pub(crate) floor: Option<ContendedSide>,
+    /// The peer (a real client of the same servers), if the tier has one.
+    pub(crate) peer: Option<ContendedSide>,
+    /// lockkit's throughput over the floor's: above 1, lockkit is faster.
+    pub(crate) throughput_vs_floor: Option<f64>,
+    /// lockkit's throughput over the peer's: above 1, lockkit is faster.
+    pub(crate) throughput_vs_peer: Option<f64>,
+    /// lockkit's max wait over the floor's: above 1, lockkit's waiters wait longer.
+    pub(crate) max_wait_vs_floor: Option<f64>,
+    /// lockkit's max wait over the peer's.
+    pub(crate) max_wait_vs_peer: Option<f64>,
+}
+
+/// One contender of W2 (lockkit, its floor or its peer): medians over the rounds, and every
+/// round.
+#[derive(Debug, Serialize)]
+pub(crate) struct ContendedSide {
+    pub(crate) what: String,
+    /// The shared value after every round.
     pub(crate) final_value: u64,
+    /// The shortfall of `final_value` from rounds x workers x iterations.
     pub(crate) lost_updates: u64,
     pub(crate) increments_per_sec: f64,
     pub(crate) wait_p50_us: f64,
     pub(crate) wait_p99_us: f64,
-    /// What the raw floor does, if the backend has one.
-    pub(crate) floor: Option<String>,
-    /// The floor's shortfall from the expected final value (a broken floor, if not 0).
-    pub(crate) floor_lost_updates: Option<u64>,
-    pub(crate) floor_increments_per_sec: Option<f64>,
-    pub(crate) floor_wait_p50_us: Option<f64>,
-    pub(crate) floor_wait_p99_us: Option<f64>,
-    /// The floor's increments per second over lockkit's: lockkit's time per increment over
-    /// the floor's, so that above 1 lockkit is slower, as for W1.
-    pub(crate) vs_floor: Option<f64>,
-    /// lockkit's wait p50 over the floor's.
-    pub(crate) wait_p50_vs_floor: Option<f64>,
+    pub(crate) wait_max_us: f64,
+    /// The longest wait of every round.
+    pub(crate) wait_max_all_rounds_us: f64,
+    pub(crate) rounds: Vec<Round>,
+}
+
+/// One W2 round of one contender.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Round {
+    pub(crate) increments_per_sec: f64,
+    pub(crate) wait_p50_us: f64,
+    pub(crate) wait_p99_us: f64,
+    pub(crate) wait_max_us: f64,
 }
 
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -65,26 +98,29 @@ pub(crate) struct Reference<'a> {
     pub(crate) locks: &'a LockClient,
 }
 
-/// W1, in rounds that alternate with the backend's raw floor (when it has one) and with the
-/// reference tier (when given), so that noise on a shared machine hits them all alike.
+/// W1, in rounds that alternate with the backend's raw floor and its peer (when it has them)
+/// and with the reference tier (when given), so that noise on a shared machine hits them all
+/// alike.
 pub(crate) async fn uncontended(
     locks: &LockClient,
     mut floor: Option<&mut Floor>,
+    mut peer: Option<(&'static str, &mut PeerClient)>,
     reference: Option<Reference<'_>>,
     cycles: usize,
 ) -> lockkit::Result<Uncontended> {
     // Short rounds, so that drift (a disk's fsync latency, a neighbour's load) hits the
     // contestants alike.
     const ROUNDS: usize = 20;
-    let mutex = locks.mutex("w1-uncontended")?;
+    let mutex = locks.mutex(&crate::run_key("w1-uncontended"))?;
     let reference_mutex = match &reference {
-        Some(reference) => Some(reference.locks.mutex("w1-reference")?),
+        Some(reference) => Some(reference.locks.mutex(&crate::run_key("w1-reference"))?),
         None => None,
     };
     let mut samples = Vec::with_capacity(cycles);
     let mut floor_samples = Vec::with_capacity(cycles);
     let mut reference_samples = Vec::with_capacity(cycles);
-    let mut busy = Duration::ZERO;
+    let mut peer_samples = Vec::with_capacity(cycles);
+    let (mut busy, mut peer_busy) = (Duration::ZERO, Duration::ZERO);
     for round in 0..ROUNDS {
         let chunk = cycles / ROUNDS + usize::from(round < cycles % ROUNDS);
         let started = Instant::now();
@@ -103,12 +139,25 @@ pub(crate) async fn uncontended(
                 floor_samples.push(t.elapsed());
             }
         }
+        if let Some((_, peer)) = peer.as_mut() {
+            let started = Instant::now();
+            for _ in 0..chunk {
+                let t = Instant::now();
+                peer.cycle()
+                    .await
+                    .map_err(|e| crate::compare_error(format!("peer: {e}")))?;
+                peer_samples.push(t.elapsed());
+            }
+            peer_busy += started.elapsed();
+        }
     }
     samples.sort();
     floor_samples.sort();
     reference_samples.sort();
+    peer_samples.sort();
     let p50_us = percentile(&samples, 0.50);
     let floor_p50_us = floor.is_some().then(|| percentile(&floor_samples, 0.50));
+    let peer_p50_us = peer.is_some().then(|| percentile(&peer_samples, 0.50));
     let reference_p50_us = reference
         .is_some()
         .then(|| percentile(&reference_samples, 0.50));
@@ -120,6 +169,11 @@ pub(crate) async fn uncontended(
         floor: floor.map(|f| f.describe().to_owned()),
         floor_p50_us,
         vs_floor: floor_p50_us.map(|f| p50_us / f),
+        peer: peer.map(|(what, _)| what.to_owned()),
+        peer_cycles_per_sec: peer_p50_us.map(|_| cycles as f64 / peer_busy.as_secs_f64()),
+        peer_p50_us,
+        peer_p99_us: peer_p50_us.map(|_| percentile(&peer_samples, 0.99)),
+        vs_peer: peer_p50_us.map(|p| p50_us / p),
         reference: reference.map(|r| r.name.to_owned()),
         reference_p50_us,
         vs_reference: reference_p50_us.map(|r| p50_us / r),
@@ -137,81 +191,121 @@ async fn timed_cycles(mutex: &Mutex, n: usize, samples: &mut Vec<Duration>) -> l
     Ok(())
 }
 
-/// W2, in rounds that alternate with the backend's raw floor (when it has one), as W1 does.
-/// Each side keeps its own shared value across its rounds.
+/// W2: lockkit, its raw floor and its peer (when the backend has them) in turn in each
+/// round, each round starting with the next of them, so that drift and order hit them alike.
+/// Each keeps its own shared value across its rounds.
 pub(crate) async fn contended(
     locks: &LockClient,
     floor: Option<&ContendedFloor>,
+    peer: Option<&Peer>,
     workers: usize,
     iterations: usize,
 ) -> lockkit::Result<Contended> {
-    const ROUNDS: usize = 4;
+    // The figures are medians of 3 interleaved runs.
+    const ROUNDS: usize = 3;
     let floor_error = |e| crate::compare_error(format!("floor: {e}"));
+    let peer_error = |e| crate::compare_error(format!("peer: {e}"));
     let mut contenders = Vec::new();
     if let Some(floor) = floor {
         for _ in 0..workers {
             contenders.push(floor.contender().await.map_err(floor_error)?);
         }
     }
-    let (mut ours, mut theirs) = (Side::default(), Side::default());
+    let mut peer_clients = Vec::new();
+    if let Some(peer) = peer {
+        let key = format!("{{peer/w2-{:08x}}}", rand::random::<u32>());
+        for _ in 0..workers {
+            peer_clients.push(peer.client(&key).await.map_err(peer_error)?);
+        }
+    }
+    let (mut ours, mut theirs, mut peers) = (Side::default(), Side::default(), Side::default());
     for round in 0..ROUNDS {
-        let chunk = iterations / ROUNDS + usize::from(round < iterations % ROUNDS);
-        lockkit_round(locks, workers, chunk, &mut ours).await?;
-        if floor.is_some() {
-            contenders = floor_round(contenders, chunk, &mut theirs)
-                .await
-                .map_err(floor_error)?;
+        for turn in 0..3 {
+            match (round + turn) % 3 {
+                0 => lockkit_round(locks, workers, iterations, &mut ours).await?,
+                1 if floor.is_some() => {
+                    contenders = workers_round(contenders, iterations, &mut theirs)
+                        .await
+                        .map_err(floor_error)?;
+                }
+                2 if peer.is_some() => {
+                    peer_clients = workers_round(peer_clients, iterations, &mut peers)
+                        .await
+                        .map_err(peer_error)?;
+                }
+                _ => {}
+            }
         }
     }
     for contender in contenders {
         contender.clean_up().await;
     }
-    let expected = (workers * iterations) as u64;
-    let ours = ours.summary();
-    let floor = floor.map(|floor| (floor.describe(), theirs.summary()));
+    let expected = (ROUNDS * workers * iterations) as u64;
+    let lockkit = ours.report("lockkit", expected);
+    let floor = floor.map(|floor| theirs.report(floor.describe(), expected));
+    let peer = peer.map(|peer| peers.report(peer.describe(), expected));
+    let over = |ours: f64, theirs: Option<&ContendedSide>, of: fn(&ContendedSide) -> f64| {
+        theirs.map(|theirs| ours / of(theirs))
+    };
     Ok(Contended {
         workers,
         iterations,
-        final_value: ours.final_value,
-        lost_updates: expected.saturating_sub(ours.final_value),
-        increments_per_sec: ours.increments_per_sec,
-        wait_p50_us: ours.wait_p50_us,
-        wait_p99_us: ours.wait_p99_us,
-        floor: floor.map(|(what, _)| what.to_owned()),
-        floor_lost_updates: floor.map(|(_, f)| expected.saturating_sub(f.final_value)),
-        floor_increments_per_sec: floor.map(|(_, f)| f.increments_per_sec),
-        floor_wait_p50_us: floor.map(|(_, f)| f.wait_p50_us),
-        floor_wait_p99_us: floor.map(|(_, f)| f.wait_p99_us),
-        vs_floor: floor.map(|(_, f)| f.increments_per_sec / ours.increments_per_sec),
-        wait_p50_vs_floor: floor.map(|(_, f)| ours.wait_p50_us / f.wait_p50_us),
+        rounds: ROUNDS,
+        throughput_vs_floor: over(lockkit.increments_per_sec, floor.as_ref(), |s| {
+            s.increments_per_sec
+        }),
+        throughput_vs_peer: over(lockkit.increments_per_sec, peer.as_ref(), |s| {
+            s.increments_per_sec
+        }),
+        max_wait_vs_floor: over(lockkit.wait_max_us, floor.as_ref(), |s| s.wait_max_us),
+        max_wait_vs_peer: over(lockkit.wait_max_us, peer.as_ref(), |s| s.wait_max_us),
+        lockkit,
+        floor,
+        peer,
     })
 }
 
-/// One side of W2 (lockkit or its floor) over the rounds.
+/// One contender of W2 over the rounds.
 #[derive(Default)]
 struct Side {
     shared: Arc<AtomicU64>,
-    waits: Vec<Duration>,
-    busy: Duration,
-}
-
-#[derive(Clone, Copy)]
-struct Summary {
-    final_value: u64,
-    increments_per_sec: f64,
-    wait_p50_us: f64,
-    wait_p99_us: f64,
+    rounds: Vec<Round>,
 }
 
 impl Side {
-    fn summary(mut self) -> Summary {
-        self.waits.sort();
+    /// Adds a round: `waits` of its acquires, `elapsed` from its start to its last release.
+    fn push(&mut self, before: u64, mut waits: Vec<Duration>, elapsed: Duration) {
+        waits.sort();
+        let done = self.shared.load(Ordering::SeqCst).saturating_sub(before);
+        self.rounds.push(Round {
+            increments_per_sec: done as f64 / elapsed.as_secs_f64(),
+            wait_p50_us: percentile(&waits, 0.50),
+            wait_p99_us: percentile(&waits, 0.99),
+            wait_max_us: percentile(&waits, 1.0),
+        });
+    }
+
+    fn report(self, what: &str, expected: u64) -> ContendedSide {
         let final_value = self.shared.load(Ordering::SeqCst);
-        Summary {
+        let median = |of: fn(&Round) -> f64| {
+            let mut values: Vec<f64> = self.rounds.iter().map(of).collect();
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        ContendedSide {
+            what: what.to_owned(),
             final_value,
-            increments_per_sec: final_value as f64 / self.busy.as_secs_f64(),
-            wait_p50_us: percentile(&self.waits, 0.50),
-            wait_p99_us: percentile(&self.waits, 0.99),
+            lost_updates: expected.saturating_sub(final_value),
+            increments_per_sec: median(|r| r.increments_per_sec),
+            wait_p50_us: median(|r| r.wait_p50_us),
+            wait_p99_us: median(|r| r.wait_p99_us),
+            wait_max_us: median(|r| r.wait_max_us),
+            wait_max_all_rounds_us: self
+                .rounds
+                .iter()
+                .map(|r| r.wait_max_us)
+                .fold(f64::NAN, f64::max),
+            rounds: self.rounds,
         }
     }
 }
@@ -229,12 +323,14 @@ async fn lockkit_round(
     iterations: usize,
     side: &mut Side,
 ) -> lockkit::Result<()> {
+    let before = side.shared.load(Ordering::SeqCst);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
+    let key = crate::run_key("w2-counter");
     for _ in 0..workers {
-        let (locks, shared) = (locks.clone(), side.shared.clone());
+        let (locks, shared, key) = (locks.clone(), side.shared.clone(), key.clone());
         tasks.spawn(async move {
-            let mutex = locks.mutex("w2-counter")?;
+            let mutex = locks.mutex(&key)?;
             let mut waits = Vec::with_capacity(iterations);
             for _ in 0..iterations {
                 let t = Instant::now();
@@ -246,49 +342,75 @@ async fn lockkit_round(
             Ok::<_, lockkit::Error>(waits)
         });
     }
+    let mut waits = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok(worker) => side.waits.extend(worker?),
+            Ok(worker) => waits.extend(worker?),
             Err(e) => panic!("a worker panicked: {e}"),
         }
     }
-    side.busy += started.elapsed();
+    side.push(before, waits, started.elapsed());
     Ok(())
 }
 
-/// A round of the floor; gives the workers back for the next one.
-async fn floor_round(
-    contenders: Vec<Contender>,
+/// A W2 worker that is not lockkit's: a floor's or a peer's.
+trait Worker: Send + 'static {
+    fn lock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send;
+    fn unlock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+impl Worker for Contender {
+    fn lock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send {
+        Contender::lock(self)
+    }
+    fn unlock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send {
+        Contender::unlock(self)
+    }
+}
+
+impl Worker for PeerClient {
+    fn lock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send {
+        PeerClient::lock(self)
+    }
+    fn unlock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send {
+        PeerClient::unlock(self)
+    }
+}
+
+/// A round of a floor's or a peer's workers; gives them back for the next one.
+async fn workers_round<W: Worker>(
+    workers: Vec<W>,
     iterations: usize,
     side: &mut Side,
-) -> Result<Vec<Contender>, BoxError> {
+) -> Result<Vec<W>, BoxError> {
+    let before = side.shared.load(Ordering::SeqCst);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for mut contender in contenders {
+    for mut worker in workers {
         let shared = side.shared.clone();
         tasks.spawn(async move {
             let mut waits = Vec::with_capacity(iterations);
             for _ in 0..iterations {
                 let t = Instant::now();
-                contender.lock().await?;
+                worker.lock().await?;
                 waits.push(t.elapsed());
                 increment(&shared).await;
-                contender.unlock().await?;
+                worker.unlock().await?;
             }
-            Ok::<_, BoxError>((contender, waits))
+            Ok::<_, BoxError>((worker, waits))
         });
     }
-    let mut contenders = Vec::new();
+    let (mut workers, mut waits) = (Vec::new(), Vec::new());
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(worker) => {
-                let (contender, waits) = worker?;
-                contenders.push(contender);
-                side.waits.extend(waits);
+                let (worker, its_waits) = worker?;
+                workers.push(worker);
+                waits.extend(its_waits);
             }
-            Err(e) => panic!("a floor worker panicked: {e}"),
+            Err(e) => panic!("a W2 worker panicked: {e}"),
         }
     }
-    side.busy += started.elapsed();
-    Ok(contenders)
+    side.push(before, waits, started.elapsed());
+    Ok(workers)
 }
