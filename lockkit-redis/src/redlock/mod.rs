@@ -36,10 +36,11 @@ const BACKEND: &str = "redlock";
 /// # Algorithm
 /// - **acquire**: the acquire script (as [`RedisBackend`](crate::RedisBackend)'s) runs on all
 ///   nodes in parallel, each bounded by [`RedlockConfig::node_timeout`]. The lock is granted
-///   when a majority (N/2+1) said yes; on any other outcome it is released on every node that
-///   may hold it (those that said yes and those that did not answer), and the core retries
-///   with random jitter. The answer is taken as soon as a majority said yes; the slower
-///   nodes' keys are ours too and go with the release, which is sent to every node. Each
+///   when a majority (N/2+1) said yes. The answer is taken as soon as the answers decide:
+///   a majority said yes (the slower nodes' keys are ours too and go with the release,
+///   which is sent to every node), or too many said no for a majority (the attempt is
+///   contended without waiting for the rest). A failed attempt's keys are rolled back on
+///   every node that may hold them, without the waiter awaiting it (see `attempt.rs`). Each
 ///   node gets an acquisition's acquire, write-back and release in the order they were made, each
 ///   pursued for the lock's TTL whether or not anyone still waits for its answer (one lane
 ///   per acquisition and node, see `lanes.rs`), so a rollback or release never overtakes its
