@@ -8,8 +8,8 @@
 //! (etcd: `grpc_server_started_total` over every method, and the MVCC range and txn totals of
 //! `/metrics` on the client URL; ZooKeeper: `zk_packets_received` of `mntr`), the request
 //! rate during the wait, in total and per waiter, after subtracting the rate of an idle
-//! window measured just before (other clients of the same servers); the client's own
-//! attempts and waits per waiter; whether the grants came in queue order (each grant's
+//! window measured just before (other clients of the same servers); the attempts and waits
+//! per waiter that the core asked of the backend (counted by `lockkit_core::testing::Recording`); whether the grants came in queue order (each grant's
 //! fencing token is its queue position, the own key's create revision or node's czxid, so a
 //! grant out of queue order shows as a token below the one before); and the time from the
 //! release to the last grant.
@@ -20,14 +20,11 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use lockkit::backend::{
-    AcquireRequest, Attempt, Contention, Lease, LockBackend, Renewal, SharedBackend, async_trait,
-};
-use lockkit::{Capabilities, LockClient, LockInfo, LockKey, LockPage, LockkitConfig, Tier};
+use lockkit::{LockClient, LockkitConfig};
+use lockkit_core::testing::Recording;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -37,73 +34,6 @@ mod failed;
 mod targets;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A backend that counts the attempts and waits the core asks of it.
-#[derive(Debug)]
-struct Counting {
-    inner: SharedBackend,
-    attempts: AtomicU64,
-    waits: AtomicU64,
-}
-
-#[async_trait]
-impl LockBackend for Counting {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn tier(&self) -> Tier {
-        self.inner.tier()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, request: &AcquireRequest) -> lockkit::Result<Attempt> {
-        let attempt = self.inner.try_acquire(request).await;
-        self.attempts.fetch_add(1, Ordering::Relaxed);
-        attempt
-    }
-    async fn wait_for_change(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        max_wait: Duration,
-    ) -> lockkit::Result<()> {
-        self.waits.fetch_add(1, Ordering::Relaxed);
-        self.inner
-            .wait_for_change(request, contention, max_wait)
-            .await
-    }
-    async fn abandon(&self, request: &AcquireRequest) -> lockkit::Result<()> {
-        self.inner.abandon(request).await
-    }
-    async fn renew(&self, lease: &Lease) -> lockkit::Result<Renewal> {
-        self.inner.renew(lease).await
-    }
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<lockkit::Result<Renewal>> {
-        self.inner.renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> lockkit::Result<bool> {
-        self.inner.release(lease).await
-    }
-    async fn is_held(&self, lease: &Lease) -> lockkit::Result<bool> {
-        self.inner.is_held(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> lockkit::Result<Option<LockInfo>> {
-        self.inner.inspect(key).await
-    }
-    async fn ping(&self) -> lockkit::Result<()> {
-        self.inner.ping().await
-    }
-    async fn list(
-        &self,
-        namespace: &str,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> lockkit::Result<LockPage> {
-        self.inner.list(namespace, prefix, cursor, limit).await
-    }
-}
 
 /// The run's settings, from the command line.
 #[derive(Debug, Clone)]
@@ -241,11 +171,7 @@ async fn run(
     let mut counting = Vec::new();
     for _ in 0..client_count {
         let plain = connect(url, &namespace).await?;
-        let backend = Arc::new(Counting {
-            inner: plain.backend().clone(),
-            attempts: AtomicU64::new(0),
-            waits: AtomicU64::new(0),
-        });
+        let backend = Arc::new(Recording::new(plain.backend().clone()));
         counting.push(backend.clone());
         clients.push((
             LockClient::with_options(backend, &namespace, plain.options().clone())?,
@@ -253,6 +179,8 @@ async fn run(
         ));
     }
     let holder = holder_client.mutex("key")?.lock().await?;
+    // Past the connections' start-up traffic (leases, sessions, the first renewals).
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
     let idle_from = counters(tier, url).await?;
     tokio::time::sleep(settings.idle).await;
@@ -274,20 +202,11 @@ async fn run(
             Ok::<_, lockkit::Error>(())
         }));
     }
-    let attempts = || {
-        counting
-            .iter()
-            .map(|c| c.attempts.load(Ordering::Relaxed))
-            .sum::<u64>()
-    };
-    let waits = || {
-        counting
-            .iter()
-            .map(|c| c.waits.load(Ordering::Relaxed))
-            .sum::<u64>()
-    };
+    let calls = |method: &str| counting.iter().map(|c| c.count(method)).sum::<usize>();
+    let attempts = || calls("try_acquire");
+    let waits = || calls("wait_for_change");
     let queueing = Instant::now();
-    while attempts() < waiters as u64 {
+    while attempts() < waiters {
         if queueing.elapsed() > Duration::from_secs(120) {
             return Err(format!("only {} of {waiters} waiters queued in 120 s", attempts()).into());
         }
@@ -297,7 +216,7 @@ async fn run(
     let waiting_from = counters(tier, url).await?;
     tokio::time::sleep(settings.wait).await;
     let waiting = rates(waiting_from, counters(tier, url).await?, settings.wait);
-    let per_waiter = |n: u64| n as f64 / waiters as f64;
+    let per_waiter = |n: usize| n as f64 / waiters as f64;
     let attempts_per_waiter = per_waiter(attempts() - attempts_from);
     let waits_per_waiter = per_waiter(waits() - waits_from);
 
