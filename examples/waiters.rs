@@ -56,10 +56,7 @@ fn settings() -> Result<Settings, BoxError> {
     let mut args = std::env::args().skip(1);
     let list = |value: Option<String>| -> Result<Vec<usize>, BoxError> {
         let value = value.ok_or("a flag needs a value")?;
-        Ok(value
-            .split(',')
-            .map(str::parse)
-            .collect::<Result<_, _>>()?)
+        Ok(value.split(',').map(str::parse).collect::<Result<_, _>>()?)
     };
     while let Some(flag) = args.next() {
         match flag.as_str() {
@@ -212,6 +209,15 @@ async fn run(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Every waiter has gone into its wait, and has had the time to set up its watch: the
+    // window shows what waiting costs, not what queueing did.
+    while waits() < waiters {
+        if queueing.elapsed() > Duration::from_secs(120) {
+            return Err(format!("only {} of {waiters} waiters waited in 120 s", waits()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let (attempts_from, waits_from) = (attempts(), waits());
     let waiting_from = counters(tier, url).await?;
     tokio::time::sleep(settings.wait).await;
