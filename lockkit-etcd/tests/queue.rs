@@ -126,3 +126,43 @@ async fn a_waiter_whose_session_is_revoked_queues_again_and_is_granted() {
     .unwrap_or_else(|failure| panic!("{failure}"));
     eprintln!("granted {:?} after the release", outcome.granted_after);
 }
+
+/// The waiter's link goes dead for longer than its connection's keep-alive waits for an
+/// answer, and the holder releases meanwhile. The waiter's session outlives the outage (TTL
+/// 30 s), so nothing but the connection's own keep-alive can tell the watch that its
+/// connection is gone: it drops the connection, the wait ends, and the waiter is granted
+/// over a new connection once the link is back.
+#[tokio::test]
+async fn a_waiter_on_a_connection_gone_silent_is_granted_over_a_new_one() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("queue-silent");
+    let proxy = FaultProxy::start(&config.endpoints)
+        .await
+        .expect("a fault proxy");
+    let mut through_proxy = config.clone();
+    through_proxy.endpoints = proxy.hosts();
+    through_proxy.request_timeout = Duration::from_secs(1);
+    let long = LockOptions::default().with_ttl(Duration::from_secs(30));
+    let mut clients = Vec::new();
+    for config in [config.clone(), through_proxy] {
+        let backend = EtcdBackend::connect(config).await.expect("connect");
+        clients
+            .push(LockClient::with_options(Arc::new(backend), &ns, long.clone()).expect("client"));
+    }
+    let (holder, waiter) = (&clients[0], &clients[1]);
+    let proxy = &proxy;
+    let outcome = a_queue_waiter_is_granted_after(holder, waiter, |held| async move {
+        proxy.set(Direction::Both, Fault::Drop);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(held.release().await.expect("release"));
+        // Past the keep-alive's 10 s of silence and 1 s for the answer; no reset: the old
+        // connection is left for the waiter's side to give up on.
+        tokio::time::sleep(Duration::from_secs(13)).await;
+        proxy.heal();
+    })
+    .await
+    .unwrap_or_else(|failure| panic!("{failure}"));
+    eprintln!("granted {:?} after the link healed", outcome.granted_after);
+}
