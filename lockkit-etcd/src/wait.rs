@@ -23,6 +23,14 @@ impl EtcdBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
+        // A member cut off from the leader cancels the watches that require a leader; without
+        // `require_leader` it keeps the watch open, answers the connection's PINGs and never
+        // sees the release, so the wait cannot tell: it re-checks once per TTL instead.
+        let max_wait = if self.inner.config.require_leader {
+            max_wait
+        } else {
+            max_wait.min(request.ttl)
+        };
         let session = self
             .entries()
             .get(&request.owner)

@@ -7,6 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_core::testing::Recording;
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use lockkit_core::testing::queue::{self, a_queue_waiter_is_granted_after};
 use lockkit_core::{LockClient, LockOptions};
@@ -165,4 +166,39 @@ async fn a_waiter_on_a_connection_gone_silent_is_granted_over_a_new_one() {
     .await
     .unwrap_or_else(|failure| panic!("{failure}"));
     eprintln!("granted {:?} after the link healed", outcome.granted_after);
+}
+
+/// With `require_leader = false` a member cut off from the leader would keep a waiter's
+/// watch open and silent, so the waiter re-checks the queue once per TTL: over three TTLs of
+/// a held lock it attempts more than once.
+#[tokio::test]
+async fn without_require_leader_a_waiter_re_checks_once_per_ttl() {
+    let Some(mut config) = support::cluster_config().await else {
+        return;
+    };
+    config.require_leader = false;
+    let ns = support::namespace("queue-no-leader");
+    let ttl = Duration::from_secs(2);
+    let options = LockOptions::default().with_ttl(ttl);
+    let holder = client(&config, &ns).await;
+    let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let recording = Arc::new(Recording::new(Arc::new(backend)));
+    let waiter = LockClient::with_options(recording.clone(), &ns, options).expect("client");
+    let held = holder
+        .mutex("re-check")
+        .unwrap()
+        .lock()
+        .await
+        .expect("lock");
+    let mutex = waiter.mutex("re-check").unwrap();
+    let waiting = tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(60)).await });
+    tokio::time::sleep(ttl * 3).await;
+    let attempts = recording.count("try_acquire");
+    assert!(
+        attempts >= 2,
+        "{attempts} attempt in three TTLs: the waiter trusted a watch that may be silent"
+    );
+    assert!(held.release().await.expect("release"));
+    let granted = waiting.await.expect("join").expect("granted");
+    assert!(granted.release().await.expect("release"));
 }
