@@ -99,8 +99,11 @@ pub enum WaitStrategy {
     /// waiters poll when a notification could have been missed.
     Notify,
     /// Waiters queue in order and each watches only its predecessor: a release wakes exactly
-    /// one waiter. The backend's wait must end by itself when its watch or session breaks:
-    /// the core re-checks without a wake-up only once per TTL.
+    /// one waiter. The backend's wait must end by itself whenever the predecessor may have
+    /// gone without the watch saying so: the watch, its connection or the session breaks.
+    /// The core sets no timer of its own on such a wait (`max_wait` is the wait deadline, or
+    /// [`Duration::MAX`](std::time::Duration::MAX) without one), so a missed wake-up is a
+    /// waiter stuck until its deadline.
     Queue,
 }
 

@@ -318,10 +318,21 @@ pub(crate) fn held_by(key: &str, lease: &Lease) -> Vec<Compare> {
     ]
 }
 
+/// How long a connection may stay silent before it is asked for a sign of life (an HTTP/2
+/// PING, answered within the request timeout or the connection is dropped). A queue waiter's
+/// watch has no timer of its own: on a connection that went dead without a reset (a host or
+/// a link gone silent) it would wait for a release it can no longer hear, while its
+/// session's keep-alive may be fine on another member's connection. One PING per silent
+/// connection, however many waiters it carries. Not below etcd's `--grpc-keepalive-min-time`
+/// (5 s by default): a client that pings more often is sent away (`too_many_pings`).
+const PING_AFTER: Duration = Duration::from_secs(10);
+
 fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(config.connect_timeout)
         .with_timeout(config.request_timeout)
+        .with_keep_alive(PING_AFTER, config.request_timeout)
+        .with_keep_alive_while_idle(false)
         .with_require_leader(config.require_leader);
     if let Some(user) = &config.user {
         options = options

@@ -34,7 +34,9 @@ pub struct EtcdConfig {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     /// Refuse requests at once on a member that has lost its leader, rather than waiting for
-    /// an election that may never come (a minority partition). Default: `true`.
+    /// an election that may never come (a minority partition). Default: `true`. Such a member
+    /// also cancels the watches of queue waiters; with `false` it keeps them open and silent,
+    /// so each waiter re-checks the queue once per TTL (load that grows with the waiters).
     pub require_leader: bool,
     /// The user to authenticate as, when the cluster has authentication enabled. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]

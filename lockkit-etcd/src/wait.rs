@@ -11,6 +11,9 @@ use crate::backend::EtcdBackend;
 use crate::error;
 use crate::naming::{key_of, predecessor_of};
 
+/// A deadline that never comes (tokio's own "far future" is 30 years as well).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 impl EtcdBackend {
     /// Ends early, too, when the session of the request's key is lost: the key went with
     /// the lease, so the wait is for nothing, and the next attempt queues on a new session.
@@ -20,6 +23,14 @@ impl EtcdBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
+        // A member cut off from the leader cancels the watches that require a leader; without
+        // `require_leader` it keeps the watch open, answers the connection's PINGs and never
+        // sees the release, so the wait cannot tell: it re-checks once per TTL instead.
+        let max_wait = if self.inner.config.require_leader {
+            max_wait
+        } else {
+            max_wait.min(request.ttl)
+        };
         let session = self
             .entries()
             .get(&request.owner)
@@ -69,7 +80,10 @@ impl EtcdBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + max_wait;
+        // `Duration::MAX` when the waiter has no deadline: the core sets no timer on a queue
+        // wait (see `WaitStrategy::Queue`).
+        let now = tokio::time::Instant::now();
+        let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
         let known = self
             .entries()
             .get(&request.owner)

@@ -21,15 +21,19 @@ impl ZkBackend {
         max_wait: Duration,
     ) -> Result<()> {
         let token = request.owner.clone();
+        let session = self.session().await;
+        // Without a known predecessor on the session that holds the own node (it went with an
+        // earlier session), there is nothing to watch: the next attempt reads the queue
+        // afresh. Sleeping instead would be sleeping until the deadline: the core sets no
+        // timer on a queue wait (see `WaitStrategy::Queue`).
         let predecessor = self
             .pending()
             .get(&token)
+            .filter(|p| p.session_id == session.id())
             .and_then(|p| p.predecessor.clone());
         let (Some(predecessor), Some(_)) = (predecessor, &contention.predecessor) else {
-            tokio::time::sleep(max_wait).await;
             return Ok(());
         };
-        let session = self.session().await;
         let path = LockPaths::new(&request.key).child(&predecessor);
         let (stat, watcher) = match within(
             self.timeout(),

@@ -20,6 +20,7 @@ pub mod fenced;
 pub mod history;
 mod operator;
 pub mod proxy;
+pub mod queue;
 mod recording;
 mod scenarios;
 mod secrets;
