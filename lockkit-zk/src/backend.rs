@@ -180,6 +180,13 @@ impl ZkBackend {
         self.inner.sessions.current().client.session_timeout()
     }
 
+    /// The id of the current session, as the servers' `cons` and `dump` commands show it
+    /// (`sid=0x…`): for measuring what this backend sends (the benchmark
+    /// `examples/held_locks` counts a session's requests with it).
+    pub fn session_id(&self) -> i64 {
+        self.inner.sessions.current().id()
+    }
+
     /// How many watch events have woken this backend's waiters so far. With waiters queued
     /// on their predecessors, each release wakes exactly one of them: this counter shows it.
     pub fn watch_events(&self) -> u64 {
