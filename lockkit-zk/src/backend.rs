@@ -296,6 +296,27 @@ impl LockBackend for ZkBackend {
         })
     }
 
+    /// One tick costs one round trip on the session: a `sync`, then every lease's node read
+    /// in multi-reads of up to 1,000 nodes, all sent back to back (ZooKeeper answers one
+    /// session's requests in order, so the reads see at least the leader's state at the sync,
+    /// as a single renewal's `sync` + `exists` does).
+    ///
+    /// Weighed against the alternatives, with 10,000 locks held (`examples/held_locks`):
+    /// - one `sync` + `exists` per lease (the default `renew_many`, before): 20,000 requests
+    ///   per tick, and a future, a timer and a response frame for each in this process;
+    /// - one `sync`, then one `exists` per lease pipelined: one round trip, but still a
+    ///   request and a response frame per lease;
+    /// - one `multi` of version checks: a write, so a proposal through the leader and the
+    ///   quorum, written to every server's log, and all or nothing: one deleted node fails the
+    ///   whole transaction and costs another round;
+    /// - multi-reads (ZooKeeper ≥ 3.6): a missing node is answered for that read alone
+    ///   (`NoNode`, so exactly that lease is `Lost`), a failed request fails only the leases it
+    ///   carried, and 10,000 leases are 11 requests. `getData` needs the READ permission, which
+    ///   the ACL of lockkit's nodes gives their creator.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
+        self.renew_batch(leases).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<bool> {
         self.release_lease(lease).await
     }
