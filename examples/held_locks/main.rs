@@ -16,7 +16,8 @@
 //!   per tick, and how long a tick took (median and max) beside the median `ping` round trip:
 //!   a tick that is one round trip on the wire takes about a ping plus the server's work;
 //! - the servers' own count of requests per tick (`servers.rs` says what each tier counts);
-//! - leases lost: reported lost by a tick or by the guard, or not ours at release.
+//! - leases lost: guards reporting their lease lost at the end of the hold, tick answers
+//!   saying `Lost`, and releases that found the lock no longer ours (or failed).
 //!
 //! Measurement only: nothing is asserted about speed. The exit status is 1 when a tier
 //! failed or lost a lease.
@@ -156,7 +157,12 @@ struct Row {
     tick_max: Duration,
     ping_p50: Duration,
     requests_per_tick: Option<(f64, &'static str)>,
+    /// Guards that reported their lease lost by the end of the hold.
     lost: usize,
+    /// Tick answers that said `Lost`.
+    lost_by_ticks: usize,
+    /// Releases that found the lock no longer ours, or failed.
+    not_ours: usize,
     failed_renewals: usize,
 }
 
@@ -218,6 +224,9 @@ async fn run(tier: &'static str, url: &str, args: &Args) -> Result<Row> {
         .collect::<Vec<_>>()
         .await;
     let not_ours = released.iter().filter(|r| !matches!(r, Ok(true))).count();
+    if let Some(Err(e)) = released.iter().find(|r| r.is_err()) {
+        eprintln!("{tier}: a release failed: {e}");
+    }
 
     let ticks = counting.ticks_between(hold_start, hold_end);
     let all_ticks = counting.ticks();
@@ -247,7 +256,9 @@ async fn run(tier: &'static str, url: &str, args: &Args) -> Result<Row> {
         tick_max: ticks.iter().map(|t| t.took).max().unwrap_or_default(),
         ping_p50: median(pings),
         requests_per_tick,
-        lost: lost_in_hold.max(not_ours) + all_ticks.iter().map(|t| t.lost).sum::<usize>(),
+        lost: lost_in_hold,
+        lost_by_ticks: all_ticks.iter().map(|t| t.lost).sum(),
+        not_ours,
         failed_renewals: all_ticks.iter().map(|t| t.failed).sum(),
     })
 }
@@ -263,16 +274,16 @@ async fn main() {
         usage("no server tier reachable (or none of those named by --tier)");
     }
     println!(
-        "{} locks, TTL {:?}, held {:?}\n\n| tier | acquire | CPU (% of one core) | ticks | leases/tick | tick p50 / max | ping p50 | server requests/tick | lost | failed renewals |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "{} locks, TTL {:?}, held {:?}\n\n| tier | acquire | CPU (% of one core) | ticks | leases/tick | tick p50 / max | ping p50 | server requests/tick | lost (guards / ticks / at release) | failed renewals |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
         args.locks, args.ttl, args.hold
     );
     let mut bad = false;
     for (tier, url) in tiers {
         match run(tier, &url, &args).await {
             Ok(row) => {
-                bad |= row.lost > 0;
+                bad |= row.lost + row.lost_by_ticks + row.not_ours > 0;
                 println!(
-                    "| {} | {:.2} s | {} | {} | {:.0} | {:.1} / {:.1} ms | {:.2} ms | {} | {} | {} |",
+                    "| {} | {:.2} s | {} | {} | {:.0} | {:.1} / {:.1} ms | {:.2} ms | {} | {} / {} / {} | {} |",
                     row.tier,
                     row.acquire.as_secs_f64(),
                     row.cpu_share
@@ -285,6 +296,8 @@ async fn main() {
                     row.requests_per_tick
                         .map_or("n/a".to_owned(), |(n, what)| format!("{n:.1} ({what})")),
                     row.lost,
+                    row.lost_by_ticks,
+                    row.not_ours,
                     row.failed_renewals,
                 );
             }
