@@ -24,6 +24,8 @@ pub(crate) struct Tick {
 pub(crate) struct Counting {
     inner: Arc<dyn LockBackend>,
     ticks: Mutex<Vec<Tick>>,
+    /// The first renewal error, to show why renewals failed.
+    first_error: Mutex<Option<String>>,
 }
 
 impl Counting {
@@ -31,6 +33,7 @@ impl Counting {
         Counting {
             inner,
             ticks: Mutex::new(Vec::new()),
+            first_error: Mutex::new(None),
         }
     }
 
@@ -45,9 +48,9 @@ impl Counting {
             .collect()
     }
 
-    /// Every tick so far.
-    pub(crate) fn ticks(&self) -> Vec<Tick> {
-        self.ticks
+    /// The first error a renewal answered, if any.
+    pub(crate) fn first_error(&self) -> Option<String> {
+        self.first_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -104,6 +107,12 @@ impl LockBackend for Counting {
                 .count(),
             failed: answers.iter().filter(|a| a.is_err()).count(),
         };
+        if let Some(Err(e)) = answers.iter().find(|a| a.is_err()) {
+            self.first_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert_with(|| e.display_chain().to_string());
+        }
         self.ticks
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

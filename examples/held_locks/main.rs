@@ -159,7 +159,7 @@ struct Row {
     requests_per_tick: Option<(f64, &'static str)>,
     /// Guards that reported their lease lost by the end of the hold.
     lost: usize,
-    /// Tick answers that said `Lost`.
+    /// Tick answers that said `Lost`, up to the end of the hold.
     lost_by_ticks: usize,
     /// Releases that found the lock no longer ours, or failed.
     not_ours: usize,
@@ -229,7 +229,11 @@ async fn run(tier: &'static str, url: &str, args: &Args) -> Result<Row> {
     }
 
     let ticks = counting.ticks_between(hold_start, hold_end);
-    let all_ticks = counting.ticks();
+    // Ticks during the releases find released nodes gone: only those up to the hold's end.
+    let all_ticks = counting.ticks_between(started, hold_end);
+    if let Some(e) = counting.first_error() {
+        eprintln!("{tier}: the first renewal error: {e}");
+    }
     let held_for = hold_end - hold_start;
     let leases: usize = ticks.iter().map(|t| t.leases).sum();
     let requests_per_tick = match (before, after, &counters) {
