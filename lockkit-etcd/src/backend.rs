@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, SortOrder,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    SortOrder, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use lockkit_core::backend::cleanup::Acquisitions;
 use lockkit_core::backend::{
@@ -295,6 +295,26 @@ impl EtcdBackend {
     }
 }
 
+impl EtcdBackend {
+    /// The key-values of `reads` (get operations), in order: `None` for a missing key.
+    async fn read_keys(&self, reads: Vec<TxnOp>) -> Result<Vec<Option<KeyValue>>> {
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let response = self
+            .call("checking held locks", txn_of(&Txn::new().and_then(reads)))
+            .await?;
+        Ok(response
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
 /// A request that runs `txn`.
 pub(crate) fn txn_of(
     txn: &Txn,
@@ -401,33 +421,42 @@ impl LockBackend for EtcdBackend {
             .unwrap_or(Ok(Renewal::Lost))
     }
 
+    /// Every lease's key is read back in transactions of up to 128 reads (etcd's default
+    /// `--max-txn-ops`), all sent at once: they travel side by side on the client's HTTP/2
+    /// connection, so a tick is one round trip however many transactions it takes. Sent one
+    /// after the other, 10,000 leases were 79 round trips a tick (measured with
+    /// `examples/held_locks`: 96 ms a tick beside a 0.5 ms round trip).
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         let sent_at = Instant::now();
         let checks: Vec<Option<(String, Arc<Session>)>> =
             leases.iter().map(|lease| self.local_check(lease)).collect();
+        let reads: Vec<_> = checks
+            .chunks(MAX_TXN_OPS)
+            .map(|checks| {
+                let reads: Vec<TxnOp> = checks
+                    .iter()
+                    .flatten()
+                    .map(|(key, _)| TxnOp::get(key.clone(), None))
+                    .collect();
+                let backend = self.clone();
+                // On lockkit's runtime, so that the transactions are all sent before the
+                // first answer is awaited (and a dropped tick leaves only reads behind).
+                runtime::spawn(async move { backend.read_keys(reads).await })
+            })
+            .collect();
         let mut answers: Vec<Result<Renewal>> = Vec::with_capacity(leases.len());
-        for (leases, checks) in leases.chunks(MAX_TXN_OPS).zip(checks.chunks(MAX_TXN_OPS)) {
-            let reads: Vec<TxnOp> = checks
-                .iter()
-                .flatten()
-                .map(|(key, _)| TxnOp::get(key.clone(), None))
-                .collect();
-            let found = if reads.is_empty() {
-                Ok(Vec::new())
-            } else {
-                self.call("checking held locks", txn_of(&Txn::new().and_then(reads)))
-                    .await
-                    .map(|response| {
-                        response
-                            .op_responses()
-                            .into_iter()
-                            .map(|op| match op {
-                                TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-                                _ => None,
-                            })
-                            .collect::<Vec<_>>()
-                    })
-            };
+        for ((leases, checks), read) in leases
+            .chunks(MAX_TXN_OPS)
+            .zip(checks.chunks(MAX_TXN_OPS))
+            .zip(reads)
+        {
+            let found = read.await.unwrap_or_else(|_| {
+                Err(Error::new(
+                    ErrorKind::Backend,
+                    NAME,
+                    "checking held locks panicked",
+                ))
+            });
             let mut found = match found {
                 Ok(found) => found.into_iter(),
                 Err(e) => {

@@ -18,6 +18,17 @@ pub(crate) enum Step {
     Recreate,
 }
 
+/// The path of `lease`'s node from its owner token's prefix and the sequence number in its
+/// handle; `None` when the handle holds no sequence number.
+pub(crate) fn known_node(lease: &Lease) -> Option<String> {
+    let sequence = lease.handle()?;
+    if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let paths = LockPaths::new(lease.key());
+    Some(paths.child(&format!("{}{sequence}", own_prefix(lease.owner()))))
+}
+
 impl ZkBackend {
     /// Creates our node and lists the queue: both requests are sent back to back, so the
     /// step costs about one round trip (the session's requests are applied in order, so the
@@ -268,14 +279,11 @@ impl ZkBackend {
         session: &Session,
         lease: &Lease,
     ) -> Result<Option<String>> {
+        if let Some(path) = known_node(lease) {
+            return Ok(Some(path));
+        }
         let paths = LockPaths::new(lease.key());
         let own_prefix = own_prefix(lease.owner());
-        if let Some(sequence) = lease.handle()
-            && !sequence.is_empty()
-            && sequence.bytes().all(|b| b.is_ascii_digit())
-        {
-            return Ok(Some(paths.child(&format!("{own_prefix}{sequence}"))));
-        }
         let children = self.children(session, &paths.parent).await?;
         Ok(children
             .iter()

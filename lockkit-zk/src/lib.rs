@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod naming;
 mod operator;
+mod renewal;
 mod session;
 #[cfg(feature = "tls")]
 mod tls;

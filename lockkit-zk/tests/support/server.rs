@@ -189,11 +189,17 @@ impl Drop for ZkServer {
 
 /// The `srvr` four-letter word's answer, or "" when the server does not answer.
 pub fn srvr(port: u16) -> String {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+    four_letter_word(&format!("127.0.0.1:{port}"), "srvr")
+}
+
+/// A four-letter word's answer from the server at `addr` (`host:port`), or "" when it does
+/// not answer.
+pub fn four_letter_word(addr: &str, word: &str) -> String {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
         return String::new();
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.write_all(b"srvr");
+    let _ = stream.write_all(word.as_bytes());
     let mut answer = String::new();
     let _ = stream.read_to_string(&mut answer);
     answer
