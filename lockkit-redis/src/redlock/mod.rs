@@ -101,6 +101,9 @@ struct Node {
     refusal: Refusal,
 }
 
+/// What a renewal pipeline may take per lease on top of the node timeout.
+const RENEWAL_TIME_PER_LEASE: Duration = Duration::from_micros(20);
+
 impl RedlockBackend {
     /// Opens connections to every node and loads the scripts where it can.
     ///
@@ -134,7 +137,9 @@ impl RedlockBackend {
                         addr,
                         connection: dialer.lazy_without_response_timeout(info.clone())?,
                         lanes: Arc::default(),
-                        renewals: dialer.lazy(info)?,
+                        // Bounded per batch by `renew_on_all`: a tick's pipeline may take
+                        // longer than one node timeout.
+                        renewals: dialer.lazy_without_response_timeout(info)?,
                         notifier: Notifier::sharing(dialer.clone(), pushes, sequence.clone()),
                         refusal: Refusal::default(),
                     })
@@ -283,8 +288,16 @@ impl RedlockBackend {
     /// nodes extended it, how many said it is not ours, and the failures.
     async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         let pipe = Arc::new(scripts::renew_pipeline(leases, self.config.fence_ttl));
+        // A node runs the pipeline's scripts one after the other: 10,000 leases did not fit in
+        // the 100 ms node timeout, and every renewal of the tick failed. The validity of the
+        // answers is counted with the longer bound.
+        let timeout = u32::try_from(leases.len())
+            .ok()
+            .and_then(|n| RENEWAL_TIME_PER_LEASE.checked_mul(n))
+            .and_then(|batch| self.config.node_timeout.checked_add(batch))
+            .unwrap_or(Duration::MAX);
         let replies = self
-            .on_all(self.config.node_timeout, true, move |mut con| {
+            .on_all(timeout, true, move |mut con| {
                 let pipe = pipe.clone();
                 async move { scripts::query_reloading(&pipe, &mut con).await }
             })
@@ -312,7 +325,7 @@ impl RedlockBackend {
                     .filter(|a| matches!(a, Ok(Value::Int(0))))
                     .count();
                 if extended >= self.quorum() {
-                    Ok(Renewal::Extended(self.validity(lease.ttl())))
+                    Ok(Renewal::Extended(lease.ttl().saturating_sub(timeout)))
                 } else if refused > self.nodes.len() - self.quorum() {
                     Ok(Renewal::Lost)
                 } else {
