@@ -11,11 +11,31 @@ use crate::error::{from_redis, timed_out, unexpected};
 use crate::listing;
 use crate::scripts::{self, Keys};
 
+/// How long a listing waits for a node's scan: an operator's read, not on any lock's path,
+/// so it may wait for a busy node longer than an acquisition does.
+const LIST_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `node:scan:skipped` (or `node:scan` from before skips were counted).
+fn parse_cursor(text: &str) -> Option<(usize, u64, usize)> {
+    let mut parts = text.split(':');
+    let node = parts.next()?.parse().ok()?;
+    let scan = parts.next()?.parse().ok()?;
+    let skipped = match parts.next() {
+        Some(skipped) => skipped.parse().ok()?,
+        None => 0,
+    };
+    parts.next().is_none().then_some((node, scan, skipped))
+}
+
 impl RedlockBackend {
-    /// Scans one node at a time (the cursor is `node:scan-cursor`). A lock key found on a
-    /// node is listed there unless an earlier node has it too (it was listed with that node),
-    /// and only if a majority holds it ([`inspect`](lockkit_core::backend::LockBackend::inspect)).
-    /// A node that does not answer is skipped: its locks are on a majority of the others.
+    /// Scans one node at a time (the cursor is `node:scan-cursor:skipped`). A lock key found
+    /// on a node is listed there unless an earlier node has it too (it was listed with that
+    /// node), and only if a majority holds it
+    /// ([`inspect`](lockkit_core::backend::LockBackend::inspect)). A node that does not answer
+    /// within [`LIST_BOUND`] (or the node timeout, if longer) is skipped, since a held lock is
+    /// on a majority of the nodes; but once more nodes were skipped than may fail, a lock may
+    /// have been on none of the nodes scanned, and the listing fails with the error instead
+    /// of answering with pages that may miss locks.
     pub(super) async fn list_page(
         &self,
         namespace: &str,
@@ -24,38 +44,41 @@ impl RedlockBackend {
         limit: usize,
     ) -> Result<LockPage> {
         lockkit_core::backend::validate_listing(namespace, prefix, limit)?;
-        let (node, scan) = match cursor {
-            None => (0, 0),
-            Some(text) => text
-                .split_once(':')
-                .and_then(|(node, scan)| Some((node.parse().ok()?, scan.parse().ok()?)))
-                .filter(|(node, _): &(usize, u64)| *node < self.nodes.len())
+        let (node, scan, mut skipped) = match cursor {
+            None => (0, 0, 0),
+            Some(text) => parse_cursor(text)
+                .filter(|(node, _, _)| *node < self.nodes.len())
                 .ok_or_else(|| {
                     Error::invalid_config(format!("{text:?} is not a redlock listing cursor"))
                 })?,
         };
-        let bound = self.config.node_timeout;
+        let bound = self.config.node_timeout.max(LIST_BOUND);
         let mut con = self.nodes[node].connection.clone();
         let scanned = tokio::time::timeout(
             bound,
             listing::scan(&mut con, namespace, prefix, scan, limit),
         )
         .await;
+        let scanned = match scanned {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) => Err(from_redis(BACKEND, e)),
+            Err(_) => Err(timed_out(BACKEND, "listing", bound)),
+        };
         let (keys, next_scan) = match scanned {
-            Ok(Ok(found)) => found,
-            Ok(Err(e)) => {
-                tracing::warn!(node = %self.nodes[node].addr, error = %from_redis(BACKEND, e), "listing: skipping a node");
-                (Vec::new(), 0)
-            }
-            Err(_) => {
-                tracing::warn!(node = %self.nodes[node].addr, error = %timed_out(BACKEND, "listing", bound), "listing: skipping a node");
+            Ok(found) => found,
+            Err(error) => {
+                skipped += 1;
+                if skipped > self.nodes.len() - self.quorum() {
+                    return Err(error);
+                }
+                tracing::warn!(node = %self.nodes[node].addr, error = %error, "listing: skipping a node");
                 (Vec::new(), 0)
             }
         };
         let next = match (next_scan, node + 1 < self.nodes.len()) {
-            (0, true) => Some(format!("{}:0", node + 1)),
+            (0, true) => Some(format!("{}:0:{skipped}", node + 1)),
             (0, false) => None,
-            (scan, _) => Some(format!("{node}:{scan}")),
+            (scan, _) => Some(format!("{node}:{scan}:{skipped}")),
         };
         let fresh = join_all(keys.into_iter().map(|key| async move {
             let seen = join_all(
@@ -126,5 +149,18 @@ impl RedlockBackend {
             }
         }
         Ok(held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cursor;
+
+    #[test]
+    fn a_listing_cursor_carries_the_nodes_skipped() {
+        assert_eq!(parse_cursor("2:17:1"), Some((2, 17, 1)));
+        assert_eq!(parse_cursor("1:0"), Some((1, 0, 0)));
+        assert_eq!(parse_cursor("1:0:2:3"), None);
+        assert_eq!(parse_cursor("x:0"), None);
     }
 }
