@@ -29,12 +29,11 @@ use futures_util::StreamExt as _;
 use lockkit::backend::LockBackend;
 use lockkit::{BackendKind, Error, ErrorKind, LockClient, LockOptions, LockkitConfig, Result};
 
-mod counting;
 mod servers;
 #[path = "../compare/targets.rs"]
 mod targets;
 
-use counting::Counting;
+use lockkit_core::testing::{Recording, Tick};
 use servers::Counters;
 
 /// Acquisitions (and releases) in flight at once.
@@ -173,7 +172,7 @@ fn median(mut values: Vec<Duration>) -> Duration {
 
 async fn run(tier: &'static str, url: &str, args: &Args) -> Result<Row> {
     let (backend, counters) = connect(url).await?;
-    let counting = Arc::new(Counting::new(backend.clone()));
+    let counting = Arc::new(Recording::new(backend.clone()));
     let namespace = format!("held-{:08x}", rand::random::<u32>());
     let locks = LockClient::with_options(
         counting.clone(),
@@ -228,10 +227,17 @@ async fn run(tier: &'static str, url: &str, args: &Args) -> Result<Row> {
         eprintln!("{tier}: a release failed: {e}");
     }
 
-    let ticks = counting.ticks_between(hold_start, hold_end);
+    let between = |from: Instant, to: Instant| -> Vec<Tick> {
+        counting
+            .ticks()
+            .into_iter()
+            .filter(|t| t.at >= from && t.at < to)
+            .collect()
+    };
+    let ticks = between(hold_start, hold_end);
     // Ticks during the releases find released nodes gone: only those up to the hold's end.
-    let all_ticks = counting.ticks_between(started, hold_end);
-    if let Some(e) = counting.first_error() {
+    let all_ticks = between(started, hold_end);
+    if let Some(e) = all_ticks.iter().find_map(|t| t.first_error.as_ref()) {
         eprintln!("{tier}: the first renewal error: {e}");
     }
     let held_for = hold_end - hold_start;

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use lockkit_core::testing::Recording;
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
-use lockkit_core::testing::queue::{self, a_queue_waiter_is_granted_after};
+use lockkit_core::testing::queue::{
+    self, a_queue_waiter_is_granted_after, a_waiter_cut_off_across_the_release_is_granted,
+    a_waiter_whose_connection_is_reset_is_granted,
+};
 use lockkit_core::{LockClient, LockOptions};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 use support::harness::EtcdHarness;
@@ -59,14 +62,9 @@ async fn a_waiter_whose_watch_stream_breaks_is_granted_after_the_release() {
     };
     let ns = support::namespace("queue-reset");
     let (holder, waiter, proxy) = holder_and_proxied_waiter(&config, &ns).await;
-    let proxy = &proxy;
-    let outcome = a_queue_waiter_is_granted_after(&holder, &waiter, |held| async move {
-        proxy.reset();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(held.release().await.expect("release"));
-    })
-    .await
-    .unwrap_or_else(|failure| panic!("{failure}"));
+    let outcome = a_waiter_whose_connection_is_reset_is_granted(&holder, &waiter, &proxy)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
     eprintln!("granted {:?} after the release", outcome.granted_after);
 }
 
@@ -80,17 +78,10 @@ async fn a_waiter_cut_off_across_the_release_is_granted_once_it_is_back() {
     };
     let ns = support::namespace("queue-dead-link");
     let (holder, waiter, proxy) = holder_and_proxied_waiter(&config, &ns).await;
-    let proxy = &proxy;
-    let outcome = a_queue_waiter_is_granted_after(&holder, &waiter, |held| async move {
-        proxy.set(Direction::Both, Fault::Blackhole);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(held.release().await.expect("release"));
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        proxy.heal();
-        proxy.reset();
-    })
-    .await
-    .unwrap_or_else(|failure| panic!("{failure}"));
+    let down = Duration::from_millis(700);
+    let outcome = a_waiter_cut_off_across_the_release_is_granted(&holder, &waiter, &proxy, down)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
     eprintln!("granted {:?} after the link healed", outcome.granted_after);
 }
 

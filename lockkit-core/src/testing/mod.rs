@@ -38,7 +38,7 @@ use crate::error::Result;
 use crate::key::LockKey;
 use crate::options::LockOptions;
 
-pub use recording::{Call, Recording};
+pub use recording::{Call, Recording, Tick};
 pub use scenarios::SCENARIOS;
 pub use scenarios::waiters_are_granted_across_a_server_restart;
 pub use secrets::{

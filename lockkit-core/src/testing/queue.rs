@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::proxy::{Direction, Fault, FaultProxy};
 use super::scenarios::{namespace, options, patience};
 use super::{Failure, Harness, Outcome, Recording};
 use crate::capabilities::WaitStrategy;
@@ -117,4 +118,54 @@ where
     }
     granted.release().await?;
     Ok(AfterFault { granted_after })
+}
+
+/// [`a_queue_waiter_is_granted_after`] with the waiter's connection (through `proxy`) reset
+/// while it waits, and the release 200 ms later: the client reconnects within its session and
+/// sets its watch again.
+///
+/// # Errors
+/// As [`a_queue_waiter_is_granted_after`].
+pub async fn a_waiter_whose_connection_is_reset_is_granted(
+    holder: &LockClient,
+    waiter: &LockClient,
+    proxy: &FaultProxy,
+) -> Result<AfterFault, Failure> {
+    a_queue_waiter_is_granted_after(holder, waiter, |held| async move {
+        proxy.reset();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released = held.release().await;
+        assert!(
+            matches!(released, Ok(true)),
+            "the holder's release: {released:?}"
+        );
+    })
+    .await
+}
+
+/// [`a_queue_waiter_is_granted_after`] with the waiter's link (through `proxy`) dead across
+/// the release, so the predecessor's departure never reaches it there; `down` after the
+/// release the link heals with its connections reset, as a host coming back does.
+///
+/// # Errors
+/// As [`a_queue_waiter_is_granted_after`].
+pub async fn a_waiter_cut_off_across_the_release_is_granted(
+    holder: &LockClient,
+    waiter: &LockClient,
+    proxy: &FaultProxy,
+    down: Duration,
+) -> Result<AfterFault, Failure> {
+    a_queue_waiter_is_granted_after(holder, waiter, |held| async move {
+        proxy.set(Direction::Both, Fault::Blackhole);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = held.release().await;
+        assert!(
+            matches!(released, Ok(true)),
+            "the holder's release: {released:?}"
+        );
+        tokio::time::sleep(down).await;
+        proxy.heal();
+        proxy.reset();
+    })
+    .await
 }

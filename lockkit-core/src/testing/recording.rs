@@ -1,8 +1,9 @@
 //! [`Recording`]: a backend that passes every call on to another and records it, for tests
-//! that check what the core asks of a backend (how often, for whom, in what batches).
+//! that check what the core asks of a backend (how often, for whom, in what batches), and for
+//! benchmarks that time the renewal ticks.
 
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -23,11 +24,30 @@ pub struct Call {
     pub leases: usize,
 }
 
+/// One finished `renew_many` call (a renewal tick of the core's scheduler): when it started,
+/// how many leases it carried, how long it took and what it answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tick {
+    /// When the call was made.
+    pub at: Instant,
+    /// How many leases it renewed.
+    pub leases: usize,
+    /// How long the backend took to answer.
+    pub took: Duration,
+    /// Leases answered `Lost`.
+    pub lost: usize,
+    /// Leases answered with an error.
+    pub failed: usize,
+    /// The first of those errors, as `display_chain` shows it.
+    pub first_error: Option<String>,
+}
+
 /// Passes every call on to `inner`, unchanged, and records it.
 #[derive(Debug)]
 pub struct Recording {
     inner: SharedBackend,
     calls: Mutex<Vec<Call>>,
+    ticks: Mutex<Vec<Tick>>,
 }
 
 impl Recording {
@@ -36,12 +56,21 @@ impl Recording {
         Recording {
             inner,
             calls: Mutex::new(Vec::new()),
+            ticks: Mutex::new(Vec::new()),
         }
     }
 
     /// Every call so far, in order.
     pub fn calls(&self) -> Vec<Call> {
         self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Every finished `renew_many` call so far, in the order they finished.
+    pub fn ticks(&self) -> Vec<Tick> {
+        self.ticks
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -107,7 +136,27 @@ impl LockBackend for Recording {
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         self.record("renew_many", None, leases.len());
-        self.inner.renew_many(leases).await
+        let at = Instant::now();
+        let answers = self.inner.renew_many(leases).await;
+        let tick = Tick {
+            at,
+            leases: leases.len(),
+            took: at.elapsed(),
+            lost: answers
+                .iter()
+                .filter(|a| matches!(a, Ok(Renewal::Lost)))
+                .count(),
+            failed: answers.iter().filter(|a| a.is_err()).count(),
+            first_error: answers
+                .iter()
+                .find_map(|a| a.as_ref().err())
+                .map(|e| e.display_chain().to_string()),
+        };
+        self.ticks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tick);
+        answers
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
