@@ -26,6 +26,11 @@ impl Backoff {
         self.ceiling = (self.ceiling * 2).min(self.max);
         delay
     }
+
+    /// Starts again from the shortest delay.
+    pub(crate) fn reset(&mut self) {
+        self.ceiling = self.min;
+    }
 }
 
 /// A uniformly random duration in `[low, high]`.

@@ -119,6 +119,26 @@ pub struct Capabilities {
     pub wait: WaitStrategy,
     /// The shortest TTL the backend honours (etcd rounds leases up to 2 s).
     pub min_ttl: Duration,
+    /// Whether [`Election`](crate::Election)s work on this backend, and if not, why.
+    pub election: Support,
+}
+
+/// Whether a backend supports a primitive beyond the mutex, and if not, why.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Support {
+    /// The primitive works on this backend, with the backend's tier.
+    Supported,
+    /// The primitive is refused at creation with
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) and this reason.
+    Unsupported(&'static str),
+}
+
+impl Support {
+    /// Whether the primitive works on this backend.
+    pub fn is_supported(self) -> bool {
+        matches!(self, Support::Supported)
+    }
 }
 
 impl Capabilities {
@@ -128,7 +148,15 @@ impl Capabilities {
             fencing,
             wait,
             min_ttl: Duration::ZERO,
+            election: Support::Unsupported("this backend does not implement elections"),
         }
+    }
+
+    /// Sets whether elections work on this backend.
+    #[must_use]
+    pub fn with_election(mut self, election: Support) -> Self {
+        self.election = election;
+        self
     }
 
     /// Sets the shortest TTL the backend honours.

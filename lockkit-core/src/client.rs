@@ -9,6 +9,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::backend::{LockBackend, LockInfo, LockPage, SharedBackend};
 use crate::background::Background;
 use crate::capabilities::{Capabilities, Tier};
+use crate::election::Election;
 use crate::error::Result;
 use crate::guard::MutexGuard;
 use crate::key::{LockKey, validate_segment};
@@ -128,6 +129,16 @@ impl LockClient {
     /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey).
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
         Ok(Mutex::new(self.clone(), self.key(name)?))
+    }
+
+    /// An election on the lock `name`, with this client's options (see [`Election`]).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey);
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported), with the reason, on a
+    /// backend without elections ([`Capabilities::election`]).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        Election::new(self.mutex(name)?)
     }
 
     /// Takes the lock `name`, runs `f` with the guard while holding it, and releases it. See

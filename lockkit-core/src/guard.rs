@@ -97,6 +97,14 @@ impl MutexGuard {
         &self.held().lease
     }
 
+    pub(crate) fn backend(&self) -> &crate::backend::SharedBackend {
+        &self.held().backend
+    }
+
+    pub(crate) fn mark_lost(&self, why: &str) {
+        self.held().mark_lost(why);
+    }
+
     /// Until when the lock is known to be ours, by the local clock. Renewals move it forward.
     pub fn valid_until(&self) -> Instant {
         self.held().valid_until()

@@ -6,6 +6,7 @@ mod background;
 mod backoff;
 mod capabilities;
 mod client;
+mod election;
 mod error;
 mod guard;
 mod key;
@@ -23,8 +24,11 @@ mod with_lock;
 pub mod testing;
 
 pub use backend::{LockInfo, LockPage};
-pub use capabilities::{Capabilities, FencingGuarantee, Tier, WaitStrategy};
+pub use capabilities::{Capabilities, FencingGuarantee, Support, Tier, WaitStrategy};
 pub use client::LockClient;
+pub use election::{
+    DEFAULT_RETRY_PAUSE, Election, Leader, LeaderChanges, Leadership, MAX_VALUE_LEN,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use guard::{LostSignal, MutexGuard};
 pub use key::LockKey;

@@ -11,7 +11,8 @@ use tokio::sync::Notify;
 use crate::backend::{
     AcquireRequest, Attempt, Contention, Grant, LockBackend, LockInfo, LockPage, Renewal,
 };
-use crate::capabilities::{Capabilities, FencingGuarantee, Tier, WaitStrategy};
+use crate::capabilities::{Capabilities, FencingGuarantee, Support, Tier, WaitStrategy};
+use crate::election::Leader;
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -52,7 +53,8 @@ struct Inner {
 #[derive(Debug, Default)]
 struct Slot {
     holder: Option<Holder>,
-    released: Arc<Notify>,
+    /// Notified when the holder goes or proclaims a value.
+    changed: Arc<Notify>,
 }
 
 #[derive(Debug)]
@@ -60,6 +62,8 @@ struct Holder {
     owner: OwnerToken,
     fencing_token: FencingToken,
     expires_at: Instant,
+    /// What the holder proclaimed, as an election's leader.
+    value: Option<String>,
 }
 
 impl Slot {
@@ -68,7 +72,7 @@ impl Slot {
     }
 
     fn is_idle(&self, now: Instant) -> bool {
-        self.live_holder(now).is_none() && Arc::strong_count(&self.released) == 1
+        self.live_holder(now).is_none() && Arc::strong_count(&self.changed) == 1
     }
 }
 
@@ -100,7 +104,7 @@ impl MemoryBackend {
             };
             let was_held = slot.live_holder(now).is_some();
             slot.holder = None;
-            slot.released.notify_waiters();
+            slot.changed.notify_waiters();
             was_held
         })
     }
@@ -126,7 +130,7 @@ impl MemoryBackend {
             let ours = slot.live_holder(now).is_some_and(|h| h.owner == *owner);
             if ours {
                 slot.holder = None;
-                slot.released.notify_waiters();
+                slot.changed.notify_waiters();
             }
             ours
         })
@@ -145,6 +149,7 @@ impl LockBackend for MemoryBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Notify)
+            .with_election(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -164,6 +169,7 @@ impl LockBackend for MemoryBackend {
                         owner: request.owner.clone(),
                         fencing_token,
                         expires_at: now + request.ttl,
+                        value: None,
                     });
                     Attempt::Granted(Grant::new(fencing_token, request.ttl))
                 }
@@ -180,7 +186,7 @@ impl LockBackend for MemoryBackend {
         let released = self.with_slots(|slots, now| {
             let slot = slots.entry(request.key.clone()).or_default();
             let holder_left = slot.live_holder(now).map(|h| h.expires_at - now);
-            (slot.released.clone(), holder_left)
+            (slot.changed.clone(), holder_left)
         });
         let (notify, holder_left) = released;
         let Some(holder_left) = holder_left else {
@@ -273,5 +279,56 @@ impl LockBackend for MemoryBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         Ok(MemoryBackend::force_release(self, key))
+    }
+
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        Ok(self.with_slots(|slots, now| {
+            let Some(slot) = slots.get_mut(lease.key()) else {
+                return false;
+            };
+            match slot.holder.as_mut() {
+                Some(holder)
+                    if holder.expires_at > now
+                        && holder.owner == *lease.owner()
+                        && holder.fencing_token == lease.fencing_token() =>
+                {
+                    holder.value = Some(value.to_owned());
+                    slot.changed.notify_waiters();
+                    true
+                }
+                _ => false,
+            }
+        }))
+    }
+
+    async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
+        Ok(self.with_slots(|slots, now| {
+            let holder = slots.get(key)?.live_holder(now)?;
+            Some(Leader::new(holder.fencing_token, holder.value.clone()))
+        }))
+    }
+
+    async fn wait_for_leader_change(
+        &self,
+        key: &LockKey,
+        seen: Option<&Leader>,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let (changed, expires_in) = self.with_slots(|slots, now| {
+            let slot = slots.entry(key.clone()).or_default();
+            let expires_in = slot.live_holder(now).map(|h| h.expires_at - now);
+            (slot.changed.clone(), expires_in)
+        });
+        let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // The leader may have changed before `enable`.
+        if self.leader(key).await?.as_ref() != seen {
+            return Ok(());
+        }
+        // An expiry is announced by nobody: wake when the holder's lease ends.
+        let max_wait = expires_in.map_or(max_wait, |left| left.min(max_wait));
+        let _ = tokio::time::timeout(max_wait, notified).await;
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, Renewal, async_trait,
+    AcquireRequest, Attempt, Contention, Grant, Leader, Lease, LockBackend, Renewal, async_trait,
 };
 use lockkit_core::testing::{self, Harness};
 use lockkit_core::{
@@ -152,6 +152,24 @@ impl LockBackend for Slow {
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         lag().await;
         LockBackend::force_release(&self.memory, key).await
+    }
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        lag().await;
+        self.memory.proclaim(lease, value).await
+    }
+    async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
+        lag().await;
+        self.memory.leader(key).await
+    }
+    async fn wait_for_leader_change(
+        &self,
+        key: &LockKey,
+        seen: Option<&Leader>,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.memory
+            .wait_for_leader_change(key, seen, max_wait)
+            .await
     }
 }
 

@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
+pub use crate::election::Leader;
 pub use crate::error::BoxError;
 pub use crate::key::validate_segment;
 pub use crate::lease::{Lease, clock_drift, validity_deadline};
@@ -440,5 +441,59 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
             self.name(),
             "this backend cannot break locks",
         ))
+    }
+
+    /// Elections: stores `value` as what the grant of `lease` proclaims, in one step with the
+    /// check that `lease` still holds its lock, replacing what it proclaimed before. Returns
+    /// `false`, writing nothing, when the lease no longer holds its lock.
+    ///
+    /// The value lives with the grant: whatever ends the grant (a release, an expiry, a
+    /// forced release, the end of its session) removes it or makes it invisible, and
+    /// [`LockBackend::leader`] shows a value only with the grant that proclaimed it. A
+    /// proclamation notifies [`LockBackend::wait_for_leader_change`] like a release does.
+    /// Backends declare elections with [`Capabilities::election`]; the default says
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
+    ///
+    /// # Errors
+    /// Backend failures: the value may then have been written or not.
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        let _ = (lease, value);
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            self.name(),
+            "this backend does not implement elections",
+        ))
+    }
+
+    /// Elections: the current holder of `key` (its fencing token is the term) and the value
+    /// its grant proclaimed (`None` if it has not), read at one moment: never a holder with
+    /// another grant's value. On the consensus tiers the read is linearizable.
+    ///
+    /// # Errors
+    /// Backend failures; [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) by default.
+    async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
+        let _ = key;
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            self.name(),
+            "this backend does not implement elections",
+        ))
+    }
+
+    /// Elections: waits until the leader of `key` may differ from `seen` (another holder, a
+    /// vacancy, a new proclamation), or `max_wait` has passed. Returning early is always
+    /// allowed: the core reads the leader again. The default sleeps for `max_wait`.
+    ///
+    /// # Errors
+    /// Backend failures while setting up the wait.
+    async fn wait_for_leader_change(
+        &self,
+        key: &LockKey,
+        seen: Option<&Leader>,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let _ = (key, seen);
+        tokio::time::sleep(max_wait).await;
+        Ok(())
     }
 }

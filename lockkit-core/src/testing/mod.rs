@@ -15,7 +15,17 @@
 //! Scenarios that depend on a capability run only where [`Capabilities`](crate::Capabilities)
 //! claims it.
 
+/// Fails the scenario with the message unless the condition holds.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(Failure(format!($($msg)+)));
+        }
+    };
+}
+
 pub mod check;
+mod election;
 pub mod fenced;
 pub mod history;
 mod operator;
@@ -337,6 +347,14 @@ macro_rules! conformance_tests {
             an_acquisition_dropped_in_flight_leaves_nothing_behind,
             list_shows_the_held_locks_by_prefix_page_by_page,
             force_release_breaks_the_lock_and_the_holder_reports_lost,
+            one_leader_at_a_time_with_increasing_terms,
+            the_leader_shows_its_proclaimed_value,
+            resign_hands_over_at_once,
+            a_crashed_leader_is_replaced_after_its_ttl,
+            a_deposed_leader_cannot_proclaim,
+            a_cancelled_campaign_leaves_nothing_behind,
+            observe_ends_on_the_current_leader_in_term_order,
+            run_as_leader_cancels_the_work_when_leadership_is_lost,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

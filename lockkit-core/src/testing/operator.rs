@@ -15,14 +15,6 @@ use crate::backend::LockInfo;
 use crate::client::LockClient;
 use crate::error::ErrorKind;
 
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(Failure(format!($($msg)+)));
-        }
-    };
-}
-
 /// Every page of `prefix`, about `limit` locks at a time (Redis' `SCAN` takes the limit as
 /// a hint), by name; a lock listed twice counts once.
 async fn list_all(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Contention, Lease, LockBackend, LockPage, OwnerToken, Renewal,
+    AcquireRequest, Attempt, Contention, Leader, Lease, LockBackend, LockPage, OwnerToken, Renewal,
     SharedBackend,
 };
 use crate::{Capabilities, LockInfo, LockKey, Result, Tier};
@@ -193,5 +193,24 @@ impl LockBackend for Recording {
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         self.record("force_release", None, 0);
         self.inner.force_release(key).await
+    }
+
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        self.record("proclaim", Some(lease.owner()), 1);
+        self.inner.proclaim(lease, value).await
+    }
+
+    async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
+        self.record("leader", None, 0);
+        self.inner.leader(key).await
+    }
+
+    async fn wait_for_leader_change(
+        &self,
+        key: &LockKey,
+        seen: Option<&Leader>,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.inner.wait_for_leader_change(key, seen, max_wait).await
     }
 }

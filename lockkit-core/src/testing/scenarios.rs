@@ -4,6 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::election::{
+    a_cancelled_campaign_leaves_nothing_behind, a_crashed_leader_is_replaced_after_its_ttl,
+    a_deposed_leader_cannot_proclaim, observe_ends_on_the_current_leader_in_term_order,
+    one_leader_at_a_time_with_increasing_terms, resign_hands_over_at_once,
+    run_as_leader_cancels_the_work_when_leadership_is_lost, the_leader_shows_its_proclaimed_value,
+};
 use super::operator::{
     force_release_breaks_the_lock_and_the_holder_reports_lost,
     list_shows_the_held_locks_by_prefix_page_by_page,
@@ -17,14 +23,6 @@ use crate::lease::Lease;
 use crate::options::LockOptions;
 use crate::owner::LockOwner;
 use crate::token::{FencingToken, OwnerToken};
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(Failure(format!($($msg)+)));
-        }
-    };
-}
 
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
@@ -58,6 +56,14 @@ scenarios!(
     an_acquisition_dropped_in_flight_leaves_nothing_behind,
     list_shows_the_held_locks_by_prefix_page_by_page,
     force_release_breaks_the_lock_and_the_holder_reports_lost,
+    one_leader_at_a_time_with_increasing_terms,
+    the_leader_shows_its_proclaimed_value,
+    resign_hands_over_at_once,
+    a_crashed_leader_is_replaced_after_its_ttl,
+    a_deposed_leader_cannot_proclaim,
+    a_cancelled_campaign_leaves_nothing_behind,
+    observe_ends_on_the_current_leader_in_term_order,
+    run_as_leader_cancels_the_work_when_leadership_is_lost,
 );
 
 /// An acquisition whose future is dropped while its request is in flight (a queue entry
@@ -123,7 +129,7 @@ async fn an_acquisition_dropped_in_flight_leaves_nothing_behind(h: &dyn Harness)
 }
 
 /// A long TTL: a lock that is freed before it runs out was freed on purpose.
-const LONG_TTL: Duration = Duration::from_secs(60);
+pub(super) const LONG_TTL: Duration = Duration::from_secs(60);
 
 /// A fresh random namespace, so scenarios never see each other's keys.
 pub(super) fn namespace() -> String {
