@@ -11,8 +11,9 @@ pub use config::{BackendKind, LockkitConfig};
 pub use connect::connect;
 
 pub use lockkit_core::{
-    Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockClient, LockInfo, LockKey,
-    LockOptions, LockOwner, LockPage, LostSignal, MemoryBackend, Mutex, MutexGuard, Result, Tier,
+    Capabilities, DEFAULT_RETRY_PAUSE, Election, Error, ErrorKind, FencingGuarantee, FencingToken,
+    Leader, LeaderChanges, Leadership, LockClient, LockInfo, LockKey, LockOptions, LockOwner,
+    LockPage, LostSignal, MAX_VALUE_LEN, MemoryBackend, Mutex, MutexGuard, Result, Support, Tier,
     WaitStrategy, WithLockError,
 };
 
