@@ -1,5 +1,5 @@
-//! `lockkit`: run a command under a distributed lock, show a lock's holder, check a
-//! configuration. See `lockkit --help` and the README's "Command line" section.
+//! `lockkit`: run a command under a distributed lock or while leading an election, show a
+//! lock's holder or an election's leader, check a configuration. See `lockkit --help` and the README's "Command line" section.
 
 #[cfg(not(target_os = "linux"))]
 compile_error!(
@@ -15,7 +15,9 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use lockkit::{Error, ErrorKind, LockClient, LockkitConfig};
 use serde_json::json;
 
+mod child;
 mod docs;
+mod elect;
 mod logging;
 mod operator;
 mod run;
@@ -34,7 +36,8 @@ mod exit {
     /// The lock was not acquired: held by someone else with `--no-wait`, or not free within
     /// `--wait` (the default of `--conflict-exit-code`).
     pub(crate) const NOT_ACQUIRED: u8 = 75;
-    /// The lock was lost while the command ran; the command was terminated.
+    /// The lock (the leadership, for `elect`) was lost while the command ran; the command
+    /// was terminated.
     pub(crate) const LOST: u8 = 76;
     /// The backend refused the credentials.
     pub(crate) const AUTH: u8 = 77;
@@ -51,18 +54,19 @@ mod exit {
 /// The backend comes from --config FILE, --url URL, or the environment (LOCKKIT_CONFIG,
 /// LOCKKIT_URL, LOCKKIT_* overrides).
 ///
-/// Exit codes: 0 success; 1 `release --force` declined; `run` passes the command's code through (128+N when it died of
-/// signal N); 2 usage; 69 backend unavailable; 70 unexpected error; 75 lock not acquired;
-/// 76 lock lost while the command ran (it was terminated); 77 authentication refused;
-/// 78 invalid configuration or key; 126/127 command not executable / not found; 128+N
-/// signal N interrupted lockkit before the command started.
+/// Exit codes: 0 success; 1 `release --force` declined; `run` and `elect` pass the command's
+/// code through (128+N when it died of signal N); 2 usage; 69 backend unavailable; 70
+/// unexpected error; 75 lock not acquired; 76 lock or leadership lost while the command ran
+/// (it was terminated); 77 authentication refused; 78 invalid configuration or key, or a
+/// backend without elections; 126/127 command not executable / not found; 128+N signal N
+/// interrupted lockkit before the command started.
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version)]
 struct Cli {
     #[command(flatten)]
     source: Source,
-    /// Print machine-readable JSON instead of text, on stdout. With `run`, stdout carries
-    /// only lockkit's report: the command's stdout goes to lockkit's stderr.
+    /// Print machine-readable JSON instead of text, on stdout. With `run` and `elect`, stdout
+    /// carries only lockkit's report: the command's stdout goes to lockkit's stderr.
     #[arg(long, global = true)]
     json: bool,
     /// Log more to stderr: -v info, -vv debug, -vvv trace (default: warnings, such as
@@ -104,6 +108,42 @@ enum Command_ {
     /// terminal already reached CMD and is not sent again; one sent to lockkit by a process
     /// is passed on).
     Run(RunArgs),
+    /// Run a command while leading an election.
+    ///
+    /// Campaigns for the election NAME (waiting while another candidate leads), then runs
+    /// CMD while this process leads, renewing the leadership; when CMD exits, resigns (the
+    /// next candidate takes over at once) and exits with CMD's code. The election NAME is
+    /// the lock NAME: `status`, `list` and `release --force` see it.
+    ///
+    /// CMD sees LOCKKIT_ELECTION (NAME), LOCKKIT_TERM (the term: a fencing token, higher for
+    /// every new leader; pass it with every write CMD makes), LOCKKIT_VALUE (the value this
+    /// leader proclaimed), LOCKKIT_BACKEND, LOCKKIT_TTL_MS and LOCKKIT_VALID_UNTIL_MS (as for
+    /// `run`).
+    ///
+    /// CMD never runs without the leadership: if it is lost, CMD gets SIGTERM, then SIGKILL
+    /// after --grace, and lockkit exits with 76 (it does not campaign again: let the
+    /// supervisor restart it); if lockkit dies (even of SIGKILL), the kernel kills CMD.
+    /// Signals are handled as by `run`: during the campaign they withdraw the candidate
+    /// (exit 128+N), while CMD runs each reaches CMD once. Backends without elections
+    /// (Redlock) fail with 78.
+    Elect(ElectArgs),
+    /// Show who leads an election.
+    ///
+    /// Prints the leader's term and the value it proclaimed, or that nobody leads. With
+    /// --watch, prints the current state and then every change (a new leader, a new value,
+    /// a vacancy), one line each, until interrupted: a slow reader may miss intermediate
+    /// leaders, but always ends on the current one, and terms never go backwards. With
+    /// --json, one JSON object per line: {"election":NAME,"leader":{"term":N,"value":V}},
+    /// or {"election":NAME,"leader":null} when nobody leads (a value is null between a new
+    /// leader's grant and its proclamation). Backends without elections (Redlock) fail
+    /// with 78.
+    Leader {
+        /// Print every change after the current state, until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// The election name.
+        name: String,
+    },
     /// Show whether a lock is held.
     ///
     /// Prints the holder's fencing token, its remaining TTL and the backend's tier.
@@ -188,6 +228,26 @@ struct RunArgs {
     command: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+struct ElectArgs {
+    /// What this candidate proclaims while it leads, for `lockkit leader` and CMD's
+    /// LOCKKIT_VALUE, e.g. its address (default: HOSTNAME:PID).
+    #[arg(long)]
+    value: Option<String>,
+    /// How long the leadership lives without renewal: how long a crashed leader keeps the
+    /// others waiting (default: the configuration's lock.ttl).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
+    /// After the leadership is lost: how long CMD has between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// The election name.
+    name: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
 /// A failure that ends the process with a code and a message.
 struct Failure {
     code: u8,
@@ -228,7 +288,7 @@ fn main() -> ExitCode {
         return ExitCode::from(exit::USAGE);
     }
     // Before the runtime starts its threads, so that they all inherit the mask.
-    if matches!(cli.command, Command_::Run(_))
+    if matches!(cli.command, Command_::Run(_) | Command_::Elect(_))
         && let Err(e) = signals::block()
     {
         eprintln!("lockkit: cannot take over signals: {e}");
@@ -276,14 +336,17 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             operator::force_release(&config, &key, yes, cli.json).await
         }
         Command_::Completions { .. } | Command_::Man { .. } => Ok(0),
-        Command_::Run(args) => {
-            let mut signals = signals::Signals::new().map_err(|e| Failure {
-                code: exit::SOFTWARE,
-                message: format!("cannot listen for signals: {e}"),
-            })?;
-            run::run(config, args, cli.json, &mut signals).await
-        }
+        Command_::Leader { name, watch } => elect::leader(&config, &name, watch, cli.json).await,
+        Command_::Run(args) => run::run(config, args, cli.json, &mut listen()?).await,
+        Command_::Elect(args) => elect::elect(config, args, cli.json, &mut listen()?).await,
     }
+}
+
+fn listen() -> Result<signals::Signals, Failure> {
+    signals::Signals::new().map_err(|e| Failure {
+        code: exit::SOFTWARE,
+        message: format!("cannot listen for signals: {e}"),
+    })
 }
 
 fn load_config(source: &Source) -> Result<LockkitConfig, Failure> {

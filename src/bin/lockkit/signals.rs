@@ -1,6 +1,6 @@
-//! How `lockkit run` keeps its promise that the command never runs without the lock: the
-//! signals it handles from start-up, how it passes them on, and the trampoline that ties the
-//! command's life to lockkit's.
+//! How `lockkit run` (and `elect`) keeps its promise that the command never runs without the
+//! lock (the leadership): the signals it handles from start-up, how it passes them on, and
+//! the trampoline that ties the command's life to lockkit's.
 //!
 //! # The command dies with lockkit
 //! The command is not started directly: lockkit starts itself again as a trampoline
@@ -46,7 +46,7 @@ use tokio::sync::mpsc;
 /// The first argument that makes lockkit the trampoline of a command.
 pub(crate) const TRAMPOLINE: &str = "__lockkit-exec-child";
 
-/// The signals `run` handles.
+/// The signals `run` and `elect` handle.
 const HANDLED: [Signal; 4] = [
     Signal::SIGINT,
     Signal::SIGTERM,
