@@ -32,6 +32,18 @@ impl Env {
         })
     }
 
+    /// The in-process memory backend: each `lockkit` process has its own, empty one.
+    pub(crate) fn memory() -> Env {
+        let namespace = format!("lk-cli-{:08x}", rand::random::<u32>());
+        let dir = std::env::temp_dir().join(&namespace);
+        std::fs::create_dir_all(&dir).unwrap();
+        Env {
+            url: "memory://".to_owned(),
+            namespace,
+            dir,
+        }
+    }
+
     pub(crate) fn lockkit(&self) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_lockkit"));
         command
@@ -63,6 +75,15 @@ impl Env {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Waits until the file `name` exists.
+    pub(crate) fn wait_file(&self, name: &str) {
+        let by = Instant::now() + Duration::from_secs(15);
+        while !self.file(name).exists() {
+            assert!(Instant::now() < by, "{name} never appeared");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Waits until `check` holds for the status of `key`.

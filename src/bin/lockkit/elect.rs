@@ -42,6 +42,7 @@ pub(crate) async fn elect(
         election = election.with_ttl(ttl)?;
     }
     let value = args.value.clone().unwrap_or_else(default_value);
+    tracing::info!(election = %args.name, "campaigning");
     let leadership = tokio::select! {
         leadership = election.campaign(value) => leadership?,
         received = signals.recv() => {
