@@ -6,8 +6,10 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-const SUBCOMMANDS: [&str; 7] = [
+const SUBCOMMANDS: [&str; 9] = [
     "run",
+    "elect",
+    "leader",
     "status",
     "check",
     "list",
@@ -82,6 +84,11 @@ fn man_pages_list_every_subcommand_and_render() {
     assert!(run.contains(".TH lockkit-run 1"), "{run}");
     assert!(run.contains("conflict\\-exit\\-code"), "{run}");
     assert!(run.contains("LOCKKIT_VALID_UNTIL_MS"), "{run}");
+    let elect = String::from_utf8(lockkit(&["man", "elect"]).stdout).unwrap();
+    assert!(elect.contains(".TH lockkit-elect 1"), "{elect}");
+    assert!(elect.contains("LOCKKIT_TERM"), "{elect}");
+    let leader = String::from_utf8(lockkit(&["man", "leader"]).stdout).unwrap();
+    assert!(leader.contains("\\-\\-watch"), "{leader}");
 
     if let Some(rendered) = pipe("groff", &["-man", "-Tutf8", "-ww"], page.as_bytes()) {
         assert!(rendered.status.success());
