@@ -1,7 +1,8 @@
 //! The scenario examples end to end, as a user runs them: fencing on every server tier (a
-//! writer process stopped past its lease has its stale write refused), and a tier or lock
-//! call that fails shown in the example's table while the rest of the run goes on, with a
-//! non-zero exit status.
+//! writer process stopped past its lease has its stale write refused), cron_dedup's elected
+//! scheduler on every tier with elections (each tick runs once, and the next candidate takes
+//! over from the killed leader), and a tier or lock call that fails shown in the example's
+//! table while the rest of the run goes on, with a non-zero exit status.
 //!
 //! The examples are run from `target/<profile>/examples/`, where `cargo test` builds them
 //! (unless `--test` picks single targets: then `cargo build --all-features --examples` first).
@@ -135,6 +136,79 @@ fn fencing_on_etcd_refuses_the_paused_writers_stale_write() {
 #[test]
 fn fencing_on_zookeeper_refuses_the_paused_writers_stale_write() {
     fencing_refuses_the_paused_writers_stale_write("LOCKKIT_TEST_ZK_URL");
+}
+
+/// `cron_dedup --quick --elected URL`: 5 ticks, each run once; the leader killed after tick 1
+/// and another instance, in a higher term, running the ticks after it.
+fn the_elected_scheduler_runs_each_tick_once_and_hands_over(url: &str) {
+    let output = Command::new(example("cron_dedup"))
+        .args(["--quick", "--elected", url])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(
+        output.status.success(),
+        "cron_dedup --elected {url} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("5 of 5 ticks ran exactly once"), "{stdout}");
+    assert!(stdout.contains("killed the leader, instance "), "{stdout}");
+    // "| tick | 1 | instance (term) |  |"
+    let ran: Vec<(String, u64)> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains(" | 1 | "))
+        .map(|l| {
+            let by = l.split(" | ").nth(2).unwrap();
+            let (instance, term) = by.split_once(" (").unwrap();
+            (
+                instance.to_owned(),
+                term.trim_end_matches(')').parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ran.len(), 5, "{stdout}");
+    assert_eq!(ran[0], ran[1], "one leader before the kill: {stdout}");
+    assert_ne!(
+        ran[1].0, ran[2].0,
+        "another instance after the kill: {stdout}"
+    );
+    assert!(
+        ran[2].1 > ran[1].1,
+        "a higher term after the kill: {stdout}"
+    );
+    assert!(ran[2..].iter().all(|r| *r == ran[2]), "{stdout}");
+    assert!(
+        stdout.contains(&format!("term {} (\"instance-{}\")", ran[2].1, ran[2].0)),
+        "the observer saw the new leader: {stdout}"
+    );
+}
+
+#[test]
+fn the_elected_scheduler_on_memory_runs_each_tick_once_and_hands_over() {
+    the_elected_scheduler_runs_each_tick_once_and_hands_over("memory://");
+}
+
+#[test]
+fn the_elected_scheduler_on_redis_runs_each_tick_once_and_hands_over() {
+    let Some(url) = url("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
+    the_elected_scheduler_runs_each_tick_once_and_hands_over(&url);
+}
+
+#[test]
+fn the_elected_scheduler_on_etcd_runs_each_tick_once_and_hands_over() {
+    let Some(url) = url("LOCKKIT_TEST_ETCD_URL") else {
+        return;
+    };
+    the_elected_scheduler_runs_each_tick_once_and_hands_over(&url);
+}
+
+#[test]
+fn the_elected_scheduler_on_zookeeper_runs_each_tick_once_and_hands_over() {
+    let Some(url) = url("LOCKKIT_TEST_ZK_URL") else {
+        return;
+    };
+    the_elected_scheduler_runs_each_tick_once_and_hands_over(&url);
 }
 
 #[test]
