@@ -498,9 +498,11 @@ struct Watch {
 impl Watch {
     async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
+            let mut woke_early = false;
             if self.failed {
                 tokio::time::sleep(self.backoff.next_delay()).await;
             } else if let Some(seen) = &self.seen {
+                let started = Instant::now();
                 // A failed wait only costs a read: the state is read again either way.
                 let waited = self
                     .backend
@@ -509,6 +511,7 @@ impl Watch {
                 if let Err(e) = waited {
                     tracing::debug!(key = %self.key, error = %e.display_chain(), "waiting for a leader change failed; reading the leader");
                 }
+                woke_early = started.elapsed() < self.max_wait;
             }
             let now = match self.backend.leader(&self.key).await {
                 Ok(now) => now,
@@ -518,14 +521,19 @@ impl Watch {
                 }
             };
             self.failed = false;
-            self.backoff.reset();
             let stale = now
                 .as_ref()
                 .zip(self.highest)
                 .is_some_and(|(leader, highest)| leader.term < highest);
             if stale || self.seen.as_ref() == Some(&now) {
+                // A wake-up that changed nothing (the contract allows them): a backend that
+                // keeps waking at once must not make the observer spin.
+                if woke_early {
+                    tokio::time::sleep(self.backoff.next_delay()).await;
+                }
                 continue;
             }
+            self.backoff.reset();
             if let Some(leader) = &now {
                 self.highest = Some(leader.term);
             }

@@ -1,8 +1,11 @@
 -- Deletes the lock whoever holds it (an operator breaking a stale lock) and tells the
 -- waiters. The fence counter stays, so fencing tokens keep increasing.
--- KEYS[1] lock key; ARGV[1] release channel, ARGV[2] (optional) '1' to tell the waiters
+-- KEYS[1] lock key, KEYS[2] (optional) its election value key; ARGV[1] release channel, ARGV[2] (optional) '1' to tell the waiters
 -- also when the key is not there (Redlock: its waiters listen on one node, which may have
 -- missed the holder's key). Returns 1 when the lock was there, 0 otherwise.
+if KEYS[2] then
+  redis.call('DEL', KEYS[2])
+end
 if redis.call('DEL', KEYS[1]) == 1 then
   redis.call('PUBLISH', ARGV[1], '')
   return 1

@@ -1,11 +1,15 @@
 -- Deletes the lock if it is still ours and tells the waiters, in one round trip.
--- KEYS[1] lock key; ARGV[1] owner token (hex), ARGV[2] release channel,
+-- KEYS[1] lock key, KEYS[2] (optional) its election value key; ARGV[1] owner token (hex),
+-- ARGV[2] release channel,
 -- ARGV[3] (optional) '1' to tell the waiters also when the key is not there at all (Redlock:
 -- its waiters listen on one node, which may have missed the holder's key)
 -- Returns 1 when the lock was ours, 0 otherwise.
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
+  if KEYS[2] then
+    redis.call('DEL', KEYS[2])
+  end
   redis.call('PUBLISH', ARGV[2], '')
   return 1
 end

@@ -1,5 +1,6 @@
 -- Extends the lock to its TTL if it is still ours, and keeps its fence counter alive with it.
--- KEYS[1] lock key, KEYS[2] fence key (same hash tag); ARGV[1] owner token (hex),
+-- KEYS[1] lock key, KEYS[2] fence key, KEYS[3] (optional) election value key (same hash
+-- tag); ARGV[1] owner token (hex),
 -- ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms
 -- Returns 1 when the lock was ours (and is extended), 0 otherwise.
 local held = redis.call('GET', KEYS[1])
@@ -9,6 +10,11 @@ if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
   local keep = math.max(tonumber(ARGV[2]), tonumber(ARGV[3]))
   if redis.call('PTTL', KEYS[2]) < keep then
     redis.call('PEXPIRE', KEYS[2], keep)
+  end
+  if KEYS[3] then
+    -- No-op without a value; with one, it is this grant's (only the holder writes it, and
+    -- every end of the grant deletes it or lets it expire with the lock).
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])
   end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end

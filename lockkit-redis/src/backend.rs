@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Lease, LockBackend, LockPage, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Leader, Lease, LockBackend, LockPage, Renewal,
 };
 use lockkit_core::{
-    Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, Result, Tier, WaitStrategy,
+    Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, Result, Support, Tier,
+    WaitStrategy,
 };
 use redis::Value;
 
@@ -37,8 +38,8 @@ use crate::scripts::{self, AcquireReply, Keys, millis};
 /// See the crate documentation for what each tier guarantees and what breaks it.
 #[derive(Clone)]
 pub struct RedisBackend {
-    primary: Arc<Primary>,
-    config: Arc<RedisConfig>,
+    pub(crate) primary: Arc<Primary>,
+    pub(crate) config: Arc<RedisConfig>,
     /// Whether the server lately refused a subscription (waiters then poll).
     refusal: Arc<Refusal>,
 }
@@ -204,12 +205,14 @@ impl RedisBackend {
         owner_hex: String,
         pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
     ) -> Result<bool> {
-        let (lock, channel, owner_hex) = (&keys.lock, &keys.channel, &owner_hex);
+        let (lock, value, channel, owner_hex) =
+            (&keys.lock, &keys.value, &keys.channel, &owner_hex);
         let released: i64 = self
             .primary
             .request_on("releasing", pick, |mut con| async move {
                 scripts::RELEASE
                     .key(lock)
+                    .key(value)
                     .arg(owner_hex)
                     .arg(channel)
                     .invoke_async(&mut con)
@@ -232,7 +235,7 @@ impl RedisBackend {
 
     /// One pipelined round trip of compare-and-`PEXPIRE`s (plus `WAIT` with `min_replicas`).
     async fn renew_batch(&self, leases: &[Lease]) -> Result<Vec<Renewal>> {
-        let mut pipe = scripts::renew_pipeline(leases, self.config.fence_ttl);
+        let mut pipe = scripts::renew_pipeline(leases, self.config.fence_ttl, true);
         if self.config.min_replicas > 0 {
             pipe.cmd("WAIT")
                 .arg(self.config.min_replicas)
@@ -288,7 +291,7 @@ impl RedisBackend {
     }
 
     /// Falls back to polling for a while after the server refused a subscription.
-    fn poll_for_a_while(&self, error: &Error) {
+    pub(crate) fn poll_for_a_while(&self, error: &Error) {
         if self.refusal.refused(error) {
             tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
         }
@@ -315,7 +318,7 @@ impl LockBackend for RedisBackend {
         } else {
             WaitStrategy::Poll
         };
-        Capabilities::new(FencingGuarantee::BestEffort, wait)
+        Capabilities::new(FencingGuarantee::BestEffort, wait).with_election(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -429,6 +432,23 @@ impl LockBackend for RedisBackend {
             .await
     }
 
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        self.proclaim_value(lease, value).await
+    }
+
+    async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
+        self.read_leader(key).await
+    }
+
+    async fn wait_for_leader_change(
+        &self,
+        key: &LockKey,
+        seen: Option<&Leader>,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.wait_for_leader(key, seen, max_wait).await
+    }
+
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
         Ok(self
             .holder(lease.key())
@@ -475,6 +495,7 @@ impl LockBackend for RedisBackend {
             .request("breaking the lock", |mut con| async move {
                 scripts::FORCE_RELEASE
                     .key(&keys.lock)
+                    .key(&keys.value)
                     .arg(&keys.channel)
                     .invoke_async(&mut con)
                     .await

@@ -4,6 +4,7 @@
 mod backend;
 mod config;
 mod connection;
+mod election;
 mod error;
 mod eviction;
 mod lanes;

@@ -26,7 +26,8 @@ fn escape(text: &str) -> String {
 }
 
 /// The lock whose lock key is `redis_key`, if it is one of `namespace`: lock keys are
-/// `{namespace/name}` and end with `}`; the fence keys `{namespace/name}:fence` do not.
+/// `{namespace/name}` and end with `}`; the fence and election value keys
+/// (`{namespace/name}:fence`, `:value`) do not.
 pub(crate) fn lock_of(namespace: &str, redis_key: &str) -> Option<LockKey> {
     let name = redis_key
         .strip_prefix('{')?

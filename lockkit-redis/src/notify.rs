@@ -67,6 +67,10 @@ impl Refusal {
     }
 }
 
+/// The message the proclaim script publishes on a lock's release channel (a release
+/// publishes an empty one).
+pub(crate) const PROCLAIMED: &str = "proclaimed";
+
 /// The shared pub/sub connection of one backend (one primary address).
 pub(crate) struct Notifier {
     inner: Arc<Inner>,
@@ -91,6 +95,8 @@ struct Inner {
 
 struct Channel {
     releases: Arc<Notify>,
+    /// Election observers: every one is woken by a release or a proclamation.
+    observers: Arc<Notify>,
     /// The [`Inner::sequence`] value of the channel's last change.
     changed_at: u64,
     waiters: usize,
@@ -104,6 +110,7 @@ pub(crate) struct Subscription {
     inner: Arc<Inner>,
     channel: String,
     releases: Arc<Notify>,
+    observers: Arc<Notify>,
     /// Whether the channel changed after the marker the caller passed, when it joined.
     changed_since: bool,
     /// Counted among the channel's waiters (false after a failed subscribe).
@@ -181,24 +188,26 @@ impl Notifier {
         // the confirmation must find it when its push is dispatched. A channel that lost its
         // subscription with a disconnection keeps its entry (its waiters hold its `releases`)
         // and is subscribed again.
-        let releases = {
+        let (releases, observers) = {
             let mut channels = self.inner.channels();
             let changed_at = self.inner.next();
             let entry = channels
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     releases: Arc::new(Notify::new()),
+                    observers: Arc::new(Notify::new()),
                     changed_at,
                     waiters: 0,
                     confirmed: false,
                 });
             entry.waiters += 1;
-            entry.releases.clone()
+            (entry.releases.clone(), entry.observers.clone())
         };
         let mut subscription = Subscription {
             inner: self.inner.clone(),
             channel: channel.to_owned(),
             releases,
+            observers,
             changed_since: true,
             joined: true,
         };
@@ -220,6 +229,13 @@ impl Notifier {
 }
 
 impl Inner {
+    /// Wakes the election observers of `channel`.
+    fn proclaimed(&self, channel: &str) {
+        if let Some(entry) = self.channels().get(channel) {
+            entry.observers.notify_waiters();
+        }
+    }
+
     /// Subscribes on lockkit's runtime, where the pub/sub connection's driver lives.
     async fn send_subscribe(self: &Arc<Self>, channel: &str) -> Result<()> {
         let inner = self.clone();
@@ -264,6 +280,7 @@ impl Inner {
             inner: self.clone(),
             channel: channel.to_owned(),
             releases: entry.releases.clone(),
+            observers: entry.observers.clone(),
             changed_since: marker.is_none_or(|marker| entry.changed_at > marker),
             joined: true,
         })
@@ -384,7 +401,8 @@ impl Inner {
     }
 
     /// Wakes one waiter of `channel` after a release, or every waiter of every channel
-    /// (after a disconnection, when releases may have been missed).
+    /// (after a disconnection, when releases may have been missed); and every election
+    /// observer of them.
     fn wake(&self, channel: Option<&str>) {
         let mut channels = self.channels();
         let changed_at = self.next();
@@ -393,11 +411,13 @@ impl Inner {
                 if let Some(entry) = channels.get_mut(channel) {
                     entry.changed_at = changed_at;
                     entry.releases.notify_one();
+                    entry.observers.notify_waiters();
                 }
             }
             None => {
                 for entry in channels.values_mut() {
                     entry.changed_at = changed_at;
+                    entry.observers.notify_waiters();
                     entry.releases.notify_waiters();
                     // And one for a waiter that is between its attempt and its wait.
                     entry.releases.notify_one();
@@ -417,7 +437,13 @@ async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedRe
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
                 {
-                    inner.wake(Some(channel));
+                    // A proclamation changes no holder: it is for observers only.
+                    if matches!(push.data.get(1), Some(Value::BulkString(m)) if m == PROCLAIMED.as_bytes())
+                    {
+                        inner.proclaimed(channel);
+                    } else {
+                        inner.wake(Some(channel));
+                    }
                 }
             }
             PushKind::Subscribe => {
@@ -489,6 +515,13 @@ impl Subscription {
     /// [`Notifier::subscribe`]: then the caller must look at the lock before waiting.
     pub(crate) fn changed_since_marker(&self) -> bool {
         self.changed_since
+    }
+
+    /// What wakes election observers: every release and proclamation on the channel, and a
+    /// disconnection. Create and enable its `notified()` before reading the leader, so
+    /// that nothing published after the read is missed.
+    pub(crate) fn leader_changes(&self) -> &Notify {
+        &self.observers
     }
 
     /// Waits until this waiter is the one woken by a release on the channel (or by a

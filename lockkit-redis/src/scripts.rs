@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use lockkit_core::backend::{Lease, OwnerToken};
+use lockkit_core::backend::{Leader, Lease, OwnerToken};
 use lockkit_core::{FencingToken, LockInfo, LockKey, Result};
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
@@ -16,6 +16,7 @@ const RENEW_LUA: &str = include_str!("../scripts/renew.lua");
 const INSPECT_LUA: &str = include_str!("../scripts/inspect.lua");
 const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
 const FORCE_RELEASE_LUA: &str = include_str!("../scripts/force_release.lua");
+const PROCLAIM_LUA: &str = include_str!("../scripts/proclaim.lua");
 
 /// Takes a free lock and returns its fencing token, or the holder's remaining TTL.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
@@ -30,6 +31,8 @@ pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(R
 /// Delete the lock whoever holds it, plus a release notification (an operator's break).
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
+/// Elections: the holder's compare-and-`SET` of its value beside the lock, plus a notification.
+pub(crate) static PROCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(PROCLAIM_LUA));
 
 /// One pipeline of `SCRIPT LOAD`s of every script, so that the first calls need no
 /// `NOSCRIPT` round trip.
@@ -42,6 +45,7 @@ pub(crate) fn load_all() -> redis::Pipeline {
         INSPECT_LUA,
         RAISE_FENCE_LUA,
         FORCE_RELEASE_LUA,
+        PROCLAIM_LUA,
     ] {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
@@ -49,19 +53,26 @@ pub(crate) fn load_all() -> redis::Pipeline {
 }
 
 /// One pipeline of compare-and-`PEXPIRE` calls, one per lease, each also keeping the lock's
-/// fence counter alive for at least `fence_ttl`; a failed call gives an error reply in its
-/// place instead of failing the pipeline.
-pub(crate) fn renew_pipeline(leases: &[Lease], fence_ttl: Duration) -> redis::Pipeline {
+/// fence counter alive for at least `fence_ttl` (and, `with_values`, its election value with
+/// the lock); a failed call gives an error reply in its place instead of failing the pipeline.
+pub(crate) fn renew_pipeline(
+    leases: &[Lease],
+    fence_ttl: Duration,
+    with_values: bool,
+) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for lease in leases {
         let keys = Keys::of(lease.key());
         pipe.cmd("EVALSHA")
             .arg(RENEW.get_hash())
-            .arg(2)
+            .arg(if with_values { 3 } else { 2 })
             .arg(keys.lock)
-            .arg(keys.fence)
-            .arg(lease.owner().expose_hex())
+            .arg(keys.fence);
+        if with_values {
+            pipe.arg(keys.value);
+        }
+        pipe.arg(lease.owner().expose_hex())
             .arg(millis(lease.ttl()))
             .arg(millis(fence_ttl));
     }
@@ -94,14 +105,16 @@ pub(crate) fn renewed(reply: &Value) -> Option<bool> {
 
 /// The Redis names of one lock.
 ///
-/// The lock key is `{namespace/name}` and the fence key `{namespace/name}:fence`: both carry
-/// the same hash tag (the first `{...}`; a `}` in the name only ends the tag earlier, in both),
-/// so they live in one Redis Cluster slot and one script may touch both. `/` cannot occur in
-/// a namespace or name, so no two locks share keys.
+/// The lock key is `{namespace/name}`, the fence key `{namespace/name}:fence` and an
+/// election's value key `{namespace/name}:value`: all carry the same hash tag (the first
+/// `{...}`; a `}` in the name only ends the tag earlier, in all), so they live in one Redis
+/// Cluster slot and one script may touch them together. `/` cannot occur in a namespace or
+/// name, so no two locks share keys.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
     pub(crate) fence: String,
+    pub(crate) value: String,
     pub(crate) channel: String,
 }
 
@@ -110,6 +123,7 @@ impl Keys {
         let lock = format!("{{{}/{}}}", key.namespace(), key.name());
         Keys {
             fence: format!("{lock}:fence"),
+            value: format!("{lock}:value"),
             channel: format!("lockkit:released:{lock}"),
             lock,
         }
@@ -171,11 +185,7 @@ pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Opti
         [Value::Nil, Value::Int(_)] => return Ok(None),
         _ => return Err(unexpected(backend, "the inspect script")),
     };
-    let parsed = std::str::from_utf8(stored)
-        .ok()
-        .and_then(|s| s.split_once(':'))
-        .and_then(|(owner, token)| Some((owner.to_owned(), token.parse::<u64>().ok()?)));
-    let Some((owner_hex, token)) = parsed else {
+    let Some((owner_hex, token)) = holder_of(stored) else {
         return Err(unexpected(
             backend,
             "the inspect script (a lock key lockkit did not write)",
@@ -186,6 +196,39 @@ pub(crate) fn inspect_reply(backend: &'static str, value: &Value) -> Result<Opti
         info = info.with_remaining_ttl(Duration::from_millis(ms));
     }
     Ok(Some(Holder { owner_hex, info }))
+}
+
+/// The owner and fencing token of a lock key's value (`owner-hex:token`).
+fn holder_of(stored: &[u8]) -> Option<(String, u64)> {
+    let (owner, token) = std::str::from_utf8(stored).ok()?.split_once(':')?;
+    Some((owner.to_owned(), token.parse().ok()?))
+}
+
+/// The leader from the reply of `MGET lock value`: the lock's holder, with the value only if
+/// this very grant proclaimed it (the value key is `token:value`).
+pub(crate) fn leader_reply(backend: &'static str, value: &Value) -> Result<Option<Leader>> {
+    let unexpected = || unexpected(backend, "MGET of a lock and its election value");
+    let Value::Array(items) = value else {
+        return Err(unexpected());
+    };
+    let (stored, proclaimed) = match items.as_slice() {
+        [Value::Nil, _] => return Ok(None),
+        [Value::BulkString(stored), proclaimed] => (stored, proclaimed),
+        _ => return Err(unexpected()),
+    };
+    let (_, token) = holder_of(stored).ok_or_else(unexpected)?;
+    let value = match proclaimed {
+        Value::Nil => None,
+        Value::BulkString(proclaimed) => {
+            let (by, value) = std::str::from_utf8(proclaimed)
+                .ok()
+                .and_then(|s| s.split_once(':'))
+                .ok_or_else(unexpected)?;
+            (by.parse::<u64>().ok() == Some(token)).then(|| value.to_owned())
+        }
+        _ => return Err(unexpected()),
+    };
+    Ok(Some(Leader::new(FencingToken(token), value)))
 }
 
 /// Whether a reply says `NOSCRIPT` (the server lost its script cache).
@@ -212,6 +255,31 @@ mod tests {
                 "{reply:?} was taken for an answer"
             );
         }
+    }
+
+    #[test]
+    fn a_leader_shows_only_the_value_its_own_grant_proclaimed() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let read = |lock: Value, value: Value| {
+            leader_reply("redis", &Value::Array(vec![lock, value]))
+                .ok()
+                .flatten()
+        };
+        assert_eq!(
+            read(bulk("ab12:42"), bulk("42:node-a:8080")),
+            Some(Leader::new(FencingToken(42), Some("node-a:8080".into())))
+        );
+        assert_eq!(
+            read(bulk("ab12:43"), bulk("42:node-a:8080")),
+            Some(Leader::new(FencingToken(43), None)),
+            "a value of the grant before"
+        );
+        assert_eq!(
+            read(bulk("ab12:42"), Value::Nil),
+            Some(Leader::new(FencingToken(42), None))
+        );
+        assert_eq!(read(Value::Nil, bulk("42:x")), None);
+        assert!(leader_reply("redis", &Value::Array(vec![bulk("junk"), Value::Nil])).is_err());
     }
 
     #[test]

@@ -44,6 +44,17 @@ async fn workload(harness: &common::RedisHarness) {
         )
         .unwrap();
     std::mem::forget(abandoned.lock().await.unwrap());
+    // A leader's value, where elections exist (not on Redlock).
+    if let Ok(election) = a.election("elected") {
+        let election = election
+            .with_options(
+                LockOptions::default()
+                    .with_ttl(Duration::from_millis(300))
+                    .with_auto_renew(false),
+            )
+            .unwrap();
+        std::mem::forget(election.campaign("value").await.unwrap());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use lockkit_core::backend::{
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
-    Tier, WaitStrategy,
+    Support, Tier, WaitStrategy,
 };
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, Value};
@@ -30,6 +30,16 @@ mod fanout;
 mod operator;
 
 const BACKEND: &str = "redlock";
+
+/// Why Redlock refuses elections ([`Capabilities::election`]).
+///
+/// A Redlock leader would be whoever holds a majority of independent nodes. But the nodes
+/// share no order of their changes: during a hand-over, or after a node restarted without
+/// persistence, two observers reading different majorities can each see a different holder,
+/// and one observer can see a term and then its predecessor. So neither `leader()` ("who
+/// leads now?") nor `observe()` (changes in term order, ending on the current leader) could
+/// keep its promise.
+const NO_ELECTIONS: &str = "Redlock's nodes are independent and share no order of changes, so observers reading different majorities can disagree on who leads and see terms go back; elections need one ordered history: use single Redis, Sentinel, etcd or ZooKeeper";
 
 /// Redlock over N independent Redis servers (tier `quorum`).
 ///
@@ -287,7 +297,11 @@ impl RedlockBackend {
     /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
     /// nodes extended it, how many said it is not ours, and the failures.
     async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let pipe = Arc::new(scripts::renew_pipeline(leases, self.config.fence_ttl));
+        let pipe = Arc::new(scripts::renew_pipeline(
+            leases,
+            self.config.fence_ttl,
+            false,
+        ));
         // A node runs the pipeline's scripts one after the other: 10,000 leases did not fit in
         // the 100 ms node timeout, and every renewal of the tick failed. The validity of the
         // answers is counted with the longer bound.
@@ -367,6 +381,7 @@ impl LockBackend for RedlockBackend {
         };
         Capabilities::new(FencingGuarantee::BestEffort, wait)
             .with_min_ttl(self.config.node_timeout * 4)
+            .with_election(Support::Unsupported(NO_ELECTIONS))
     }
 
     /// One attempt; see `attempt.rs` for what it waits for and what it leaves in flight.
