@@ -196,6 +196,14 @@ fn the_elected_scheduler_on_redis_runs_each_tick_once_and_hands_over() {
 }
 
 #[test]
+fn the_elected_scheduler_on_sentinel_runs_each_tick_once_and_hands_over() {
+    let Some(url) = url("LOCKKIT_TEST_SENTINEL_URL") else {
+        return;
+    };
+    the_elected_scheduler_runs_each_tick_once_and_hands_over(&url);
+}
+
+#[test]
 fn the_elected_scheduler_on_etcd_runs_each_tick_once_and_hands_over() {
     let Some(url) = url("LOCKKIT_TEST_ETCD_URL") else {
         return;
