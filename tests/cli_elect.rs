@@ -35,27 +35,55 @@ fn candidate_script(env: &Env) -> String {
     )
 }
 
+/// A `lockkit` process of a test, killed (and its command with it) if the test ends first:
+/// a failed test leaves no candidate behind.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Process {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Process {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
 /// `lockkit elect --value VALUE [extra] NAME -- sh -c CANDIDATE` in the background.
-fn candidate(env: &Env, value: &str, extra: &[&str]) -> Child {
-    env.lockkit()
-        .args(["elect", "--value", value])
-        .args(extra)
-        .args([NAME, "--", "sh", "-c", &candidate_script(env)])
-        .spawn()
-        .unwrap()
+fn candidate(env: &Env, value: &str, extra: &[&str]) -> Process {
+    Process(
+        env.lockkit()
+            .args(["elect", "--value", value])
+            .args(extra)
+            .args([NAME, "--", "sh", "-c", &candidate_script(env)])
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// As [`candidate`], returning once the candidate campaigns (says so in its log).
 #[cfg(feature = "redis")]
-fn campaigning(env: &Env, value: &str, extra: &[&str]) -> Child {
-    let mut child = env
-        .lockkit()
-        .args(["-v", "elect", "--value", value])
-        .args(extra)
-        .args([NAME, "--", "sh", "-c", &candidate_script(env)])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+fn campaigning(env: &Env, value: &str, extra: &[&str]) -> Process {
+    let mut child = Process(
+        env.lockkit()
+            .args(["-v", "elect", "--value", value])
+            .args(extra)
+            .args([NAME, "--", "sh", "-c", &candidate_script(env)])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let stderr = child.stderr.take().unwrap();
     let (send, campaigns) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -205,15 +233,16 @@ fn the_command_is_terminated_when_an_operator_breaks_the_leadership() {
     let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
         return;
     };
-    let mut a = env
-        .lockkit()
-        .args([
-            "elect", "--value", "a", "--ttl", "2s", "--grace", "1s", NAME,
-        ])
-        .args(["--", "sh", "-c", &candidate_script(&env)])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut a = Process(
+        env.lockkit()
+            .args([
+                "elect", "--value", "a", "--ttl", "2s", "--grace", "1s", NAME,
+            ])
+            .args(["--", "sh", "-c", &candidate_script(&env)])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     env.wait_file("ready-a");
     let command: u32 = env.read("pid-a").trim().parse().unwrap();
     let out = env.run(&["--json", "release", "--force", "--yes", NAME]);
@@ -243,19 +272,21 @@ fn the_command_is_terminated_when_an_operator_breaks_the_leadership() {
 /// The lines of `lockkit --json leader --watch NAME`, as they come.
 #[cfg(feature = "redis")]
 struct Watcher {
-    child: Child,
+    /// Killed when the watcher is dropped.
+    _child: Process,
     lines: std::sync::mpsc::Receiver<serde_json::Value>,
 }
 
 #[cfg(feature = "redis")]
 impl Watcher {
     fn start(env: &Env) -> Watcher {
-        let mut child = env
-            .lockkit()
-            .args(["--json", "leader", "--watch", NAME])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = Process(
+            env.lockkit()
+                .args(["--json", "leader", "--watch", NAME])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
         let stdout = child.stdout.take().unwrap();
         let (send, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -268,7 +299,10 @@ impl Watcher {
                 }
             }
         });
-        Watcher { child, lines }
+        Watcher {
+            _child: child,
+            lines,
+        }
     }
 
     /// The lines up to the first for which `until` holds, that one included.
@@ -289,14 +323,6 @@ impl Watcher {
                 return seen;
             }
         }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
