@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use cli_env::Env;
 #[cfg(feature = "redis")]
-use cli_env::{is_dead, wait_exit};
+use cli_env::{is_dead, signal, wait_exit};
+#[cfg(feature = "redis")]
+use nix::sys::signal::Signal;
 
 /// The name of every election of these tests (each test has its own namespace).
 const NAME: &str = "scheduler";
@@ -225,6 +227,27 @@ fn two_candidates_never_run_at_once_and_the_second_takes_over_when_the_first_exi
     assert_eq!(wait_exit(&mut b, Duration::from_secs(10)), 0);
     assert_eq!(env.read("overlaps"), "", "candidates that ran at once");
     assert_eq!(leader(&env)["leader"], serde_json::Value::Null);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn a_signal_during_the_campaign_withdraws_the_candidate_without_running_its_command() {
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
+    let mut a = candidate(&env, "a", &[]);
+    env.wait_file("ready-a");
+    let mut b = campaigning(&env, "b", &[]);
+    signal(b.id(), Signal::SIGTERM);
+    assert_eq!(
+        wait_exit(&mut b, Duration::from_secs(10)),
+        128 + Signal::SIGTERM as i32
+    );
+    assert_eq!(leader(&env)["leader"]["value"], "a");
+    stop(&env, "a");
+    assert_eq!(wait_exit(&mut a, Duration::from_secs(10)), 0);
+    assert_eq!(leader(&env)["leader"], serde_json::Value::Null);
+    assert!(!env.file("ready-b").exists(), "the withdrawn candidate ran");
 }
 
 #[cfg(feature = "redis")]
