@@ -4,21 +4,15 @@
 //! the command, `leader --watch --json` prints every change, and a backend without elections
 //! fails as unsupported. Cross-process tests use the single Redis of `compose/up.sh`; the
 //! memory backend serves what one process shows.
-#![cfg(feature = "cli")]
+#![cfg(all(feature = "cli", feature = "redis"))]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod cli_env;
 
-use std::process::Child;
-#[cfg(feature = "redis")]
-use std::process::Stdio;
-#[cfg(feature = "redis")]
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use cli_env::Env;
-#[cfg(feature = "redis")]
-use cli_env::{is_dead, signal, wait_exit};
-#[cfg(feature = "redis")]
+use cli_env::{Env, is_dead, signal, wait_exit};
 use nix::sys::signal::Signal;
 
 /// The name of every election of these tests (each test has its own namespace).
@@ -75,7 +69,6 @@ fn candidate(env: &Env, value: &str, extra: &[&str]) -> Process {
 }
 
 /// As [`candidate`], returning once the candidate campaigns (says so in its log).
-#[cfg(feature = "redis")]
 fn campaigning(env: &Env, value: &str, extra: &[&str]) -> Process {
     let mut child = Process(
         env.lockkit()
@@ -189,7 +182,6 @@ fn leader_says_when_nobody_leads() {
     );
 }
 
-#[cfg(feature = "redis")]
 #[test]
 fn two_candidates_never_run_at_once_and_the_second_takes_over_when_the_first_exits() {
     let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
@@ -229,7 +221,6 @@ fn two_candidates_never_run_at_once_and_the_second_takes_over_when_the_first_exi
     assert_eq!(leader(&env)["leader"], serde_json::Value::Null);
 }
 
-#[cfg(feature = "redis")]
 #[test]
 fn a_signal_during_the_campaign_withdraws_the_candidate_without_running_its_command() {
     let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
@@ -250,7 +241,6 @@ fn a_signal_during_the_campaign_withdraws_the_candidate_without_running_its_comm
     assert!(!env.file("ready-b").exists(), "the withdrawn candidate ran");
 }
 
-#[cfg(feature = "redis")]
 #[test]
 fn the_command_is_terminated_when_an_operator_breaks_the_leadership() {
     let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
@@ -293,14 +283,12 @@ fn the_command_is_terminated_when_an_operator_breaks_the_leadership() {
 }
 
 /// The lines of `lockkit --json leader --watch NAME`, as they come.
-#[cfg(feature = "redis")]
 struct Watcher {
     /// Killed when the watcher is dropped.
     _child: Process,
     lines: std::sync::mpsc::Receiver<serde_json::Value>,
 }
 
-#[cfg(feature = "redis")]
 impl Watcher {
     fn start(env: &Env) -> Watcher {
         let mut child = Process(
@@ -349,7 +337,6 @@ impl Watcher {
     }
 }
 
-#[cfg(feature = "redis")]
 #[test]
 fn leader_watch_json_prints_every_change_in_term_order() {
     let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
@@ -406,7 +393,6 @@ fn leader_watch_json_prints_every_change_in_term_order() {
     }
 }
 
-#[cfg(feature = "redis")]
 #[test]
 fn elect_and_leader_fail_as_unsupported_on_redlock() {
     let Some(env) = Env::new("LOCKKIT_TEST_REDLOCK_URL") else {
