@@ -158,9 +158,11 @@ impl EtcdBackend {
     }
 
     /// Runs `ops` in one transaction that applies only while `guard` still holds its lock:
-    /// it compares the lock key's create revision with the guard's fencing token and its value
-    /// with the owner token's digest. This is the fenced write of etcd: a holder that was paused past
-    /// its session and lost the lock cannot overwrite what the next holder wrote.
+    /// it compares the lock key's create revision with the guard's fencing token (which names
+    /// the grant: a key put again under the same name has a new one). This is the fenced write
+    /// of etcd: a holder that was paused past its session and lost the lock cannot overwrite
+    /// what the next holder wrote. An election's leader passes its
+    /// [`Leadership::guard`](lockkit_core::Leadership::guard).
     ///
     /// ```no_run
     /// # async fn demo(backend: lockkit_etcd::EtcdBackend, guard: lockkit_core::MutexGuard) -> lockkit_core::Result<()> {
