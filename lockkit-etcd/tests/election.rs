@@ -99,6 +99,50 @@ async fn the_value_goes_with_the_session_lease_when_it_is_revoked() {
         .expect("the leader hears that it lost");
 }
 
+/// A leader that proclaimed is renewed like any holder: it still leads three TTLs later,
+/// `is_held` says so, and its fenced writes still land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_proclaimed_is_renewed_and_its_fenced_writes_land() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("elect-renewed");
+    let backend = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let locks =
+        LockClient::with_options(Arc::new(backend.clone()), &ns, options()).expect("client");
+    let leadership = locks
+        .election("renewed")
+        .expect("election")
+        .campaign_timeout("first", PATIENCE)
+        .await
+        .expect("campaign");
+    leadership.proclaim("second").await.expect("proclaim");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!leadership.is_lost(), "the leader lost its renewed lease");
+    assert!(
+        leadership.guard().is_held().await.expect("is_held"),
+        "is_held denies a proclaimed leadership"
+    );
+    let fenced = format!("{}/{ns}-fenced", support::PREFIX);
+    backend
+        .txn_if_held(
+            leadership.guard(),
+            [lockkit_etcd::etcd_client::TxnOp::put(
+                fenced.clone(),
+                "x",
+                None,
+            )],
+        )
+        .await
+        .expect("a fenced write of the leader lands");
+    backend
+        .client()
+        .delete(fenced, None)
+        .await
+        .expect("delete the fenced key");
+    assert!(leadership.resign().await.expect("resign"), "resign refused");
+}
+
 /// A leader cut off from the cluster (a crash, a partition) keeps leading, with its value,
 /// until its session lease expires on the server; then nobody leads, its value is gone, and
 /// no other value was ever shown with its term.
