@@ -20,24 +20,26 @@
 //!   what they saw before.
 //!
 //! The readers of the owner digest compare only the part before the newline
-//! ([`owner_of`]); the guards of release and [`EtcdBackend::txn_if_held`] compare the create
-//! revision alone, which names the grant by itself (see `held_by`). A plain mutex holder's
-//! key has no newline, so an election shows it as a leader without a value.
+//! ([`owner_of`](crate::naming::owner_of)); the guards of release and
+//! [`EtcdBackend::txn_if_held`] compare the create revision alone, which names the grant by
+//! itself (see [`held_by`]). A plain mutex holder's key has no newline, so an election shows
+//! it as a leader without a value.
 //!
 //! # Reading and observing
 //! [`LockBackend::leader`](lockkit_core::backend::LockBackend::leader) is one linearizable
 //! range read of the lowest key, sorted by create revision with a limit of one: holder, term
-//! and value at one revision. A wait for a change reads afresh, returns at once if that
-//! differs from what the caller saw, and otherwise watches from the revision after that read
-//! (so no change between the two is missed) what alone can change the answer: the leader's
-//! key (a new value, or its deletion, after which the next candidate leads or nobody), or,
-//! with nobody leading, puts in the lock's range (a new candidate). Candidates that join
-//! behind a leader wake no observer. A watch that breaks (a reset connection, a member that
-//! loses its leader) ends the wait without an error, and the core reads again.
+//! and value at one revision.
 //!
-//! A start revision in the past puts the watch among the server's unsynced watchers, caught
-//! up every 100 ms: only when the leader changed between the read and the watch, and then the
-//! change is delivered, 100 ms late at most.
+//! A wait for a change reads afresh and returns at once if that differs from what the caller
+//! saw. Otherwise it watches what alone can change the answer: the leader's key (a new value,
+//! or its deletion, after which the next candidate leads or nobody), or, with nobody leading,
+//! puts in the lock's range (a new candidate). Candidates that join behind a leader wake no
+//! observer. The watch starts at the current revision, as the queue's waits do (a start
+//! revision in the past would put it among the server's unsynced watchers, caught up only
+//! every 100 ms); if the store moved between the read and the watch's start, a second read
+//! after the start closes that window. A watch that breaks (a reset connection, a member that
+//! loses its leader) ends the wait without an error, and the core reads again. Dropping the
+//! wait drops the watch's gRPC stream, and the server its watch.
 
 use std::time::Duration;
 
@@ -49,13 +51,12 @@ use lockkit_core::{Leader, LockKey, Result};
 use tokio::time::Instant;
 
 use crate::backend::{EtcdBackend, held_by, txn_of};
-#[cfg(doc)]
-use crate::naming::owner_of;
 use crate::naming::{by_create, key_of, proclaimed_of, stored_value, token_of};
 use crate::wait::{FAR_FUTURE, until_event};
 
 /// One read of an election: its leader (the leader's key and what it shows) and the store
 /// revision the read saw.
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct LeaderRead {
     pub(crate) leader: Option<(String, Leader)>,
     pub(crate) revision: i64,
@@ -125,23 +126,30 @@ impl EtcdBackend {
         if read.leader.as_ref().map(|(_, leader)| leader) != seen {
             return Ok(());
         }
-        let from = read.revision.saturating_add(1);
-        let (watched, options) = match read.leader {
-            Some((leader_key, _)) => (leader_key, WatchOptions::new().with_start_revision(from)),
+        let (watched, options) = match &read.leader {
+            Some((leader_key, _)) => (leader_key.clone(), WatchOptions::new()),
             None => (
                 self.lock_prefix(key),
                 WatchOptions::new()
                     .with_prefix()
-                    .with_start_revision(from)
                     .with_filters([WatchFilterType::NoDelete]),
             ),
         };
         let opened = self
             .open_watch("watching the leader", &watched, options, deadline)
             .await?;
-        let Some((mut watch, _)) = opened else {
+        let Some((mut watch, watched_from)) = opened else {
             return Ok(());
         };
+        // The store moved between the read and the watch: read again, after the watch
+        // started, so that a change in between is seen by the one or the other.
+        if watched_from > read.revision {
+            match tokio::time::timeout_at(deadline, self.read_leader(key)).await {
+                Ok(Ok(again)) if again.leader == read.leader => {}
+                Ok(Ok(_)) | Err(_) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+            }
+        }
         if let Err(e) = until_event(&mut watch, deadline, |_| true).await {
             tracing::debug!(%key, error = %e, "the watch of the leader broke; reading the leader again");
         }

@@ -201,7 +201,7 @@ impl EtcdBackend {
 pub(crate) async fn until_event(
     watch: &mut WatchStream,
     deadline: Instant,
-    wakes: impl Fn(&Event) -> bool,
+    wakes: impl Fn(&Event) -> bool + Send + Sync,
 ) -> std::result::Result<(), etcd_client::Error> {
     let woken = async {
         while let Some(response) = watch.message().await? {

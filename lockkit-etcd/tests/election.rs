@@ -250,6 +250,64 @@ async fn an_observer_whose_connection_is_reset_ends_on_the_current_leader() {
     assert!(second.resign().await.expect("resign"), "resign refused");
 }
 
+/// An observer that hears of changes only by its watch (its backoff is a minute) follows
+/// rapid hand-overs between candidates that never come back (a new key name each time, so a
+/// missed delete is never followed by another event on that key), and ends on the leader
+/// that stays: no change between its read and its watch's start is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deaf_observer_misses_no_change_between_its_read_and_its_watch() {
+    const CHANGES: usize = 40;
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("elect-window");
+    let observer = client(&config, &ns, deaf_options()).await;
+    let mut elections = Vec::new();
+    for _ in 0..=CHANGES {
+        let candidate = client(&config, &ns, options()).await;
+        elections.push(candidate.election("window").expect("election"));
+    }
+    let mut changes = observer.election("window").expect("election").observe();
+    let (states, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let following = tokio::spawn(async move {
+        while let Some(state) = changes.next().await {
+            if states.send(state).is_err() {
+                return;
+            }
+        }
+    });
+    assert_eq!(seen.recv().await.expect("a state").expect("no error"), None);
+    let last = elections.pop().expect("the last candidate");
+    for (n, election) in elections.iter().enumerate() {
+        let leadership = election
+            .campaign_timeout(format!("change-{n}"), PATIENCE)
+            .await
+            .expect("campaign");
+        assert!(leadership.resign().await.expect("resign"), "resign refused");
+    }
+    let stays = last
+        .campaign_timeout("stays", PATIENCE)
+        .await
+        .expect("campaign");
+    let current = Some(Leader::new(stays.term(), Some("stays".into())));
+    let mut latest = None;
+    let ended = tokio::time::timeout(PATIENCE, async {
+        while let Some(state) = seen.recv().await {
+            latest = Some(state);
+            if latest.as_ref().and_then(|s| s.as_ref().ok()) == Some(&current) {
+                return;
+            }
+        }
+    })
+    .await;
+    following.abort();
+    assert!(
+        ended.is_ok(),
+        "the observer did not end on {current:?}: it last saw {latest:?}"
+    );
+    assert!(stays.resign().await.expect("resign"), "resign refused");
+}
+
 /// Candidates hand the leadership over as fast as they can, proclaiming on the way, while
 /// readers ask `leader()` all along: every value read is one that the grant of the term read
 /// with it proclaimed.
