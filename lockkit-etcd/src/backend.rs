@@ -73,6 +73,10 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 ///   request timeout** after it lands, never for as long as the process lives. (Under RBAC
 ///   this needs permission to ask for the lease's keys; without it the sweep logs a warning
 ///   and the bound is the process's lifetime, as before.)
+/// - **Elections**: the election is the lock; the leader's value lives in its own key after
+///   the owner digest, written by a transaction guarded on the key's create revision; the
+///   leader is one range read of the lowest key; observers watch the leader's key (see the
+///   crate docs, "Elections").
 ///
 /// Clones share the connection and the sessions. Dropping the last clone stops the
 /// keep-alives, so the session leases expire after their TTL; [`EtcdBackend::close`] revokes
