@@ -565,7 +565,7 @@ impl LockBackend for EtcdBackend {
     }
 
     /// One transaction: the value goes into the own key, beside the owner digest, only while
-    /// the key has the grant's create revision (see the crate's `election` module).
+    /// the key has the grant's create revision (see the crate docs, "Elections").
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
         self.proclaim_value(lease, value).await
     }
