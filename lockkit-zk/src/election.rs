@@ -28,8 +28,11 @@
 //! - **Reading the leader.** A `sync` with the leader, the listing and the lowest node's data,
 //!   on one session (applied in order, so both reads are at least as recent as the sync): a
 //!   linearizable read in the sense of ZooKeeper's `sync` + read. One `getData` answers the
-//!   data and the czxid together, so a term is never paired with another node's value. A
-//!   lowest node that vanished between the two reads is read again.
+//!   data and the czxid together, so a term is never paired with another node's value. The
+//!   first three candidates' nodes are read back to back, and the first that still exists
+//!   leads at its read (the ones before it were gone, later candidates sort after it), so a
+//!   hand-over between the listing and the read costs no second round trip; only when all
+//!   three are gone is the queue listed again.
 //! - **Waiting for a change.** The watch is set by a fresh read, compared with what the caller
 //!   saw last: a difference returns at once, and no change after that read is missed. With a
 //!   leader, only its node is watched (a data change is a proclamation, a deletion the end of
@@ -52,6 +55,10 @@ use crate::backend::{MAX_ROUNDS, ZkBackend, within};
 use crate::error::{BACKEND, map, timed_out};
 use crate::naming::{LockPaths, queue, sequence_of};
 use crate::session::{Session, is_connected};
+
+/// How many of the first candidates' nodes a read of the leader reads at once: the leader
+/// may resign between the listing and the read, and its successor with it.
+const HEAD_READS: usize = 3;
 
 /// The start of the data of a node that was proclaimed into.
 const VALUE_HEADER: &str = "lockkit-leader:";
@@ -120,25 +127,29 @@ impl ZkBackend {
     pub(crate) async fn read_leader(&self, key: &LockKey) -> Result<Option<Leader>> {
         let session = self.session().await;
         let paths = LockPaths::new(key);
+        let what = "read the leader's node";
         for _ in 0..MAX_ROUNDS {
-            let Some(holder) = self
-                .synced_queue(&session, &paths)
-                .await?
-                .into_iter()
-                .next()
-            else {
+            let queue = self.synced_queue(&session, &paths).await?;
+            if queue.is_empty() {
                 return Ok(None);
-            };
-            match within(
-                self.timeout(),
-                "read the leader's node",
-                session.client.get_data(&paths.child(&holder)),
-            )
-            .await?
+            }
+            // The first few candidates' nodes, read back to back, so applied in order: the
+            // first that still exists is the lowest at its read, since every node before it
+            // was already gone and any node created after the listing sorts after it.
+            let reads = queue
+                .iter()
+                .take(HEAD_READS)
+                .map(|name| session.client.get_data(&paths.child(name)));
+            let read = futures_util::future::join_all(reads);
+            for result in tokio::time::timeout(self.timeout(), read)
+                .await
+                .map_err(|_| timed_out(what))?
             {
-                Ok((data, stat)) => return leader_of(&data, &stat).map(Some),
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(map("read the leader's node", e)),
+                match result {
+                    Ok((data, stat)) => return leader_of(&data, &stat).map(Some),
+                    Err(zk::Error::NoNode) => continue,
+                    Err(e) => return Err(map(what, e)),
+                }
             }
         }
         Err(Error::new(
