@@ -21,7 +21,11 @@
 //!   it has children), an expired session takes its nodes with it, and `setData` never
 //!   creates a node, so a proclamation on a later session finds nothing to resurrect
 //!   (`NoNode`). What a session suspended past its grace still holds on the server is refused
-//!   by the lease's session check. The `setData` answers the node's stat: a czxid other than
+//!   by the lease's session check, although the node is still the lowest: the grant was
+//!   reported lost, and a later grant on the same session carries another session token. (A
+//!   lease that only outlived its local validity, its session never reported, still holds
+//!   its node on the server, so the backend would write; `Leadership::proclaim` refuses it
+//!   first, as the guard knows it is lost.) The `setData` answers the node's stat: a czxid other than
 //!   the lease's term means the path names another grant (possible only for an owner token
 //!   reused across grants whose parent was re-created in between), which answers `false`,
 //!   and the term in the data keeps the stray value from showing.
@@ -42,6 +46,8 @@
 //!   on reconnection, but the core reads again anyway), and after `max_wait`. A dropped wait
 //!   drops its one-shot watcher, which `zookeeper-client` removes, on the server too once no
 //!   other waiter of the session watches the path: watches do not pile up.
+//! - **Cost elsewhere.** Renewals read each lease's node with `getData` (for its owner), so a
+//!   leader's renewal carries its value too: bounded by `MAX_VALUE_LEN` (16 KiB) per lease.
 //!
 //! [`leader`]: lockkit_core::backend::LockBackend::leader
 

@@ -79,7 +79,9 @@ fn observe(election: &Election) -> (Seen, tokio::task::JoinHandle<()>) {
     let task = tokio::spawn(async move {
         while let Some(state) = changes.next().await {
             if let Ok(state) = state {
-                log.lock().unwrap().push((Instant::now(), state));
+                log.lock()
+                    .expect("the observer's log")
+                    .push((Instant::now(), state));
             }
         }
     });
@@ -90,13 +92,19 @@ fn observe(election: &Election) -> (Seen, tokio::task::JoinHandle<()>) {
 async fn ends_on(seen: &Seen, want: &Option<Leader>, what: &str) {
     let deadline = Instant::now() + SEEN_WITHIN;
     loop {
-        if seen.lock().unwrap().last().map(|(_, s)| s) == Some(want) {
+        if seen
+            .lock()
+            .expect("the observer's log")
+            .last()
+            .map(|(_, s)| s)
+            == Some(want)
+        {
             return;
         }
         assert!(
             Instant::now() < deadline,
             "{what}: the observer did not end on {want:?} within {SEEN_WITHIN:?}: {:?}",
-            seen.lock().unwrap()
+            seen.lock().expect("the observer's log")
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -105,7 +113,7 @@ async fn ends_on(seen: &Seen, want: &Option<Leader>, what: &str) {
 fn terms_never_go_back(seen: &Seen) {
     let terms: Vec<_> = seen
         .lock()
-        .unwrap()
+        .expect("the observer's log")
         .iter()
         .filter_map(|(_, s)| s.as_ref().map(|l| l.term))
         .collect();
@@ -155,6 +163,7 @@ async fn a_partitioned_leader_is_lost_before_the_next_is_elected_and_its_value_g
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!campaign.is_finished(), "elected while the leader led");
 
+    let cut_at = Instant::now();
     proxy.set(Direction::Both, Fault::Blackhole);
     tokio::time::timeout(Duration::from_secs(20), old.lost())
         .await
@@ -168,7 +177,13 @@ async fn a_partitioned_leader_is_lost_before_the_next_is_elected_and_its_value_g
         .await
         .unwrap()
         .expect("the next candidate was elected");
-    assert!(lost_at < elected_at.lock().unwrap().expect("elected"));
+    let elected_at = elected_at.lock().unwrap().expect("elected");
+    assert!(lost_at < elected_at);
+    eprintln!(
+        "cut off at 0: the leader lost after {:?}, the next elected after {:?}",
+        lost_at - cut_at,
+        elected_at - cut_at
+    );
     assert!(new.term() > old.term());
     let current = Some(Leader::new(new.term(), Some("new".into())));
     assert_eq!(watched.leader().await.unwrap(), current);
