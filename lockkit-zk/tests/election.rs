@@ -1,6 +1,7 @@
 //! Elections on ZooKeeper where the conformance suite cannot look: a partitioned leader and
-//! its session, a leader suspended past its grace, an observer whose own connection breaks,
-//! reads racing rapid hand-overs, and the watches a wait leaves behind.
+//! its session, a leader suspended past its grace, a session the server expires, an observer
+//! whose own connection breaks, reads racing rapid hand-overs, and the watches a wait leaves
+//! behind.
 //!
 //! Observers here poll at most every 30 s (`backoff_max`), so that what they see in time
 //! comes from the watches, not from polling.
@@ -284,6 +285,58 @@ async fn a_leader_suspended_past_its_grace_cannot_proclaim_though_its_node_remai
     let refused = leadership.proclaim("after").await;
     assert!(refused.is_err_and(|e| e.kind() == ErrorKind::Lost));
     drop(leadership);
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A leader whose session the server expires: the leader and its value vanish with the
+/// session, the old leadership's proclamation (on the backend's new session) is refused and
+/// brings nothing back, and the backend leads again on its new session in a higher term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_takes_the_leader_and_its_value_and_nothing_comes_back() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (backend, expiring) = client(&config, &ns).await;
+    let (_, watching) = client(&config, &ns).await;
+    let election = expiring.election("expiring").unwrap();
+    let watched = watching.election("expiring").unwrap();
+    let old = election.campaign("old").await.unwrap();
+    let session = backend.session_id();
+    backend.expire_session().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), old.lost())
+        .await
+        .expect("the expired leader's lost signal did not fire");
+    assert_eq!(
+        watched.leader().await.unwrap(),
+        None,
+        "the leader outlived its session"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend.session_id() == session || backend.ping().await.is_err() {
+        assert!(Instant::now() < deadline, "no new session");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let proclaimed = backend
+        .proclaim(lease_of(old.guard()), "old again")
+        .await
+        .unwrap();
+    assert!(
+        !proclaimed,
+        "the expired leadership's proclamation was accepted"
+    );
+    assert_eq!(
+        watched.leader().await.unwrap(),
+        None,
+        "a proclamation brought the old leadership back"
+    );
+    let new = election.campaign("new").await.unwrap();
+    assert!(new.term() > old.term());
+    assert_eq!(
+        watched.leader().await.unwrap(),
+        Some(Leader::new(new.term(), Some("new".into())))
+    );
+    assert!(!old.resign().await.unwrap_or(false));
+    assert!(new.resign().await.unwrap());
     assert_no_znodes(&admin, &ns).await;
 }
 
