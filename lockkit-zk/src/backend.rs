@@ -57,6 +57,10 @@ pub(crate) const MAX_ROUNDS: usize = 4;
 /// acquisition that ends with a create unanswered is swept for through the leader (a `sync`
 /// before the listing) until a listing sent after the create has removed what it left.
 ///
+/// Elections are these locks too, as Curator's `LeaderLatch` runs them: the lowest node
+/// leads, its czxid is the term, and the leader's value is its own node's data (see
+/// `election.rs` and the crate docs' "Elections").
+///
 /// # Guarantees
 /// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
 ///   created it, globally ordered by the ensemble, so successive grants of a key carry
