@@ -35,8 +35,11 @@
 //!   data and the czxid together, so a term is never paired with another node's value. The
 //!   first three candidates' nodes are read back to back, and the first that still exists
 //!   leads at its read (the ones before it were gone, later candidates sort after it), so a
-//!   hand-over between the listing and the read costs no second round trip; only when all
-//!   three are gone is the queue listed again.
+//!   hand-over between the listing and the read costs no second round trip. Only when all
+//!   three are gone is the queue listed again (without another sync: the session's later
+//!   reads are at least as recent), for as long as `request_timeout` allows: leaders that
+//!   change faster than the reader's round trip delay its answer until they pause, rather
+//!   than fail it.
 //! - **Waiting for a change.** The watch is set by a fresh read, compared with what the caller
 //!   saw last: a difference returns at once, and no change after that read is missed. With a
 //!   leader, only its node is watched (a data change is a proclamation, a deletion the end of
@@ -57,9 +60,9 @@ use lockkit_core::backend::{Leader, Lease};
 use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
 use zookeeper_client as zk;
 
-use crate::backend::{MAX_ROUNDS, ZkBackend, within};
+use crate::backend::{ZkBackend, within};
 use crate::error::{BACKEND, map, timed_out};
-use crate::naming::{LockPaths, queue, sequence_of};
+use crate::naming::{LockPaths, queue as queue_of, sequence_of};
 use crate::session::{Session, is_connected};
 
 /// How many of the first candidates' nodes a read of the leader reads at once: the leader
@@ -134,36 +137,47 @@ impl ZkBackend {
         let session = self.session().await;
         let paths = LockPaths::new(key);
         let what = "read the leader's node";
-        for _ in 0..MAX_ROUNDS {
-            let queue = self.synced_queue(&session, &paths).await?;
-            if queue.is_empty() {
-                return Ok(None);
-            }
-            // The first few candidates' nodes, read back to back, so applied in order: the
-            // first that still exists is the lowest at its read, since every node before it
-            // was already gone and any node created after the listing sorts after it.
-            let reads = queue
-                .iter()
-                .take(HEAD_READS)
-                .map(|name| session.client.get_data(&paths.child(name)));
-            let read = futures_util::future::join_all(reads);
-            for result in tokio::time::timeout(self.timeout(), read)
-                .await
-                .map_err(|_| timed_out(what))?
-            {
-                match result {
-                    Ok((data, stat)) => return leader_of(&data, &stat).map(Some),
-                    Err(zk::Error::NoNode) => continue,
-                    Err(e) => return Err(map(what, e)),
+        let rounds = async {
+            let mut queue = self.synced_queue(&session, &paths).await?;
+            loop {
+                if queue.is_empty() {
+                    return Ok(None);
                 }
+                // The first few candidates' nodes, read back to back, so applied in order:
+                // the first that still exists is the lowest at its read, since every node
+                // before it was already gone and any node created after the listing sorts
+                // after it.
+                let reads = queue
+                    .iter()
+                    .take(HEAD_READS)
+                    .map(|name| session.client.get_data(&paths.child(name)));
+                for result in futures_util::future::join_all(reads).await {
+                    match result {
+                        Ok((data, stat)) => return leader_of(&data, &stat).map(Some),
+                        Err(zk::Error::NoNode) => continue,
+                        Err(e) => return Err(map(what, e)),
+                    }
+                }
+                // Leaders came and went faster than a round trip: list again until the
+                // churn pauses. The session's later reads are at least as recent as its
+                // sync, so the answer stays linearizable without another one.
+                queue = match session.client.list_children(&paths.parent).await {
+                    Ok(children) => queue_of(children),
+                    Err(zk::Error::NoNode) => Vec::new(),
+                    Err(e) => return Err(map(what, e)),
+                };
             }
-        }
-        Err(Error::new(
-            ErrorKind::Unavailable,
-            BACKEND,
-            "the leader kept changing while reading it",
-        )
-        .with_retryable(true))
+        };
+        tokio::time::timeout(self.timeout(), rounds)
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    BACKEND,
+                    "no answer within request_timeout: the ensemble is slow, or the leader kept changing faster than a round trip",
+                )
+                .with_retryable(true)
+            })?
     }
 
     /// Waits until the leader of `key` may differ from `seen` (see the module docs).
@@ -258,7 +272,7 @@ impl ZkBackend {
                 .await
                 .map_err(|_| timed_out(what))?;
         match synced.and(listed) {
-            Ok(children) => Ok(queue(children)),
+            Ok(children) => Ok(queue_of(children)),
             Err(zk::Error::NoNode) => Ok(Vec::new()),
             Err(e) => Err(map(what, e)),
         }

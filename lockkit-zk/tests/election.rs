@@ -396,44 +396,60 @@ async fn an_observer_across_a_connection_loss_ends_on_the_current_leader() {
     assert_no_znodes(&admin, &ns).await;
 }
 
-/// Leaders hand over rapidly (each proclaims twice) while another client reads `leader()`
-/// in a loop: every read pairs a term with a value of that term's leader, or with none.
+/// Three clients' candidates campaign all at once, each leader proclaiming twice and
+/// resigning at once, while another client reads `leader()` in a loop: every read answers
+/// (however fast the leaders change), and pairs a term with a value of that term's leader, or
+/// with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_never_pairs_a_holder_with_the_previous_holders_value() {
-    const HANDOVERS: usize = 60;
+    const CANDIDATES: usize = 3;
+    const TERMS_EACH: usize = 25;
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, first) = client(&config, &ns).await;
-    let (_, second) = client(&config, &ns).await;
     let (_, reading) = client(&config, &ns).await;
-    let elections = [
-        first.election("racing").unwrap(),
-        second.election("racing").unwrap(),
-    ];
     let stop = Arc::new(AtomicBool::new(false));
     let reader = {
         let (election, stop) = (reading.election("racing").unwrap(), stop.clone());
         tokio::spawn(async move {
             let mut reads = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                reads.push(election.leader().await.unwrap());
+                reads.push(election.leader().await);
             }
             reads
         })
     };
+    let mut candidates = tokio::task::JoinSet::new();
+    for c in 0..CANDIDATES {
+        let (_, candidate) = client(&config, &ns).await;
+        let election = candidate.election("racing").unwrap();
+        candidates.spawn(async move {
+            let mut led = Vec::new();
+            for n in 0..TERMS_EACH {
+                let id = format!("candidate-{c}-term-{n}");
+                let leadership = election.campaign(id.as_str()).await.unwrap();
+                leadership.proclaim(format!("{id} again")).await.unwrap();
+                led.push((leadership.term(), id));
+                assert!(leadership.resign().await.unwrap());
+            }
+            drop(candidate);
+            led
+        });
+    }
     let mut values_of = HashMap::new();
-    for n in 0..HANDOVERS {
-        let id = format!("leader-{n}");
-        let leadership = elections[n % 2].campaign(id.as_str()).await.unwrap();
-        leadership.proclaim(format!("{id} again")).await.unwrap();
-        values_of.insert(leadership.term(), id);
-        assert!(leadership.resign().await.unwrap());
+    while let Some(led) = candidates.join_next().await {
+        values_of.extend(led.unwrap());
     }
     stop.store(true, Ordering::Relaxed);
     let reads = reader.await.unwrap();
-    let led = reads.iter().flatten().count();
-    for leader in reads.iter().flatten() {
+    let failed: Vec<_> = reads.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} reads failed: {failed:?}",
+        failed.len()
+    );
+    let leaders: Vec<_> = reads.iter().flatten().flatten().collect();
+    for leader in &leaders {
         let id = values_of
             .get(&leader.term)
             .unwrap_or_else(|| panic!("a read shows term {} nobody led", leader.term));
@@ -447,11 +463,60 @@ async fn leader_never_pairs_a_holder_with_the_previous_holders_value() {
             leader.value
         );
     }
-    eprintln!("{} reads, {led} of them during a leadership", reads.len());
-    assert!(
-        led > HANDOVERS / 2,
-        "too few reads saw a leader to tell: {led}"
+    eprintln!(
+        "{} reads, {} of them during a leadership",
+        reads.len(),
+        leaders.len()
     );
+    assert!(
+        leaders.len() > TERMS_EACH,
+        "too few reads saw a leader to tell: {}",
+        leaders.len()
+    );
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A reader whose link is slower than the hand-overs (50 ms round trips, while leaders come
+/// and go within milliseconds) never finds the leader it listed still there: its `leader()`
+/// keeps reading until the churn pauses, and answers, rather than giving up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_slower_than_the_hand_overs_still_gets_an_answer() {
+    const CANDIDATES: usize = 3;
+    const TERMS_EACH: usize = 100;
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, reading, proxy) = proxied(&config, &ns).await;
+    let delay = Fault::Delay {
+        base: Duration::from_millis(25),
+        jitter: Duration::from_millis(5),
+    };
+    proxy.set(Direction::Both, delay);
+    let mut candidates = tokio::task::JoinSet::new();
+    for c in 0..CANDIDATES {
+        let (_, candidate) = client(&config, &ns).await;
+        let election = candidate.election("churning").unwrap();
+        candidates.spawn(async move {
+            for n in 0..TERMS_EACH {
+                let leadership = election.campaign(format!("{c}-{n}")).await.unwrap();
+                assert!(leadership.resign().await.unwrap());
+            }
+            drop(candidate);
+        });
+    }
+    let election = reading.election("churning").unwrap();
+    let mut reads = 0;
+    while !candidates.is_empty() {
+        let read = election.leader().await;
+        assert!(read.is_ok(), "read {reads} during the churn: {read:?}");
+        reads += 1;
+        while let Some(joined) = candidates.try_join_next() {
+            joined.unwrap();
+        }
+    }
+    eprintln!("{reads} reads during the churn");
+    proxy.heal();
+    assert_eq!(election.leader().await.unwrap(), None);
     assert_no_znodes(&admin, &ns).await;
 }
 
