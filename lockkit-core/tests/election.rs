@@ -13,7 +13,7 @@ use lockkit_core::backend::{
     AcquireRequest, Attempt, Leader, Lease, LockBackend, Renewal, async_trait,
 };
 use lockkit_core::{
-    Capabilities, ErrorKind, FencingGuarantee, FencingToken, LockClient, LockInfo, LockKey,
+    Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockClient, LockInfo, LockKey,
     LockOptions, MemoryBackend, Result, Support, Tier, WaitStrategy,
 };
 
@@ -24,6 +24,8 @@ struct Restless {
     memory: MemoryBackend,
     script: StdMutex<VecDeque<Option<Leader>>>,
     reads: AtomicUsize,
+    /// How many proclamations still fail with a retryable error.
+    failing_proclaims: AtomicUsize,
 }
 
 #[async_trait]
@@ -56,6 +58,13 @@ impl LockBackend for Restless {
         Ok(())
     }
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        if self
+            .failing_proclaims
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::new(ErrorKind::Unavailable, "restless", "a blip"));
+        }
         self.memory.proclaim(lease, value).await
     }
     async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
@@ -184,5 +193,44 @@ async fn an_oversized_value_is_refused_before_anything_is_taken() {
     assert!(
         locks.inspect("big").await.unwrap().is_none(),
         "the lock was taken"
+    );
+}
+
+#[tokio::test]
+async fn a_campaign_retries_a_proclamation_that_failed_on_a_blip() {
+    let backend = Arc::new(Restless::default());
+    backend.failing_proclaims.store(3, Ordering::SeqCst);
+    let options =
+        LockOptions::default().with_backoff(Duration::from_millis(1), Duration::from_millis(5));
+    let locks = LockClient::with_options(backend.clone(), "ns", options).unwrap();
+    let leadership = locks
+        .election("blips")
+        .unwrap()
+        .campaign("v")
+        .await
+        .unwrap();
+    assert_eq!(backend.failing_proclaims.load(Ordering::SeqCst), 0);
+    assert_eq!(leadership.value(), "v");
+    assert!(leadership.resign().await.unwrap());
+
+    // Past the error budget, the error is the campaign's, and the grant is given back.
+    backend
+        .failing_proclaims
+        .store(usize::MAX, Ordering::SeqCst);
+    let short_budget = LockOptions::default()
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .with_error_budget(Duration::from_millis(50));
+    let locks = LockClient::with_options(backend.clone(), "ns", short_budget).unwrap();
+    let failed = locks
+        .election("blips")
+        .unwrap()
+        .campaign("v")
+        .await
+        .unwrap_err();
+    assert_eq!(failed.kind(), ErrorKind::Unavailable);
+    locks.close().await;
+    assert!(
+        locks.inspect("blips").await.unwrap().is_none(),
+        "the grant was kept"
     );
 }
