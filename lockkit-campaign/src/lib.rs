@@ -64,6 +64,7 @@ pub async fn run_all(
                 CampaignError(format!("{} / {}: {e}", tier.name(), scenario.name()))
             })?;
             let broken = expect::broken(&outcome, tier.topology, scenario);
+            eprintln!("  took {:.1} s", outcome.took.as_secs_f64());
             if !broken.is_empty() {
                 eprintln!(
                     "  FAILED ({}): {:?}; histories in {}",
