@@ -41,6 +41,12 @@
 //!   accepted, the longest time without a grant, and the errors clients saw. The killed member
 //!   is restarted afterwards (`compose/member.sh`); without the compose scripts W5 is skipped.
 //!
+//! - W6 leader election: a standby candidate waits while another process leads (2 s TTL);
+//!   the leader is killed with SIGKILL: the time until the standby leads. Then leaders of two
+//!   clients hand over by `resign()` while the other waits (25 times, 5 with `--quick`): the
+//!   time from the call to the next leader, p50 and max. Not on Redlock, which refuses
+//!   elections; the memory tier times the resigns only.
+//!
 //! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
 //! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
 //! the endpoints file of `compose/up.sh` (`compose/compare.sh` starts them). A tier whose
@@ -55,6 +61,7 @@ use lockkit::LockkitConfig;
 use serde::Serialize;
 
 mod chart;
+mod election;
 mod failed;
 mod faults;
 mod floors;
@@ -74,6 +81,7 @@ struct Sizes {
     uncontended_cycles: usize,
     workers: usize,
     iterations: usize,
+    resigns: usize,
 }
 
 /// One tier's row. A workload that was not run, or failed, is `None`; a failed one is also
@@ -87,6 +95,7 @@ struct TierReport {
     holder_crash: Option<HolderCrash>,
     holder_pause: Option<HolderPause>,
     failover: Option<Failover>,
+    election: Option<election::ElectionTimes>,
     failures: Vec<Failure>,
 }
 
@@ -142,15 +151,15 @@ fn compare_error(message: String) -> lockkit::Error {
 async fn main() -> lockkit::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let [mode, url, key, ttl_ms] = args.as_slice()
-        && (mode == "--hold" || mode == "--hold-and-write")
+        && matches!(mode.as_str(), "--hold" | "--hold-and-write" | "--lead")
     {
         let ttl_ms = ttl_ms
             .parse()
             .map_err(|_| compare_error(format!("bad TTL {ttl_ms}")))?;
-        return if mode == "--hold" {
-            hold(url, key, ttl_ms).await
-        } else {
-            hold_and_write(url, key, ttl_ms).await
+        return match mode.as_str() {
+            "--hold" => hold(url, key, ttl_ms).await,
+            "--lead" => election::lead(url, key, ttl_ms).await,
+            _ => hold_and_write(url, key, ttl_ms).await,
         };
     }
     let (mut quick, mut speed_only, mut svg_path, mut json_path) = (false, false, None, None);
@@ -178,12 +187,14 @@ async fn main() -> lockkit::Result<()> {
             uncontended_cycles: 200,
             workers: 8,
             iterations: 25,
+            resigns: 5,
         }
     } else {
         Sizes {
             uncontended_cycles: 2000,
             workers: 8,
             iterations: 250,
+            resigns: 25,
         }
     };
 
@@ -314,6 +325,13 @@ async fn run_tier(
         report.holder_crash = report.record("W3", holder_crash(url, &locks).await);
         report.holder_pause = report.record("W4", holder_pause(url, &locks).await);
     }
+    let shared = (name != "memory").then_some(url);
+    report.election = report
+        .record(
+            "W6",
+            election::election(shared, &locks, sizes.resigns).await,
+        )
+        .flatten();
     report.failover = report.record("W5", failover(name, url).await).flatten();
     report
 }

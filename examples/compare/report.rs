@@ -97,6 +97,12 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
     if faults_run {
         faults(&mut out, reports);
     }
+    if reports
+        .iter()
+        .any(|r| r.election.is_some() || r.failed("W6"))
+    {
+        elections(&mut out, reports);
+    }
     let failures: Vec<String> = reports
         .iter()
         .flat_map(|r| {
@@ -158,6 +164,38 @@ fn faults(out: &mut String, reports: &[TierReport]) {
                 format!("{:.0}", w.longest_gap_ms)
             }),
         ];
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+}
+
+/// The table of W6.
+fn elections(out: &mut String, reports: &[TierReport]) {
+    out.push_str(
+        "\nW6 leader election (a standby waiting each time):\n\n\
+         | target | leader crashed: new leader after ms (TTL 2 s) | resign: new leader after ms, p50 | resign: max ms |\n\
+         |---|---:|---:|---:|\n",
+    );
+    for r in reports {
+        let w6 = r.election.as_ref();
+        let unsupported = w6.is_none() && !r.failed("W6") && !r.tier.is_empty();
+        let cells = if unsupported {
+            [
+                r.target.clone(),
+                "no elections".into(),
+                String::new(),
+                String::new(),
+            ]
+        } else {
+            [
+                r.target.clone(),
+                cell(r, "W6", w6, |w| {
+                    w.crash_to_leader_ms
+                        .map_or("n/a".into(), |ms| format!("{ms:.0}"))
+                }),
+                cell(r, "W6", w6, |w| format!("{:.2}", w.resign_to_leader_p50_ms)),
+                cell(r, "W6", w6, |w| format!("{:.2}", w.resign_to_leader_max_ms)),
+            ]
+        };
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
 }

@@ -11,13 +11,22 @@
 //!   off holder's lost signal fires by its validity deadline, which the servers' expiry
 //!   follows.
 //! - server pause, server crash: no overlap on the consensus tiers; Redis single, Sentinel
-//!   and Redlock (with an immediate restart) report theirs.
+//!   and Redlock (with an immediate restart) report theirs. After a crash the waiter is
+//!   granted (by the restarted server, the promoted replica, the new leader): a tier that
+//!   stays unusable after it fails the row.
 //! - delayed restart (Redlock), crash of a Redis with an fsync'd append-only file: no
 //!   overlap.
 //! - split brain (Sentinel): the overlaps are counted, not limited: that is what the tier
 //!   gives up.
 //! - leader isolation: no grant on the minority side.
 //! - queued waiter expires: no overlap.
+//! - partition: also, explicitly, the cut-off holder's lost signal fired before the next
+//!   grant to anyone else.
+//! - election rows (holder pause, partition, server crash with election candidates): the
+//!   criteria of the lock row they repeat, on the same tier; the leader's term is its fencing
+//!   token. A tier whose backend has no elections (Redlock) shows them as not applicable.
+
+use lockkit_core::testing::history::{Event, What};
 
 use crate::run::Outcome;
 use crate::scenarios::Scenario;
@@ -25,6 +34,9 @@ use crate::tiers::Topology;
 
 /// The criteria `outcome` of `scenario` on `topology` breaks, described; empty if it passes.
 pub fn broken(outcome: &Outcome, topology: Topology, scenario: Scenario) -> Vec<String> {
+    if outcome.not_applicable.is_some() {
+        return Vec::new();
+    }
     let v = &outcome.verdict;
     let mut broken = Vec::new();
     let mut require = |holds: bool, what: &str| {
@@ -42,19 +54,20 @@ pub fn broken(outcome: &Outcome, topology: Topology, scenario: Scenario) -> Vec<
         require(v.token_duplicates == 0, "no duplicate token");
     }
     match scenario {
-        Scenario::HolderPause | Scenario::PauseBeforeWrite => {
+        Scenario::HolderPause | Scenario::PauseBeforeWrite | Scenario::ElectionHolderPause => {
             require(v.overlaps >= 1, "the pause outlasted the lock (an overlap)");
             require(v.stale_rejected >= 1, "the stale write refused");
             require(v.stale_accepted == 0, "no stale write accepted");
         }
         Scenario::Partition
+        | Scenario::ElectionPartition
         | Scenario::DelayedReplies
         | Scenario::DroppedReplies
         | Scenario::HolderCrash
         | Scenario::DelayedRestart
         | Scenario::PersistentCrash
         | Scenario::QueuedWaiterExpires => require(v.overlaps == 0, "no overlap"),
-        Scenario::ServerPause | Scenario::ServerCrash => {
+        Scenario::ServerPause | Scenario::ServerCrash | Scenario::ElectionServerCrash => {
             if topology.is_consensus() {
                 require(v.overlaps == 0, "no overlap");
             }
@@ -68,10 +81,110 @@ pub fn broken(outcome: &Outcome, topology: Topology, scenario: Scenario) -> Vec<
         }
     }
     match scenario {
-        Scenario::HolderCrash | Scenario::Partition => {
+        Scenario::HolderCrash | Scenario::Partition | Scenario::ElectionPartition => {
             require(v.acquisitions >= 2, "the next worker was granted");
         }
+        Scenario::ServerCrash | Scenario::ElectionServerCrash => require(
+            v.recovery.iter().all(Option::is_some),
+            "the waiter was granted after the crash",
+        ),
         _ => {}
     }
+    if scenario.lock_row() == Scenario::Partition {
+        require(
+            lost_before_next_grant(&outcome.events),
+            "the cut-off holder's lost signal before the next grant",
+        );
+    }
     broken
+}
+
+/// Whether, for every fault aimed at a worker, that worker's lost signal fired before any
+/// other worker was granted after the fault (a grant with no lost signal before it fails).
+pub fn lost_before_next_grant(events: &[Event]) -> bool {
+    events.iter().enumerate().all(|(i, fault)| {
+        let What::Fault {
+            target: Some(target),
+            ..
+        } = &fault.what
+        else {
+            return true;
+        };
+        let later = &events[i + 1..];
+        let lost = later
+            .iter()
+            .find(|e| &e.process == target && matches!(e.what, What::Lost { .. }))
+            .map(|e| e.at_ns);
+        let next = later
+            .iter()
+            .find(|e| &e.process != target && matches!(e.what, What::Granted { .. }))
+            .map(|e| e.at_ns);
+        match (lost, next) {
+            (_, None) => true,
+            (Some(lost), Some(next)) => lost < next,
+            (None, Some(_)) => false,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(at_ns: u64, process: &str, what: What) -> Event {
+        Event {
+            at_ns,
+            process: process.to_owned(),
+            key: "k".to_owned(),
+            what,
+        }
+    }
+
+    fn cut(at_ns: u64) -> Event {
+        at(
+            at_ns,
+            "injector",
+            What::Fault {
+                description: "cut".to_owned(),
+                target: Some("holder".to_owned()),
+            },
+        )
+    }
+
+    fn granted(at_ns: u64, process: &str) -> Event {
+        at(
+            at_ns,
+            process,
+            What::Granted {
+                token: 2,
+                remaining_ms: 1000,
+            },
+        )
+    }
+
+    #[test]
+    fn a_lost_signal_before_the_next_grant_passes() {
+        let events = [
+            cut(1),
+            at(5, "holder", What::Lost { token: 1 }),
+            granted(6, "waiter"),
+        ];
+        assert!(lost_before_next_grant(&events));
+    }
+
+    #[test]
+    fn a_grant_before_the_cut_off_holder_knew_fails() {
+        let events = [
+            cut(1),
+            granted(4, "waiter"),
+            at(5, "holder", What::Lost { token: 1 }),
+        ];
+        assert!(!lost_before_next_grant(&events));
+        assert!(!lost_before_next_grant(&[cut(1), granted(4, "waiter")]));
+    }
+
+    #[test]
+    fn a_fault_no_grant_followed_passes() {
+        assert!(lost_before_next_grant(&[cut(1)]));
+    }
 }

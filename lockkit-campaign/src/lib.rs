@@ -5,7 +5,11 @@
 //! monotonic clock. A [`Scenario`] times a fault against them: a stopped or killed holder, a
 //! partition or delay through a fault proxy, a stopped or killed server. The histories are
 //! merged and checked ([`lockkit_core::testing::check`]), and [`expect::broken`] says which
-//! of the tier's guarantees, if any, the run broke.
+//! of the tier's guarantees, if any, the run broke. The election rows
+//! (`election-holder-pause`, `election-partition`, `election-server-crash`) time the same
+//! faults against election candidates instead of lock takers, on every tier whose backend has
+//! elections, and are judged as the lock rows they repeat; on a tier without elections
+//! (Redlock) they show as not applicable.
 //!
 //! `cargo run --release -p lockkit-campaign` runs every scenario on every tier whose servers
 //! are up (`compose/campaign.sh` starts them first); `tests/smoke.rs` runs the subset CI
@@ -64,6 +68,7 @@ pub async fn run_all(
                 CampaignError(format!("{} / {}: {e}", tier.name(), scenario.name()))
             })?;
             let broken = expect::broken(&outcome, tier.topology, scenario);
+            eprintln!("  took {:.1} s", outcome.took.as_secs_f64());
             if !broken.is_empty() {
                 eprintln!(
                     "  FAILED ({}): {:?}; histories in {}",

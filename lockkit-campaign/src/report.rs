@@ -1,4 +1,5 @@
-//! The campaign's table: one row per tier × scenario.
+//! The campaign's table: one row per tier × scenario. Election rows are named
+//! `election-…`; one whose tier has no elections shows `n/a` and why.
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -29,6 +30,14 @@ pub fn markdown(rows: &[(Outcome, Vec<String>)]) -> String {
         "| tier | scenario | grants | faults | overlaps (max ms) | stale refused / accepted | token regressions | foreign releases + extends | recovery p50 / p95 ms | lost-signal lag ms | leaked | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (o, broken) in rows {
+        if let Some(why) = &o.not_applicable {
+            let _ = writeln!(
+                out,
+                "| {} | {} | - | - | - | - | - | - | - | - | - | n/a: {why} |",
+                o.tier, o.scenario
+            );
+            continue;
+        }
         let v = &o.verdict;
         let _ = writeln!(
             out,

@@ -33,6 +33,26 @@ pub struct Outcome {
     pub dir: PathBuf,
     /// The merged history.
     pub events: Vec<Event>,
+    /// Why the scenario does not apply to the tier, when it was not run (elections on a
+    /// backend without them): a row that shows it, neither a pass nor a failure.
+    pub not_applicable: Option<String>,
+}
+
+impl Outcome {
+    /// The row of `scenario` on `tier`, not run because of `why`.
+    pub fn not_applicable(tier: &Tier, scenario: &'static str, why: String) -> Outcome {
+        Outcome {
+            tier: tier.name().to_owned(),
+            scenario,
+            verdict: Verdict::default(),
+            faults: 0,
+            leaked: 0,
+            took: Duration::ZERO,
+            dir: PathBuf::new(),
+            events: Vec::new(),
+            not_applicable: Some(why),
+        }
+    }
 }
 
 /// Shared settings of a campaign.
@@ -57,6 +77,9 @@ pub struct Run {
     pub extra_keys: Vec<String>,
     /// The TTL of every lock.
     pub ttl: Duration,
+    /// Whether the workers are candidates of the election `key` rather than takers of the
+    /// lock `key` ([`WorkerSpec::elect`]).
+    pub election: bool,
     scenario: &'static str,
     worker_exe: PathBuf,
     dir: PathBuf,
@@ -84,6 +107,7 @@ impl Run {
         Ok(Run {
             tier: tier.clone(),
             ttl: campaign.ttl,
+            election: false,
             scenario,
             worker_exe: campaign.worker_exe.clone(),
             resource: FencedResource::start()
@@ -118,6 +142,7 @@ impl Run {
             acquire_timeout_ms: 30_000,
             between_ms: 0,
             break_fencing: false,
+            elect: self.election,
         }
     }
 
@@ -214,6 +239,7 @@ impl Run {
             took: self.started.elapsed(),
             dir: self.dir,
             events,
+            not_applicable: None,
         })
     }
 
@@ -228,6 +254,15 @@ impl Run {
         Ok(leaked)
     }
 
+    /// Whether `key` has a record on the servers: a holder of the lock, or, in an election
+    /// run, a leader or a proclaimed value that outlived its grant.
+    async fn held(&self, locks: &LockClient, key: &str) -> Result<bool, CampaignError> {
+        if locks.inspect(key).await?.is_some() {
+            return Ok(true);
+        }
+        Ok(self.election && locks.election(key)?.leader().await?.is_some())
+    }
+
     /// 1 if `key` still has a record on the servers (see [`Run::leftovers`]).
     async fn leftover(&self, key: &str) -> Result<usize, CampaignError> {
         let patience = self.ttl * 3 + Duration::from_secs(10);
@@ -236,11 +271,7 @@ impl Run {
         loop {
             // A cluster that has just lost or regained members may refuse for a moment.
             let looked = match &observer {
-                Some(locks) => locks
-                    .inspect(key)
-                    .await
-                    .map(|held| held.is_some())
-                    .map_err(CampaignError::from),
+                Some(locks) => self.held(locks, key).await,
                 None => match self.observer().await {
                     Ok(locks) => {
                         observer = Some(locks);

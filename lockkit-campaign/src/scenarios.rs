@@ -1,7 +1,11 @@
 //! The scenarios: each a fault timed against lock workers, run on every tier it applies to.
+//! The election rows time the same faults against election candidates
+//! ([`WorkerSpec::elect`](crate::WorkerSpec::elect)) on the tiers whose backend has
+//! elections, and are judged as the lock rows they repeat.
 
 use std::time::Duration;
 
+use lockkit::{LockkitConfig, Support};
 use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use nix::sys::signal::Signal;
 
@@ -59,11 +63,21 @@ pub enum Scenario {
     /// has expired; the holder then releases and a third worker queues: the expired waiter
     /// must not be granted on its lost place in the queue.
     QueuedWaiterExpires,
+    /// [`Scenario::HolderPause`] with election candidates: the leader is stopped past its
+    /// TTL while it writes with its term, another is elected; the woken leader's writes are
+    /// refused by term, its extend and resign must not touch the new leadership.
+    ElectionHolderPause,
+    /// [`Scenario::Partition`] with election candidates: the cut-off leader's lost signal
+    /// fires before another candidate is elected.
+    ElectionPartition,
+    /// [`Scenario::ServerCrash`] with election candidates: the deciding servers are killed
+    /// while one leads and another campaigns.
+    ElectionServerCrash,
 }
 
 impl Scenario {
     /// Every scenario, in the order of the tables.
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::HolderPause,
         Scenario::PauseBeforeWrite,
         Scenario::DelayedReplies,
@@ -77,6 +91,9 @@ impl Scenario {
         Scenario::DroppedReplies,
         Scenario::LeaderIsolation,
         Scenario::QueuedWaiterExpires,
+        Scenario::ElectionHolderPause,
+        Scenario::ElectionPartition,
+        Scenario::ElectionServerCrash,
     ];
 
     /// Its name in the tables.
@@ -95,6 +112,25 @@ impl Scenario {
             Scenario::DroppedReplies => "dropped-replies",
             Scenario::LeaderIsolation => "leader-isolation",
             Scenario::QueuedWaiterExpires => "queued-waiter-expires",
+            Scenario::ElectionHolderPause => "election-holder-pause",
+            Scenario::ElectionPartition => "election-partition",
+            Scenario::ElectionServerCrash => "election-server-crash",
+        }
+    }
+
+    /// Whether its workers are election candidates rather than lock takers.
+    pub fn is_election(self) -> bool {
+        self.lock_row() != self
+    }
+
+    /// The lock scenario an election row repeats with candidates (itself for a lock row):
+    /// the fault, its timing and the pass criteria are that row's.
+    pub fn lock_row(self) -> Scenario {
+        match self {
+            Scenario::ElectionHolderPause => Scenario::HolderPause,
+            Scenario::ElectionPartition => Scenario::Partition,
+            Scenario::ElectionServerCrash => Scenario::ServerCrash,
+            lock => lock,
         }
     }
 
@@ -104,8 +140,13 @@ impl Scenario {
     }
 
     /// Whether the scenario means something on `topology`.
+    /// Election rows apply where their lock row does; whether the tier's backend has
+    /// elections is asked when the row runs (a row it has not shows as not applicable).
     pub fn applies_to(self, topology: Topology) -> bool {
         match self {
+            Scenario::ElectionHolderPause
+            | Scenario::ElectionPartition
+            | Scenario::ElectionServerCrash => self.lock_row().applies_to(topology),
             Scenario::DelayedReplies | Scenario::Partition | Scenario::DroppedReplies => {
                 topology.is_proxyable()
             }
@@ -123,13 +164,26 @@ impl Scenario {
     /// When the scenario cannot be carried out (a worker or server does not do its part);
     /// safety findings are in the [`Outcome`], not errors.
     pub async fn run(self, campaign: &Campaign, tier: &Tier) -> Result<Outcome, CampaignError> {
-        let run = || Run::new(campaign, tier, self.name());
+        if self.is_election()
+            && let Err(why) = elections_supported(tier).await?
+        {
+            return Ok(Outcome::not_applicable(tier, self.name(), why));
+        }
+        let run = || async {
+            let mut run = Run::new(campaign, tier, self.name()).await?;
+            run.election = self.is_election();
+            Ok::<_, CampaignError>(run)
+        };
         match self {
-            Scenario::HolderPause => holder_pause(run().await?).await,
+            Scenario::HolderPause | Scenario::ElectionHolderPause => {
+                holder_pause(run().await?).await
+            }
             Scenario::PauseBeforeWrite => pause_before_write(run().await?).await,
             Scenario::DelayedReplies => delayed_replies(run().await?).await,
             Scenario::ServerPause => server_pause(run().await?).await,
-            Scenario::ServerCrash => server_crash(run().await?, Duration::ZERO).await,
+            Scenario::ServerCrash | Scenario::ElectionServerCrash => {
+                server_crash(run().await?, Duration::ZERO).await
+            }
             Scenario::DelayedRestart => {
                 server_crash(run().await?, campaign.ttl + Duration::from_secs(1)).await
             }
@@ -137,12 +191,22 @@ impl Scenario {
             Scenario::PersistentCrash => persistent_crash(campaign).await,
             Scenario::SplitBrain => split_brain(campaign).await,
             Scenario::HolderCrash => holder_crash(run().await?).await,
-            Scenario::Partition => partition(run().await?).await,
+            Scenario::Partition | Scenario::ElectionPartition => partition(run().await?).await,
             Scenario::DroppedReplies => dropped_replies(run().await?).await,
             Scenario::LeaderIsolation => leader_isolation(run().await?).await,
             Scenario::QueuedWaiterExpires => queued_waiter_expires(run().await?).await,
         }
     }
+}
+
+/// `Err` with the reason when the backend of `tier` has no elections.
+async fn elections_supported(tier: &Tier) -> Result<Result<(), String>, CampaignError> {
+    let locks = lockkit::connect(&LockkitConfig::from_url(&tier.url)?).await?;
+    Ok(match locks.capabilities().election {
+        Support::Supported => Ok(()),
+        Support::Unsupported(why) => Err(why.to_owned()),
+        unknown => Err(format!("{unknown:?}")),
+    })
 }
 
 /// Generous bound for a step that should take about a TTL.

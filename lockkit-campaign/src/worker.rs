@@ -2,6 +2,12 @@
 //! GC pause would) that take a lock, write to the fenced resource under it, release it, and
 //! record every step to a history file.
 //!
+//! With [`WorkerSpec::elect`] a worker is an election candidate instead: it campaigns for the
+//! election of the same name with its own name as the value, and while it leads it writes
+//! with its term as the fencing token and resigns where a lock worker releases. Its history
+//! records leaderships as grants (the term as the token) and their loss as a lost lock, so
+//! the same checker judges both.
+//!
 //! The worker side is [`run`], started as `lockkit-campaign worker ARGS`; the driver side is
 //! [`Worker`]. A worker also prints each step on stdout (`granted 42`, `checked`, `idle`...)
 //! so the driver can time its faults; once done it prints `idle` and keeps its sessions open
@@ -12,7 +18,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lockkit::LockkitConfig;
+use lockkit::{Election, Leadership, LockClient, LockkitConfig, Mutex as LockMutex, MutexGuard};
 use lockkit_core::testing::fenced::FencedClient;
 use lockkit_core::testing::history::{HistoryWriter, What};
 use nix::sys::signal::Signal;
@@ -73,6 +79,10 @@ pub struct WorkerSpec {
     /// pass its token along would; the campaign must catch it.
     #[arg(long, hide = true)]
     pub break_fencing: bool,
+    /// Be a candidate of the election `key` instead of a taker of the lock `key`: campaign
+    /// with the worker's name as the value, write with the term, resign instead of release.
+    #[arg(long)]
+    pub elect: bool,
 }
 
 impl WorkerSpec {
@@ -101,6 +111,9 @@ impl WorkerSpec {
         }
         if self.break_fencing {
             args.push("--break-fencing".to_owned());
+        }
+        if self.elect {
+            args.push("--elect".to_owned());
         }
         args
     }
@@ -137,6 +150,60 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
+/// How a worker obtains its grants: as a lock taker or as an election candidate.
+enum Contender {
+    Lock(LockMutex),
+    Candidate { election: Election, value: String },
+}
+
+/// A grant: a lock's guard, or a leadership (whose guard is that of the election's lock, and
+/// whose fencing token is its term).
+enum Held {
+    Lock(MutexGuard),
+    Leader(Leadership),
+}
+
+impl Contender {
+    fn new(locks: &LockClient, spec: &WorkerSpec) -> Result<Contender, lockkit::Error> {
+        let ttl = Duration::from_millis(spec.ttl_ms);
+        Ok(if spec.elect {
+            Contender::Candidate {
+                election: locks.election(&spec.key)?.with_ttl(ttl)?,
+                value: spec.name.clone(),
+            }
+        } else {
+            Contender::Lock(locks.mutex(&spec.key)?.with_ttl(ttl)?)
+        })
+    }
+
+    async fn obtain(&self, timeout: Duration) -> Result<Held, lockkit::Error> {
+        match self {
+            Contender::Lock(mutex) => mutex.lock_timeout(timeout).await.map(Held::Lock),
+            Contender::Candidate { election, value } => election
+                .campaign_timeout(value.as_str(), timeout)
+                .await
+                .map(Held::Leader),
+        }
+    }
+}
+
+impl Held {
+    fn guard(&self) -> &MutexGuard {
+        match self {
+            Held::Lock(guard) => guard,
+            Held::Leader(leadership) => leadership.guard(),
+        }
+    }
+
+    /// Releases the lock, or resigns the leadership.
+    async fn release(self) -> Result<bool, lockkit::Error> {
+        match self {
+            Held::Lock(guard) => guard.release().await,
+            Held::Leader(leadership) => leadership.resign().await,
+        }
+    }
+}
+
 /// The worker process: does what `spec` says, then waits for its stdin to close.
 ///
 /// # Errors
@@ -168,25 +235,21 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             }
         }
     };
-    let mutex = match &locks {
-        Some(locks) => Some(
-            locks
-                .mutex(&spec.key)?
-                .with_ttl(Duration::from_millis(spec.ttl_ms))?,
-        ),
+    let contender = match &locks {
+        Some(locks) => Some(Contender::new(locks, &spec)?),
         None => None,
     };
     let mut grants = 0;
-    while let Some(mutex) = &mutex
+    while let Some(contender) = &contender
         && grants < spec.iterations
         && Instant::now() < deadline
     {
         record(&history, key, What::Invoke)?;
-        let guard = match mutex
-            .lock_timeout(Duration::from_millis(spec.acquire_timeout_ms))
+        let held = match contender
+            .obtain(Duration::from_millis(spec.acquire_timeout_ms))
             .await
         {
-            Ok(guard) => guard,
+            Ok(held) => held,
             Err(e) => {
                 failed(&history, key, &e)?;
                 tokio::time::sleep(Duration::from_millis(spec.between_ms.max(100))).await;
@@ -194,6 +257,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             }
         };
         grants += 1;
+        let guard = held.guard();
         let token = if spec.break_fencing {
             1
         } else {
@@ -250,7 +314,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             record(&history, key, What::Extended { token, outcome })?;
         }
         record(&history, key, What::Release { token })?;
-        let outcome = match guard.release().await {
+        let outcome = match held.release().await {
             Ok(true) => "ok".to_owned(),
             Ok(false) => "not_held".to_owned(),
             Err(e) => format!("{:?}", e.kind()),

@@ -174,12 +174,11 @@ impl Election {
     /// Cancel-safe: a dropped campaign leaves no candidate and no leadership behind.
     pub async fn campaign(&self, value: impl Into<String>) -> Result<Leadership> {
         let value = checked(value.into())?;
-        loop {
-            let guard = self.mutex.lock().await?;
-            if let Some(leadership) = self.proclaim_first(guard, &value).await? {
-                return Ok(leadership);
-            }
-        }
+        let deadline = self
+            .options()
+            .wait_timeout
+            .and_then(|timeout| Instant::now().checked_add(timeout));
+        self.campaign_until(value, deadline).await
     }
 
     /// As [`campaign`](Election::campaign), waiting at most `timeout`.
@@ -193,14 +192,37 @@ impl Election {
         timeout: Duration,
     ) -> Result<Leadership> {
         let value = checked(value.into())?;
-        let deadline = Instant::now().checked_add(timeout);
-        loop {
-            let left = deadline.map_or(Duration::MAX, |d| {
+        self.campaign_until(value, Instant::now().checked_add(timeout))
+            .await
+    }
+
+    /// Takes the lock and proclaims `value` until both succeed or `deadline` passes. A
+    /// retryable error of the proclamation (the grant is then given back) is retried as
+    /// `lock()` retries one of its attempts: for as long as the options' `error_budget`.
+    async fn campaign_until(&self, value: String, deadline: Option<Instant>) -> Result<Leadership> {
+        let left = || {
+            deadline.map_or(Duration::MAX, |d| {
                 d.saturating_duration_since(Instant::now())
-            });
-            let guard = self.mutex.lock_timeout(left).await?;
-            if let Some(leadership) = self.proclaim_first(guard, &value).await? {
-                return Ok(leadership);
+            })
+        };
+        let options = self.options();
+        let mut backoff = Backoff::new(options.backoff_min, options.backoff_max);
+        let mut failing_since = None;
+        loop {
+            let guard = self.mutex.lock_timeout(left()).await?;
+            match self.proclaim_first(guard, &value).await {
+                Ok(Some(leadership)) => return Ok(leadership),
+                Ok(None) => failing_since = None,
+                Err(e)
+                    if e.is_retryable()
+                        && failing_since.get_or_insert_with(Instant::now).elapsed()
+                            < options.error_budget
+                        && left() > Duration::ZERO =>
+                {
+                    tracing::debug!(key = %self.key(), error = %e.display_chain(), "proclaiming failed; campaigning again");
+                    tokio::time::sleep(backoff.next_delay().min(left())).await;
+                }
+                Err(e) => return Err(e),
             }
         }
     }

@@ -11,7 +11,7 @@ use lockkit_core::{Error, ErrorKind, Result};
 use crate::backend::{EtcdBackend, txn_of};
 use crate::cleanup::Entry;
 use crate::error::{self, NAME};
-use crate::naming::{by_create, key_of, predecessor_of, token_of};
+use crate::naming::{by_create, key_of, owner_of, predecessor_of, token_of};
 use crate::session::Session;
 
 impl EtcdBackend {
@@ -145,7 +145,7 @@ impl EtcdBackend {
             let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
             if let Some(stale) = own_kv
                 .as_ref()
-                .filter(|kv| kv.value() != owner_digest.as_bytes())
+                .filter(|kv| owner_of(kv.value()) != owner_digest.as_bytes())
             {
                 return Err(self.move_off_stale_key(request, &session, &prefix, stale.value()));
             }

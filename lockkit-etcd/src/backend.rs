@@ -19,15 +19,15 @@ use lockkit_core::backend::{
     OwnerToken, Renewal, lease_of, runtime,
 };
 use lockkit_core::{
-    Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, MutexGuard, Result, Tier,
-    WaitStrategy,
+    Capabilities, Error, ErrorKind, FencingGuarantee, Leader, LockInfo, LockKey, MutexGuard,
+    Result, Support, Tier, WaitStrategy,
 };
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::cleanup::Entry;
 use crate::config::EtcdConfig;
 use crate::error::{self, NAME};
-use crate::naming::{KeyNames, by_create, token_of};
+use crate::naming::{KeyNames, by_create, owner_of, token_of};
 use crate::session::Session;
 
 /// etcd raises shorter lease TTLs to this.
@@ -73,6 +73,10 @@ const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
 ///   request timeout** after it lands, never for as long as the process lives. (Under RBAC
 ///   this needs permission to ask for the lease's keys; without it the sweep logs a warning
 ///   and the bound is the process's lifetime, as before.)
+/// - **Elections**: the election is the lock; the leader's value lives in its own key after
+///   the owner digest, written by a transaction guarded on the key's create revision; the
+///   leader is one range read of the lowest key; observers watch the leader's key (see the
+///   crate docs, "Elections").
 ///
 /// Clones share the connection and the sessions. Dropping the last clone stops the
 /// keep-alives, so the session leases expire after their TTL; [`EtcdBackend::close`] revokes
@@ -158,9 +162,11 @@ impl EtcdBackend {
     }
 
     /// Runs `ops` in one transaction that applies only while `guard` still holds its lock:
-    /// it compares the lock key's create revision with the guard's fencing token and its value
-    /// with the owner token's digest. This is the fenced write of etcd: a holder that was paused past
-    /// its session and lost the lock cannot overwrite what the next holder wrote.
+    /// it compares the lock key's create revision with the guard's fencing token (which names
+    /// the grant: a key put again under the same name has a new one). This is the fenced write
+    /// of etcd: a holder that was paused past its session and lost the lock cannot overwrite
+    /// what the next holder wrote. An election's leader passes its
+    /// [`Leadership::guard`](lockkit_core::Leadership::guard).
     ///
     /// ```no_run
     /// # async fn demo(backend: lockkit_etcd::EtcdBackend, guard: lockkit_core::MutexGuard) -> lockkit_core::Result<()> {
@@ -329,13 +335,14 @@ pub(crate) fn txn_of(
     }
 }
 
-/// The compares that hold while `lease` holds the lock at `key`.
+/// The compares that hold while `lease` holds the lock at `key`: the key exists with the
+/// grant's create revision (its fencing token). That names the grant alone: one transaction
+/// created the key at that revision, for one owner, and a key deleted and put again under
+/// the same name has a new one. The value is not compared: an election's leader adds its
+/// proclaimed value to the owner digest there.
 pub(crate) fn held_by(key: &str, lease: &Lease) -> Vec<Compare> {
     let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
-    vec![
-        Compare::create_revision(key, CompareOp::Equal, token),
-        Compare::value(key, CompareOp::Equal, lease.owner().digest_hex()),
-    ]
+    vec![Compare::create_revision(key, CompareOp::Equal, token)]
 }
 
 /// How long a connection may stay silent before it is asked for a sign of life (an HTTP/2
@@ -393,6 +400,7 @@ impl LockBackend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue)
             .with_min_ttl(Duration::from_secs(MIN_TTL_SECS.unsigned_abs()))
+            .with_election(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -475,7 +483,7 @@ impl LockBackend for EtcdBackend {
                 let still_ours = found.next().flatten().is_some_and(|kv| {
                     kv.create_revision() == i64::try_from(lease.fencing_token().get()).unwrap_or(-1)
                         && kv.lease() == session.lease_id
-                        && kv.value() == lease.owner().digest_hex().as_bytes()
+                        && owner_of(kv.value()) == lease.owner().digest_hex().as_bytes()
                 });
                 answers.push(Ok(if still_ours {
                     Renewal::Extended(session.valid_from(sent_at))
@@ -505,7 +513,8 @@ impl LockBackend for EtcdBackend {
             .await?;
         let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
         Ok(response.kvs().first().is_some_and(|kv| {
-            kv.create_revision() == token && kv.value() == lease.owner().digest_hex().as_bytes()
+            kv.create_revision() == token
+                && owner_of(kv.value()) == lease.owner().digest_hex().as_bytes()
         }))
     }
 
@@ -553,6 +562,32 @@ impl LockBackend for EtcdBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         self.break_lock(key).await
+    }
+
+    /// One transaction: the value goes into the own key, beside the owner digest, only while
+    /// the key has the grant's create revision (see the crate docs, "Elections").
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        self.proclaim_value(lease, value).await
+    }
+
+    /// One linearizable range read: the lowest key of the lock and its value.
+    async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
+        Ok(self
+            .read_leader(key)
+            .await?
+            .leader
+            .map(|(_, leader)| leader))
+    }
+
+    /// A fresh read, then a watch on the leader's key (on the lock's range when nobody
+    /// leads) from the revision after that read.
+    async fn wait_for_leader_change(
+        &self,
+        key: &LockKey,
+        seen: Option<&Leader>,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.wait_for_leader(key, seen, max_wait).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -1,5 +1,6 @@
 //! How the etcd backend names lock keys: `<prefix>/<namespace>/<name>/<lease-hex>-<n>`,
-//! reusing names, and the reads that order a lock's keys by create revision.
+//! reusing names, what a key's value holds, and the reads that order a lock's keys by
+//! create revision.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as Slot;
@@ -71,6 +72,35 @@ pub(crate) fn predecessor_of(own_revision: i64) -> GetOptions {
     by_create(SortOrder::Descend, 1).with_max_create_revision(own_revision - 1)
 }
 
+/// Separates the owner digest from an election's proclaimed value in a lock key's value. A
+/// digest is hex, so the first separator ends it.
+const VALUE_SEPARATOR: u8 = b'\n';
+
+/// A lock key's value: the owner token's digest, then, once its grant proclaimed a value as
+/// an election's leader, the separator and that value.
+pub(crate) fn stored_value(owner_digest: &str, proclaimed: Option<&str>) -> Vec<u8> {
+    let mut stored = owner_digest.as_bytes().to_vec();
+    if let Some(value) = proclaimed {
+        stored.push(VALUE_SEPARATOR);
+        stored.extend_from_slice(value.as_bytes());
+    }
+    stored
+}
+
+/// The owner digest in a lock key's value (all of it for a key nobody proclaimed on).
+pub(crate) fn owner_of(stored: &[u8]) -> &[u8] {
+    stored
+        .iter()
+        .position(|b| *b == VALUE_SEPARATOR)
+        .map_or(stored, |end| &stored[..end])
+}
+
+/// The value proclaimed in a lock key's value, if any.
+pub(crate) fn proclaimed_of(stored: &[u8]) -> Option<String> {
+    let start = stored.iter().position(|b| *b == VALUE_SEPARATOR)? + 1;
+    Some(String::from_utf8_lossy(&stored[start..]).into_owned())
+}
+
 pub(crate) fn key_of(kv: &KeyValue) -> String {
     String::from_utf8_lossy(kv.key()).into_owned()
 }
@@ -99,5 +129,19 @@ mod tests {
             third.key, "p/ns/k/00000000000000ab-2",
             "a stale claim freed a name in use"
         );
+    }
+
+    #[test]
+    fn a_key_value_holds_the_owner_digest_and_then_the_proclaimed_value() {
+        let plain = stored_value("5947d7c3", None);
+        assert_eq!(plain, b"5947d7c3");
+        assert_eq!(owner_of(&plain), b"5947d7c3");
+        assert_eq!(proclaimed_of(&plain), None);
+        let leading = stored_value("5947d7c3", Some("node-a\n:8080"));
+        assert_eq!(owner_of(&leading), b"5947d7c3");
+        assert_eq!(proclaimed_of(&leading).as_deref(), Some("node-a\n:8080"));
+        let empty = stored_value("5947d7c3", Some(""));
+        assert_eq!(proclaimed_of(&empty).as_deref(), Some(""));
+        assert_eq!(owner_of(b""), b"", "an etcdctl lock key has an empty value");
     }
 }

@@ -1,18 +1,20 @@
 //! Waiting in the etcd backend: a contender watches only the key just ahead of its own,
-//! so a release wakes exactly one waiter.
+//! so a release wakes exactly one waiter. The watch machinery here serves the election's
+//! observers too.
 
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
+use etcd_client::{Event, EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream};
 use lockkit_core::Result;
 use lockkit_core::backend::{AcquireRequest, Contention};
+use tokio::time::Instant;
 
 use crate::backend::EtcdBackend;
 use crate::error;
 use crate::naming::{key_of, predecessor_of};
 
 /// A deadline that never comes (tokio's own "far future" is 30 years as well).
-const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 impl EtcdBackend {
     /// Ends early, too, when the session of the request's key is lost: the key went with
@@ -82,7 +84,7 @@ impl EtcdBackend {
     ) -> Result<()> {
         // `Duration::MAX` when the waiter has no deadline: the core sets no timer on a queue
         // wait (see `WaitStrategy::Queue`).
-        let now = tokio::time::Instant::now();
+        let now = Instant::now();
         let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
         let known = self
             .entries()
@@ -106,36 +108,11 @@ impl EtcdBackend {
         // (`syncWatchersLoop`), so under steady writes every handoff would wait for that tick.
         // A delete between the attempt and the watch is found by the read below instead.
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let opening = self.send(|mut client| {
-            let (predecessor, options) = (predecessor.clone(), options.clone());
-            async move { client.watch(predecessor, Some(options)).await }
-        });
-        let mut watch = match tokio::time::timeout_at(deadline, opening).await {
-            Ok(Some(Ok(watch))) => watch,
-            Ok(Some(Err(e))) => return Err(error::map("watching the predecessor", e)),
-            Ok(None) => {
-                return Err(error::timed_out(
-                    "watching the predecessor",
-                    self.inner.config.request_timeout,
-                ));
-            }
-            Err(_) => return Ok(()),
-        };
-        let created = async {
-            while let Some(response) = watch.message().await? {
-                if response.canceled() {
-                    break;
-                }
-                if response.created() {
-                    return Ok(Some(response.header().map_or(i64::MAX, |h| h.revision())));
-                }
-            }
-            Ok::<_, etcd_client::Error>(None)
-        };
-        let watched_from = match tokio::time::timeout_at(deadline, created).await {
-            Ok(Ok(Some(watched_from))) => watched_from,
-            Ok(Ok(None)) | Err(_) => return Ok(()),
-            Ok(Err(e)) => return Err(error::map("watching the predecessor", e)),
+        let opened = self
+            .open_watch("watching the predecessor", &predecessor, options, deadline)
+            .await?;
+        let Some((mut watch, watched_from)) = opened else {
+            return Ok(());
         };
         // Nothing was written between the attempt's read and the watch: the predecessor was
         // there when the watch started. Otherwise the watch sees the delete only if the
@@ -167,23 +144,74 @@ impl EtcdBackend {
                 }
             }
         }
-        let deleted = async {
+        // A cancelled watch (compacted revision, lost leader) ends the wait too: the next
+        // attempt reads the queue afresh.
+        let deleted = until_event(&mut watch, deadline, |event| {
+            event.event_type() == EventType::Delete
+        });
+        deleted
+            .await
+            .map_err(|e| error::map("watching the predecessor", e))
+    }
+
+    /// Opens a watch of `key` with `options`, within `deadline`: the stream, and the store
+    /// revision at which the server started it. `None` when the deadline passed first, or
+    /// the server cancelled the watch at once (a compacted start revision, no leader).
+    ///
+    /// Dropping the stream resets its gRPC stream, and the server drops the watch with it:
+    /// a cancelled wait leaves no watch behind.
+    pub(crate) async fn open_watch(
+        &self,
+        what: &str,
+        key: &str,
+        options: WatchOptions,
+        deadline: Instant,
+    ) -> Result<Option<(WatchStream, i64)>> {
+        let opening = self.send(|mut client| {
+            let (key, options) = (key.to_owned(), options.clone());
+            async move { client.watch(key, Some(options)).await }
+        });
+        let mut watch = match tokio::time::timeout_at(deadline, opening).await {
+            Ok(Some(Ok(watch))) => watch,
+            Ok(Some(Err(e))) => return Err(error::map(what, e)),
+            Ok(None) => return Err(error::timed_out(what, self.inner.config.request_timeout)),
+            Err(_) => return Ok(None),
+        };
+        let created = async {
             while let Some(response) = watch.message().await? {
-                let gone = response
-                    .events()
-                    .iter()
-                    .any(|event| event.event_type() == EventType::Delete);
-                // A cancelled watch (compacted revision, lost leader) ends the wait: the next
-                // attempt reads the queue afresh.
-                if gone || response.canceled() {
+                if response.canceled() {
                     break;
                 }
+                if response.created() {
+                    return Ok(Some(response.header().map_or(i64::MAX, |h| h.revision())));
+                }
             }
-            Ok::<(), etcd_client::Error>(())
+            Ok::<_, etcd_client::Error>(None)
         };
-        match tokio::time::timeout_at(deadline, deleted).await {
-            Ok(Ok(())) | Err(_) => Ok(()),
-            Ok(Err(e)) => Err(error::map("watching the predecessor", e)),
+        match tokio::time::timeout_at(deadline, created).await {
+            Ok(Ok(Some(watched_from))) => Ok(Some((watch, watched_from))),
+            Ok(Ok(None)) | Err(_) => Ok(None),
+            Ok(Err(e)) => Err(error::map(what, e)),
         }
     }
+}
+
+/// Reads `watch` until an event that `wakes`, the watch's cancellation or end, or
+/// `deadline`; only a broken stream is an error.
+pub(crate) async fn until_event(
+    watch: &mut WatchStream,
+    deadline: Instant,
+    wakes: impl Fn(&Event) -> bool + Send + Sync,
+) -> std::result::Result<(), etcd_client::Error> {
+    let woken = async {
+        while let Some(response) = watch.message().await? {
+            if response.canceled() || response.events().iter().any(&wakes) {
+                break;
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout_at(deadline, woken)
+        .await
+        .unwrap_or(Ok(()))
 }

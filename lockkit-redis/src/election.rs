@@ -36,6 +36,9 @@ impl RedisBackend {
         let keys = Keys::of(lease.key());
         let need = self.config.min_replicas;
         let mut pipe = redis::pipe();
+        // Error replies in place, so that a NOSCRIPT (a restart, a failover to a replica
+        // that never saw the script) is reloaded by `query_reloading`.
+        pipe.ignore_errors();
         pipe.cmd("EVALSHA")
             .arg(scripts::PROCLAIM.get_hash())
             .arg(2)
@@ -66,6 +69,14 @@ impl RedisBackend {
         let stored = match replies.first() {
             Some(Value::Int(1)) => true,
             Some(Value::Int(0)) => return Ok(false),
+            Some(Value::ServerError(e)) => {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    BACKEND,
+                    format!("the proclaim script failed: {e}"),
+                )
+                .with_retryable(true));
+            }
             _ => return Err(unexpected(BACKEND, "the proclaim script")),
         };
         if need > 0 {

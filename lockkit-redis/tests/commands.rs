@@ -215,4 +215,13 @@ async fn flushed_scripts_are_reloaded_transparently() {
     assert!(other.release().await.unwrap());
     flush(&mut raw).await;
     assert!(held.release().await.unwrap());
+    // An election's proclamations (its first one comes with the campaign).
+    let election = locks.election("elected").unwrap();
+    flush(&mut raw).await;
+    let leadership = election.campaign("first").await.unwrap();
+    flush(&mut raw).await;
+    leadership.proclaim("second").await.unwrap();
+    let leader = election.leader().await.unwrap();
+    assert_eq!(leader.and_then(|l| l.value).as_deref(), Some("second"));
+    assert!(leadership.resign().await.unwrap());
 }

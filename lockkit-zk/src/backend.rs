@@ -10,11 +10,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockkit_core::backend::cleanup::{Acquisitions, Ledger};
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Lease, LockBackend, LockPage, OwnerToken, Renewal, runtime,
+    AcquireRequest, Attempt, Contention, Leader, Lease, LockBackend, LockPage, OwnerToken, Renewal,
+    runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
-    Tier, WaitStrategy,
+    Support, Tier, WaitStrategy,
 };
 use tokio_util::sync::{CancellationToken, DropGuard};
 use zookeeper_client as zk;
@@ -55,6 +56,10 @@ pub(crate) const MAX_ROUNDS: usize = 4;
 /// next round, the release, the clean-up, or a sweep one session timeout later deletes. An
 /// acquisition that ends with a create unanswered is swept for through the leader (a `sync`
 /// before the listing) until a listing sent after the create has removed what it left.
+///
+/// Elections are these locks too, as Curator's `LeaderLatch` runs them: the lowest node
+/// leads, its czxid is the term, and the leader's value is its own node's data (see
+/// `election.rs` and the crate docs' "Elections").
 ///
 /// # Guarantees
 /// - The fencing token is the `czxid` of the holder's node: the zxid of the transaction that
@@ -267,7 +272,9 @@ impl LockBackend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue).with_min_ttl(MIN_TTL)
+        Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue)
+            .with_min_ttl(MIN_TTL)
+            .with_election(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -375,6 +382,26 @@ impl LockBackend for ZkBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         self.break_lock(key).await
+    }
+
+    /// One `setData` on the lease's own node (see `election.rs` for why that is enough).
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        self.proclaim_value(lease, value).await
+    }
+
+    /// A `sync` and the listing, then the lowest node's data: two round trips.
+    async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
+        self.read_leader(key).await
+    }
+
+    /// Watches the leader's node (or, in a vacancy, the candidates), set by a fresh read.
+    async fn wait_for_leader_change(
+        &self,
+        key: &LockKey,
+        seen: Option<&Leader>,
+        max_wait: Duration,
+    ) -> Result<()> {
+        self.wait_for_leader(key, seen, max_wait).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -290,12 +290,11 @@ impl ZkBackend {
         session: &Session,
         path: &str,
         parent: &str,
-        version: Option<i32>,
     ) -> Result<bool> {
         let deleted = within(
             self.timeout(),
             "delete the lock node",
-            session.client.delete(path, version),
+            session.client.delete(path, None),
         )
         .await;
         self.inner
@@ -314,7 +313,7 @@ impl ZkBackend {
             Ok(()) => Ok(true),
             // An expired session takes its ephemeral nodes with it, and sessions are only
             // replaced when they expire: the node is gone whichever session made it.
-            Err(zk::Error::NoNode | zk::Error::BadVersion | zk::Error::SessionExpired) => Ok(false),
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
             Err(e) => {
                 let error = map("delete the lock node", e);
                 if error.is_retryable() {
@@ -415,11 +414,8 @@ impl ZkBackend {
         let own_prefix = own_prefix(lease.owner());
         let release_node = async {
             match self.lease_node(&session, lease).await? {
-                // Lock nodes are never written, so their version stays 0.
-                Some(path) => {
-                    self.delete_own(&session, &path, &paths.parent, Some(0))
-                        .await
-                }
+                // Any version: an election's leader writes its value into its node.
+                Some(path) => self.delete_own(&session, &path, &paths.parent).await,
                 None => Ok(false),
             }
         };

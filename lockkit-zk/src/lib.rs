@@ -5,6 +5,7 @@ mod acquire;
 mod backend;
 mod cleanup;
 mod config;
+mod election;
 mod error;
 mod naming;
 mod operator;

@@ -28,6 +28,7 @@ pub mod check;
 mod election;
 pub mod fenced;
 pub mod history;
+mod multi;
 mod operator;
 pub mod proxy;
 pub mod queue;
@@ -355,6 +356,10 @@ macro_rules! conformance_tests {
             a_cancelled_campaign_leaves_nothing_behind,
             observe_ends_on_the_current_leader_in_term_order,
             run_as_leader_cancels_the_work_when_leadership_is_lost,
+            lock_all_over_overlapping_sets_never_deadlocks,
+            lock_all_takes_nothing_when_a_part_is_taken,
+            a_cancelled_lock_all_leaves_nothing_behind,
+            lock_all_reports_the_loss_of_any_part,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

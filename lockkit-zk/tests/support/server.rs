@@ -104,7 +104,7 @@ impl ZkServer {
              clientPortAddress=127.0.0.1\n\
              clientPort={port}\n\
              admin.enableServer=false\n\
-             4lw.commands.whitelist=srvr\n\
+             4lw.commands.whitelist=srvr,wchs\n\
              forceSync=no\n",
             data = dir.join("data").display(),
         );
