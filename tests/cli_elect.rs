@@ -2,9 +2,9 @@
 //! leads and sees its term, two candidates never run their commands at once and the second
 //! takes over when the first's command exits, a leadership broken by an operator terminates
 //! the command, `leader --watch --json` prints every change, and a backend without elections
-//! fails as unsupported. Cross-process tests use the single Redis of `compose/up.sh`; the
-//! memory backend serves what one process shows.
-#![cfg(all(feature = "cli", feature = "redis"))]
+//! fails as unsupported. Cross-process tests run on the single Redis, etcd and ZooKeeper of
+//! `compose/up.sh`; the memory backend serves what one process shows.
+#![cfg(all(feature = "cli", feature = "redis", feature = "etcd", feature = "zk"))]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod cli_env;
@@ -14,6 +14,29 @@ use std::time::{Duration, Instant};
 
 use cli_env::{Env, is_dead, signal, wait_exit};
 use nix::sys::signal::Signal;
+
+/// Tests `$test(var)` on every server backend with elections, one test each, by the variable
+/// naming its URL: `$test::redis`, `$test::etcd`, `$test::zookeeper`.
+macro_rules! on_every_server {
+    ($test:ident) => {
+        mod $test {
+            #[test]
+            fn redis() {
+                super::$test("LOCKKIT_TEST_REDIS_URL");
+            }
+
+            #[test]
+            fn etcd() {
+                super::$test("LOCKKIT_TEST_ETCD_URL");
+            }
+
+            #[test]
+            fn zookeeper() {
+                super::$test("LOCKKIT_TEST_ZK_URL");
+            }
+        }
+    };
+}
 
 /// The name of every election of these tests (each test has its own namespace).
 const NAME: &str = "scheduler";
@@ -182,11 +205,9 @@ fn leader_says_when_nobody_leads() {
     );
 }
 
-#[test]
-fn two_candidates_never_run_at_once_and_the_second_takes_over_when_the_first_exits() {
-    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
-        return;
-    };
+on_every_server!(two_candidates_never_run_at_once_and_the_second_takes_over_when_the_first_exits);
+fn two_candidates_never_run_at_once_and_the_second_takes_over_when_the_first_exits(var: &str) {
+    let Some(env) = Env::new(var) else { return };
     // A TTL far above the hand-over bound below: the second takes over on the resign, not
     // on the first's expiry.
     let mut a = candidate(&env, "a", &["--ttl", "30s"]);
@@ -221,11 +242,9 @@ fn two_candidates_never_run_at_once_and_the_second_takes_over_when_the_first_exi
     assert_eq!(leader(&env)["leader"], serde_json::Value::Null);
 }
 
-#[test]
-fn a_signal_during_the_campaign_withdraws_the_candidate_without_running_its_command() {
-    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
-        return;
-    };
+on_every_server!(a_signal_during_the_campaign_withdraws_the_candidate_without_running_its_command);
+fn a_signal_during_the_campaign_withdraws_the_candidate_without_running_its_command(var: &str) {
+    let Some(env) = Env::new(var) else { return };
     let mut a = candidate(&env, "a", &[]);
     env.wait_file("ready-a");
     let mut b = campaigning(&env, "b", &[]);
@@ -241,11 +260,9 @@ fn a_signal_during_the_campaign_withdraws_the_candidate_without_running_its_comm
     assert!(!env.file("ready-b").exists(), "the withdrawn candidate ran");
 }
 
-#[test]
-fn the_command_is_terminated_when_an_operator_breaks_the_leadership() {
-    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
-        return;
-    };
+on_every_server!(the_command_is_terminated_when_an_operator_breaks_the_leadership);
+fn the_command_is_terminated_when_an_operator_breaks_the_leadership(var: &str) {
+    let Some(env) = Env::new(var) else { return };
     let mut a = Process(
         env.lockkit()
             .args([
@@ -337,11 +354,9 @@ impl Watcher {
     }
 }
 
-#[test]
-fn leader_watch_json_prints_every_change_in_term_order() {
-    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
-        return;
-    };
+on_every_server!(leader_watch_json_prints_every_change_in_term_order);
+fn leader_watch_json_prints_every_change_in_term_order(var: &str) {
+    let Some(env) = Env::new(var) else { return };
     let watcher = Watcher::start(&env);
     let vacant = |line: &serde_json::Value| line["leader"].is_null();
     let led_by =
