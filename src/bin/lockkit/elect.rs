@@ -6,7 +6,7 @@ use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 
 use futures_util::StreamExt;
-use lockkit::{Election, Leader, LockkitConfig};
+use lockkit::{Leader, LockkitConfig};
 use serde_json::json;
 
 use crate::child::{self, CLOSE_BOUND, grant_env, interrupted};
@@ -138,7 +138,7 @@ pub(crate) async fn leader(
     json: bool,
 ) -> Result<u8, Failure> {
     let locks = connect(config).await?;
-    let election: Election = locks.election(name)?;
+    let election = locks.election(name)?;
     let print = |leader: Option<&Leader>| {
         let line = if json {
             leader_json(name, leader).to_string()
