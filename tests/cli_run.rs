@@ -104,11 +104,13 @@ fn sigterm_while_waiting_on_etcd_abandons_the_queue_entry() {
     an_interrupted_wait_leaves_nothing_queued("LOCKKIT_TEST_ETCD_URL", Signal::SIGTERM);
 }
 
-/// The command's trap counts the SIGINTs it gets for a second after the first; it exits 5.
+/// The command's trap counts the SIGINTs it gets for a second after the first, and ends
+/// the first wait itself (a SIGINT that lands between `touch` and `wait` would otherwise
+/// leave the shell waiting 30 s for a sleep that ignores it); it exits 5.
 fn counting_script(env: &Env) -> String {
     format!(
-        "trap 'echo int >> {count}' INT; sleep 30 & p=$!; touch {ready}; wait $p; kill $p; \
-         sleep 1 & q=$!; wait $q; wait $q; exit 5",
+        "trap 'echo int >> {count}; kill $p 2>/dev/null' INT; sleep 30 & p=$!; touch {ready}; \
+         wait $p; sleep 1 & q=$!; wait $q; wait $q; exit 5",
         count = env.file("count").display(),
         ready = env.file("ready").display(),
     )
