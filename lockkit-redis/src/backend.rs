@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -193,23 +194,41 @@ impl RedisBackend {
         .with_retryable(true))
     }
 
+    /// Releases the lock if it is `owner_hex`'s, and says whether it was.
+    ///
+    /// A release sent again after its connection dropped (see `Primary::request_on`) that
+    /// finds the lock gone cannot tell whether its first send released it (the reply was
+    /// lost) or the lock was gone before: that is an error saying so, not "not ours", which
+    /// would report a lock lost that was released.
     async fn release_keys(&self, keys: &Keys, owner_hex: String) -> Result<bool> {
-        self.release_keys_on(keys, owner_hex, |epoch| &epoch.connection)
-            .await
+        match self
+            .release_keys_on(keys, owner_hex, |epoch| &epoch.connection)
+            .await?
+        {
+            Released::Ours => Ok(true),
+            Released::NotOurs => Ok(false),
+            Released::GoneWhenSentAgain => Err(Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                "the release was sent again after its connection dropped and found the lock gone: the first send may have released it, or the lock was lost before",
+            )),
+        }
     }
 
-    /// As [`RedisBackend::release_keys`], on the connection `pick` chooses.
+    /// The release script for `owner_hex`, on the connection `pick` chooses.
     async fn release_keys_on(
         &self,
         keys: &Keys,
         owner_hex: String,
         pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
-    ) -> Result<bool> {
+    ) -> Result<Released> {
         let (lock, value, channel, owner_hex) =
             (&keys.lock, &keys.value, &keys.channel, &owner_hex);
+        let sends = &AtomicUsize::new(0);
         let released: i64 = self
             .primary
             .request_on("releasing", pick, |mut con| async move {
+                sends.fetch_add(1, Ordering::SeqCst);
                 scripts::RELEASE
                     .key(lock)
                     .key(value)
@@ -219,7 +238,11 @@ impl RedisBackend {
                     .await
             })
             .await?;
-        Ok(released == 1)
+        Ok(match released {
+            1 => Released::Ours,
+            _ if sends.load(Ordering::SeqCst) > 1 => Released::GoneWhenSentAgain,
+            _ => Released::NotOurs,
+        })
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
@@ -296,6 +319,17 @@ impl RedisBackend {
             tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
         }
     }
+}
+
+/// What the release script found, from [`RedisBackend::release_keys_on`].
+enum Released {
+    /// The lock was the caller's, and is released.
+    Ours,
+    /// The lock was not the caller's.
+    NotOurs,
+    /// Not the caller's at a second send after the connection dropped: the first send may
+    /// have released it.
+    GoneWhenSentAgain,
 }
 
 #[async_trait]
@@ -405,6 +439,7 @@ impl LockBackend for RedisBackend {
         } else {
             |epoch| &epoch.connection
         };
+        // Whatever the clean-up found, nothing of the request is left.
         self.release_keys_on(&keys, request.owner.expose_hex(), pick)
             .await
             .map(drop)
