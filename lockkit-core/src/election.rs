@@ -240,15 +240,21 @@ impl Election {
         }
     }
 
-    /// Proclaims the first value of a fresh grant. `None` when the grant was already gone.
+    /// Proclaims the first value of a fresh grant. `None` when the grant was already gone, or
+    /// its validity ran out while the proclamation was on its way.
     async fn proclaim_first(&self, guard: MutexGuard, value: &str) -> Result<Option<Leadership>> {
         // A failed or dropped proclamation drops the guard, which releases the grant in the
         // background (and the value with it, wherever it landed).
         if self.backend().proclaim(guard.lease(), value).await? {
-            return Ok(Some(Leadership {
-                guard,
-                value: StdMutex::new(value.to_owned()),
-            }));
+            // A proclamation slower than the grant's validity (a consensus cluster electing
+            // its own leader meanwhile) returns a leadership nobody can vouch for any more.
+            if !guard.is_lost() {
+                return Ok(Some(Leadership {
+                    guard,
+                    value: StdMutex::new(value.to_owned()),
+                }));
+            }
+            return Ok(None);
         }
         guard.mark_lost("the leadership ended before its value was proclaimed");
         Ok(None)

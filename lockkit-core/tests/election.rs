@@ -26,6 +26,8 @@ struct Restless {
     reads: AtomicUsize,
     /// How many proclamations still fail with a retryable error.
     failing_proclaims: AtomicUsize,
+    /// How many proclamations are still answered a second after they were stored.
+    slow_proclaims: AtomicUsize,
 }
 
 #[async_trait]
@@ -64,6 +66,16 @@ impl LockBackend for Restless {
             .is_ok()
         {
             return Err(Error::new(ErrorKind::Unavailable, "restless", "a blip"));
+        }
+        if self
+            .slow_proclaims
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            // Stored at once, answered a second later.
+            let stored = self.memory.proclaim(lease, value).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return Ok(stored);
         }
         self.memory.proclaim(lease, value).await
     }
@@ -233,4 +245,24 @@ async fn a_campaign_retries_a_proclamation_that_failed_on_a_blip() {
         locks.inspect("blips").await.unwrap().is_none(),
         "the grant was kept"
     );
+}
+
+#[tokio::test]
+async fn a_campaign_whose_proclamation_outlived_the_grant_campaigns_again() {
+    let backend = Arc::new(Restless::default());
+    backend.slow_proclaims.store(1, Ordering::SeqCst);
+    // Not renewed: the first grant's 300 ms of validity run out while its proclamation's
+    // answer takes a second.
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_millis(300))
+        .with_auto_renew(false);
+    let locks = LockClient::with_options(backend.clone(), "ns", options).unwrap();
+    let election = locks.election("slow").unwrap();
+    let leadership = election.campaign("v").await.unwrap();
+    assert!(
+        !leadership.is_lost(),
+        "the campaign returned a leadership past its validity"
+    );
+    assert_eq!(backend.slow_proclaims.load(Ordering::SeqCst), 0);
+    assert!(leadership.resign().await.unwrap());
 }
