@@ -10,6 +10,17 @@ use lockkit_core::testing::backend_missing;
 /// The ports these tests may use.
 const PORTS: std::ops::Range<u16> = 21300..21400;
 
+/// The ports of this process's private servers, also while one is down for a restart: a
+/// test starting its own server must not take the port of one that is coming back.
+static TAKEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn taken() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u16>> {
+    TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A redis-server of this test process, killed (by its PID) when dropped.
 pub struct PrivateRedis {
     child: Option<Child>,
@@ -36,7 +47,11 @@ impl PrivateRedis {
         let offset = rand::random::<u16>() % PORTS.len() as u16;
         for i in 0..PORTS.len() as u16 {
             let port = PORTS.start + (offset + i) % PORTS.len() as u16;
+            if !taken().insert(port) {
+                continue;
+            }
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                taken().remove(&port);
                 continue;
             }
             let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -51,6 +66,7 @@ impl PrivateRedis {
             if server.launch() {
                 return Some(server);
             }
+            // `server` is dropped here, which gives the port back.
         }
         panic!("no free port in {PORTS:?} for a private redis-server");
     }
@@ -134,5 +150,6 @@ impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+        taken().remove(&self.port);
     }
 }
