@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, SortOrder, Txn, TxnOp, TxnOpRe
 use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
 use lockkit_core::{Error, ErrorKind, Result};
 
-use crate::backend::{EtcdBackend, txn_of};
+use crate::backend::{EtcdBackend, Resend, txn_of};
 use crate::cleanup::Entry;
 use crate::error::{self, NAME};
 use crate::naming::{by_create, key_of, owner_of, predecessor_of, token_of};
@@ -92,7 +92,10 @@ impl EtcdBackend {
             // Unanswered (cancelled, timed out, a broken link), the put may still land, at any
             // time: the session's orphan sweep then comes for it.
             let sending = (!read_only).then(|| session.ledger.send());
-            let answer = self.send(txn_of(&txn)).await;
+            let answer = self
+                .send(Resend::IfNeverSent, txn_of(&txn))
+                .await
+                .map(|sent| sent.answer);
             if let (Some(sending), Some(Ok(_))) = (sending, &answer) {
                 sending.answered();
             }

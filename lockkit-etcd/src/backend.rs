@@ -34,8 +34,35 @@ use crate::session::Session;
 pub(crate) const MIN_TTL_SECS: i64 = 2;
 /// etcd's default `--max-txn-ops`: the most operations one transaction may carry.
 const MAX_TXN_OPS: usize = 128;
-/// The pause before sending a request again that never reached a member.
-const NOT_SENT_PAUSE: Duration = Duration::from_millis(10);
+/// The pause before sending a request again.
+const RESEND_PAUSE: Duration = Duration::from_millis(10);
+
+/// Which failures of a request [`EtcdBackend::send`] sends it again after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Only a failure before it reached any member: a request that may not be applied twice.
+    IfNeverSent,
+    /// Any failure a retry can cure (a broken connection, a member without a leader): a
+    /// read, or a write whose guard makes a second application a no-op.
+    IfRetryable,
+}
+
+impl Resend {
+    fn allows(self, error: &etcd_client::Error) -> bool {
+        match self {
+            Resend::IfNeverSent => error::never_sent(error),
+            Resend::IfRetryable => error::kind(error) == ErrorKind::Unavailable,
+        }
+    }
+}
+
+/// What [`EtcdBackend::send`] got.
+pub(crate) struct Sent<T> {
+    /// The last send's answer.
+    pub(crate) answer: Result<T, etcd_client::Error>,
+    /// A send before the last failed in a way that may have left it applied.
+    pub(crate) resent: bool,
+}
 
 /// A lock backend over an etcd cluster (tier [`Tier::Consensus`]).
 ///
@@ -246,34 +273,39 @@ impl EtcdBackend {
         self.inner.entries.lock()
     }
 
-    /// Sends one request, again while it fails before reaching any member (the balancer may
-    /// pick a member that is down and refuses the connection), all within the request
-    /// timeout. `None` when the timeout passed.
+    /// Sends one request, again within the request timeout after a failure `resend` allows
+    /// (the balancer may pick a member that is down and refuses the connection; a
+    /// connection may break under the request). `None` when the timeout passed.
     pub(crate) async fn send<T, Fut>(
         &self,
+        resend: Resend,
         mut request: impl FnMut(Client) -> Fut,
-    ) -> Option<Result<T, etcd_client::Error>>
+    ) -> Option<Sent<T>>
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + self.inner.config.request_timeout;
+        let mut resent = false;
         let answer = async {
             loop {
                 match request(self.client()).await {
                     Err(e)
-                        if error::never_sent(&e)
-                            && tokio::time::Instant::now() + NOT_SENT_PAUSE < deadline =>
+                        if resend.allows(&e)
+                            && tokio::time::Instant::now() + RESEND_PAUSE < deadline =>
                     {
-                        tokio::time::sleep(NOT_SENT_PAUSE).await;
+                        resent |= !error::never_sent(&e);
+                        tokio::time::sleep(RESEND_PAUSE).await;
                     }
                     answer => return answer,
                 }
             }
         };
-        tokio::time::timeout_at(deadline, answer).await.ok()
+        let answer = tokio::time::timeout_at(deadline, answer).await.ok()?;
+        Some(Sent { answer, resent })
     }
 
-    /// [`send`](Self::send), with errors mapped for `what`.
+    /// [`send`](Self::send) of a request that may not be applied twice, with errors mapped
+    /// for `what`.
     pub(crate) async fn call<T, Fut>(
         &self,
         what: &str,
@@ -282,9 +314,43 @@ impl EtcdBackend {
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        match self.send(request).await {
-            Some(Ok(value)) => Ok(value),
-            Some(Err(e)) => Err(error::map(what, e)),
+        self.call_with(Resend::IfNeverSent, what, request)
+            .await
+            .map(|sent| sent.0)
+    }
+
+    /// [`send`](Self::send) of a read, which may be sent again after any failure a retry can
+    /// cure, with errors mapped for `what`.
+    pub(crate) async fn read<T, Fut>(
+        &self,
+        what: &str,
+        request: impl FnMut(Client) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_with(Resend::IfRetryable, what, request)
+            .await
+            .map(|sent| sent.0)
+    }
+
+    /// [`send`](Self::send) with errors mapped for `what`: the answer, and whether a send
+    /// before it may have been applied.
+    pub(crate) async fn call_with<T, Fut>(
+        &self,
+        resend: Resend,
+        what: &str,
+        request: impl FnMut(Client) -> Fut,
+    ) -> Result<(T, bool)>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match self.send(resend, request).await {
+            Some(Sent {
+                answer: Ok(value),
+                resent,
+            }) => Ok((value, resent)),
+            Some(Sent { answer: Err(e), .. }) => Err(error::map(what, e)),
             None => Err(error::timed_out(what, self.inner.config.request_timeout)),
         }
     }
@@ -308,7 +374,7 @@ impl EtcdBackend {
             return Ok(Vec::new());
         }
         let response = self
-            .call("checking held locks", txn_of(&Txn::new().and_then(reads)))
+            .read("checking held locks", txn_of(&Txn::new().and_then(reads)))
             .await?;
         Ok(response
             .op_responses()
@@ -506,7 +572,7 @@ impl LockBackend for EtcdBackend {
             return Ok(false);
         };
         let response = self
-            .call("checking the lock", |mut client| {
+            .read("checking the lock", |mut client| {
                 let key = key.to_owned();
                 async move { client.get(key, None).await }
             })
@@ -521,7 +587,7 @@ impl LockBackend for EtcdBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let prefix = self.lock_prefix(key);
         let response = self
-            .call("inspecting", |mut client| {
+            .read("inspecting", |mut client| {
                 let prefix = prefix.clone();
                 async move {
                     client
@@ -538,7 +604,7 @@ impl LockBackend for EtcdBackend {
         let lease = holder.lease();
         if lease != 0 {
             let ttl = self
-                .call("reading the holder's lease", |mut client| async move {
+                .read("reading the holder's lease", |mut client| async move {
                     client.lease_time_to_live(lease, None).await
                 })
                 .await?

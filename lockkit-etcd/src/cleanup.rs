@@ -12,7 +12,7 @@ use lockkit_core::backend::cleanup::{Retry, Sweep, Unfinished, spawn_sweep};
 use lockkit_core::backend::{AcquireRequest, CancellationToken, Lease, runtime};
 use lockkit_core::{Error, ErrorKind, Result};
 
-use crate::backend::{EtcdBackend, held_by, txn_of};
+use crate::backend::{EtcdBackend, Resend, held_by, txn_of};
 use crate::error::{self, NAME};
 use crate::naming::{Claim, KeyNames};
 use crate::session::{RETRY_PAUSE, Session};
@@ -82,14 +82,18 @@ impl EtcdBackend {
     /// answer (the core does not retry a dropped release), the delete is finished in the
     /// background: the shared session lease would otherwise keep the key for as long as the
     /// process lives. Once it is done, the key's name is freed for reuse, if `claim` is given.
+    ///
+    /// The delete is sent again after the failures `resend` allows; the answer says whether
+    /// a send before it may have been applied.
     pub(crate) async fn delete_now_or_later(
         &self,
+        resend: Resend,
         what: &str,
         key: String,
         guard: Vec<Compare>,
         session: Arc<Session>,
         claim: Option<Claim>,
-    ) -> Result<TxnResponse> {
+    ) -> Result<(TxnResponse, bool)> {
         let txn = Txn::new()
             .when(guard.clone())
             .and_then([TxnOp::delete(key.clone(), None)]);
@@ -98,7 +102,7 @@ impl EtcdBackend {
         let later = Unfinished::new(move || {
             backend.delete_later(key, guard, session, vec![Duration::ZERO], later_claim);
         });
-        let answer = self.call(what, txn_of(&txn)).await;
+        let answer = self.call_with(resend, what, txn_of(&txn)).await;
         if answer.is_ok() {
             later.done();
             if let Some(claim) = claim {
@@ -178,7 +182,9 @@ impl EtcdBackend {
                 claim.take(),
             );
         }
+        // An abandoned attempt's caller is told at once; the background finishes the delete.
         self.delete_now_or_later(
+            Resend::IfNeverSent,
             "abandoning an acquisition",
             key,
             guard,
@@ -190,6 +196,10 @@ impl EtcdBackend {
     }
 
     /// Deletes `lease`'s key if it is still ours (see [`LockBackend::release`](lockkit_core::backend::LockBackend::release)).
+    ///
+    /// A delete sent again after its connection broke that finds the key gone cannot tell
+    /// whether its first send deleted it (the answer was lost) or the lock was gone before:
+    /// that is an error saying so, not "not ours", which would report a released lock lost.
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool> {
         let Some(key) = lease.handle() else {
             return Ok(false);
@@ -204,7 +214,9 @@ impl EtcdBackend {
         let guard = held_by(key, lease);
         let released = match entry {
             Some(entry) => {
+                // The guard makes a second delete a no-op: a broken connection costs no release.
                 self.delete_now_or_later(
+                    Resend::IfRetryable,
                     "releasing",
                     entry.claim.key.clone(),
                     guard,
@@ -216,10 +228,19 @@ impl EtcdBackend {
             // Not an acquisition of this backend: nothing to finish in the background.
             None => {
                 let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
-                self.call("releasing", txn_of(&txn)).await
+                self.call_with(Resend::IfRetryable, "releasing", txn_of(&txn))
+                    .await
             }
         };
-        released.map(|response| response.succeeded())
+        match released? {
+            (response, _) if response.succeeded() => Ok(true),
+            (_, false) => Ok(false),
+            (_, true) => Err(Error::new(
+                ErrorKind::Unavailable,
+                NAME,
+                "the release was sent again after its connection broke and found the lock gone: the first send may have released it, or the lock was lost before",
+            )),
+        }
     }
 }
 

@@ -92,7 +92,7 @@ impl EtcdBackend {
     pub(crate) async fn read_leader(&self, key: &LockKey) -> Result<LeaderRead> {
         let prefix = self.lock_prefix(key);
         let response = self
-            .call("reading the leader", |mut client| {
+            .read("reading the leader", |mut client| {
                 let prefix = prefix.clone();
                 async move {
                     client

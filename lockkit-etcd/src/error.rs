@@ -12,16 +12,20 @@ pub(crate) const NAME: &str = "etcd";
 /// retryable `Unavailable`; refused credentials and permissions become `Auth`; malformed
 /// endpoints `InvalidConfig`; anything else a non-retryable `Backend` error.
 pub(crate) fn map(what: &str, error: etcd_client::Error) -> Error {
+    Error::new(kind(&error), NAME, format!("{what} failed")).with_source(error)
+}
+
+/// The kind of error [`map`] makes of `error`.
+pub(crate) fn kind(error: &etcd_client::Error) -> ErrorKind {
     use etcd_client::Error as E;
-    let kind = match &error {
+    match error {
         E::GRpcStatus(status) => status_kind(status),
         E::TransportError(_) | E::IoError(_) | E::LeaseKeepAliveError(_) | E::WatchError(_) => {
             ErrorKind::Unavailable
         }
         E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => ErrorKind::InvalidConfig,
         _ => ErrorKind::Backend,
-    };
-    Error::new(kind, NAME, format!("{what} failed")).with_source(error)
+    }
 }
 
 fn status_kind(status: &tonic::Status) -> ErrorKind {

@@ -49,7 +49,7 @@ impl EtcdBackend {
         let end = prefix_end(from.as_bytes());
         let limit_keys = i64::try_from(limit).unwrap_or(i64::MAX);
         let response = self
-            .call("listing locks", |mut client| {
+            .read("listing locks", |mut client| {
                 let (start, end) = (start.clone(), end.clone());
                 async move {
                     let options = GetOptions::new()
@@ -84,7 +84,7 @@ impl EtcdBackend {
     pub(crate) async fn break_lock(&self, key: &LockKey) -> Result<bool> {
         let prefix = self.lock_prefix(key);
         let response = self
-            .call("reading the holder", |mut client| {
+            .read("reading the holder", |mut client| {
                 let prefix = prefix.clone();
                 async move {
                     client

@@ -9,7 +9,7 @@ use lockkit_core::Result;
 use lockkit_core::backend::{AcquireRequest, Contention};
 use tokio::time::Instant;
 
-use crate::backend::EtcdBackend;
+use crate::backend::{EtcdBackend, Resend};
 use crate::error;
 use crate::naming::{key_of, predecessor_of};
 
@@ -63,7 +63,7 @@ impl EtcdBackend {
         };
         let prefix = self.lock_prefix(&request.key);
         let response = self
-            .call("finding the predecessor", |mut client| {
+            .read("finding the predecessor", |mut client| {
                 let prefix = prefix.clone();
                 async move { client.get(prefix, Some(predecessor_of(own_revision))).await }
             })
@@ -120,7 +120,7 @@ impl EtcdBackend {
         // and still the same key: its name may be back by now, created anew behind ours
         // (names are reused), and a delete of that key would never come while we wait.
         if watched_from > revision {
-            let reading = self.send(|mut client| {
+            let reading = self.send(Resend::IfRetryable, |mut client| {
                 let predecessor = predecessor.clone();
                 async move {
                     client
@@ -128,6 +128,7 @@ impl EtcdBackend {
                         .await
                 }
             });
+            let reading = async { reading.await.map(|sent| sent.answer) };
             match tokio::time::timeout_at(deadline, reading).await {
                 Ok(Some(Ok(found)))
                     if found
@@ -167,10 +168,11 @@ impl EtcdBackend {
         options: WatchOptions,
         deadline: Instant,
     ) -> Result<Option<(WatchStream, i64)>> {
-        let opening = self.send(|mut client| {
+        let opening = self.send(Resend::IfRetryable, |mut client| {
             let (key, options) = (key.to_owned(), options.clone());
             async move { client.watch(key, Some(options)).await }
         });
+        let opening = async { opening.await.map(|sent| sent.answer) };
         let mut watch = match tokio::time::timeout_at(deadline, opening).await {
             Ok(Some(Ok(watch))) => watch,
             Ok(Some(Err(e))) => return Err(error::map(what, e)),

@@ -705,3 +705,74 @@ async fn a_put_landing_after_its_clean_up_is_deleted_within_a_session_ttl() {
     assert!(next.release().await.expect("release"));
     support::expect_no_keys(&admin, &ns, Duration::from_secs(5)).await;
 }
+
+/// A release whose connection breaks under it (its request lost, then the connection reset)
+/// is sent again over a new connection within the request timeout and releases the lock; it
+/// was an `Unavailable` error, seen in CI as a waiter granted over a healed link whose
+/// release found a connection the server had closed.
+#[tokio::test]
+async fn a_release_whose_connection_breaks_under_it_is_sent_again() {
+    let Some(mut config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("release-broken");
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let proxy = FaultProxy::start(&config.endpoints)
+        .await
+        .expect("a fault proxy");
+    config.endpoints = proxy.hosts();
+    config.request_timeout = Duration::from_secs(2);
+    let holder = client(&config, &ns, LockOptions::default()).await;
+    let held = holder
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    proxy.set(Direction::Requests, Fault::Drop);
+    let releasing = tokio::spawn(async move { held.release().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.reset();
+    proxy.heal();
+    let released = releasing.await.expect("join");
+    assert!(
+        matches!(released, Ok(true)),
+        "the release over a broken connection: {released:?}"
+    );
+    support::expect_no_keys(&admin, &ns, Duration::ZERO).await;
+}
+
+/// A release applied whose answer is lost with its connection is sent again and finds the
+/// key gone: it cannot tell that from a lock lost before, and says so with an `Unavailable`
+/// error instead of reporting the released lock as not ours.
+#[tokio::test]
+async fn a_release_sent_again_that_finds_the_lock_gone_is_unavailable() {
+    let Some(mut config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("release-answer-lost");
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let proxy = FaultProxy::start(&config.endpoints)
+        .await
+        .expect("a fault proxy");
+    config.endpoints = proxy.hosts();
+    config.request_timeout = Duration::from_secs(2);
+    let holder = client(&config, &ns, LockOptions::default()).await;
+    let held = holder
+        .mutex("job")
+        .expect("key")
+        .lock()
+        .await
+        .expect("lock");
+    proxy.set(Direction::Replies, Fault::Drop);
+    let releasing = tokio::spawn(async move { held.release().await });
+    // The delete is applied at once; only its answer is dropped.
+    support::expect_no_keys(&admin, &ns, Duration::from_secs(1)).await;
+    proxy.reset();
+    proxy.heal();
+    let released = releasing.await.expect("join");
+    assert!(
+        matches!(&released, Err(e) if e.kind() == ErrorKind::Unavailable),
+        "a resent release that found the lock gone: {released:?}"
+    );
+}

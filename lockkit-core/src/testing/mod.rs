@@ -95,7 +95,7 @@ impl std::error::Error for Failure {}
 
 impl From<crate::Error> for Failure {
     fn from(e: crate::Error) -> Self {
-        Failure(format!("unexpected error: {e}"))
+        Failure(format!("unexpected error: {}", e.display_chain()))
     }
 }
 
