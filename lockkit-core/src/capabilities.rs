@@ -121,6 +121,8 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// Whether [`Election`](crate::Election)s work on this backend, and if not, why.
     pub election: Support,
+    /// Whether [`Semaphore`](crate::Semaphore)s work on this backend, and if not, why.
+    pub semaphore: Support,
 }
 
 /// Whether a backend supports a primitive beyond the mutex, and if not, why.
@@ -149,7 +151,15 @@ impl Capabilities {
             wait,
             min_ttl: Duration::ZERO,
             election: Support::Unsupported("this backend does not implement elections"),
+            semaphore: Support::Unsupported("this backend does not implement semaphores"),
         }
+    }
+
+    /// Sets whether semaphores work on this backend.
+    #[must_use]
+    pub fn with_semaphore(mut self, semaphore: Support) -> Self {
+        self.semaphore = semaphore;
+        self
     }
 
     /// Sets whether elections work on this backend.

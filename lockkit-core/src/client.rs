@@ -17,6 +17,7 @@ use crate::mutex::Mutex;
 use crate::options::LockOptions;
 use crate::owner::LockOwner;
 use crate::renewal::HeldLease;
+use crate::semaphore::Semaphore;
 use crate::with_lock::WithLockError;
 
 /// The slot that serialises reentrant acquisitions of one key by one owner.
@@ -139,6 +140,19 @@ impl LockClient {
     /// backend without elections ([`Capabilities::election`]).
     pub fn election(&self, name: &str) -> Result<Election> {
         Election::new(self.mutex(name)?)
+    }
+
+    /// A semaphore of `permits` holders on the key `name`, with this client's options (see
+    /// [`Semaphore`]).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey);
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for `permits` outside
+    /// `1..=`[`MAX_PERMITS`](crate::MAX_PERMITS);
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported), with the reason, on a
+    /// backend without semaphores ([`Capabilities::semaphore`]).
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(self.clone(), self.key(name)?, permits)
     }
 
     /// Takes the lock `name`, runs `f` with the guard while holding it, and releases it. See

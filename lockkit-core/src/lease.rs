@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::Hold;
 use crate::key::LockKey;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -50,6 +51,7 @@ pub struct Lease {
     acquired_at: Instant,
     handle: Option<Arc<str>>,
     session: Option<CancellationToken>,
+    hold: Hold,
 }
 
 impl Lease {
@@ -69,7 +71,20 @@ impl Lease {
             acquired_at,
             handle: None,
             session: None,
+            hold: Hold::Exclusive,
         }
+    }
+
+    /// Sets what the grant holds (a mutex's lock unless set).
+    #[must_use]
+    pub fn with_hold(mut self, hold: Hold) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    /// What the grant holds: the backend renews and releases it where that kind lives.
+    pub fn hold(&self) -> Hold {
+        self.hold
     }
 
     /// Attaches the backend's identifier of the server-side record (an etcd key, a znode path).
@@ -138,6 +153,7 @@ impl fmt::Debug for Lease {
             .field("fencing_token", &self.fencing_token)
             .field("ttl", &self.ttl)
             .field("handle", &self.handle)
+            .field("hold", &self.hold)
             .finish_non_exhaustive()
     }
 }

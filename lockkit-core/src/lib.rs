@@ -18,6 +18,7 @@ mod mutex;
 mod options;
 mod owner;
 mod renewal;
+mod semaphore;
 mod token;
 mod with_lock;
 
@@ -38,5 +39,6 @@ pub use multi::MultiGuard;
 pub use mutex::Mutex;
 pub use options::LockOptions;
 pub use owner::LockOwner;
+pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use token::FencingToken;
 pub use with_lock::WithLockError;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument as _;
 
-use crate::backend::{AcquireRequest, Attempt, Contention, Grant, Renewal, SharedBackend};
+use crate::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Renewal, SharedBackend};
 use crate::background::Background;
 use crate::backoff::{Backoff, jitter};
 use crate::capabilities::WaitStrategy;
@@ -40,10 +40,25 @@ pub struct Mutex {
     options: LockOptions,
 }
 
+/// How long an acquisition waits on contention.
 #[derive(Clone, Copy)]
-enum Wait {
+pub(crate) enum Wait {
+    /// Not at all (`try_lock`).
     No,
+    /// Until the deadline, or forever without one.
     Until(Option<Instant>),
+}
+
+impl Wait {
+    /// Waits for at most `timeout` (forever when that is past what an [`Instant`] holds).
+    pub(crate) fn at_most(timeout: Duration) -> Self {
+        Wait::Until(deadline_after(timeout))
+    }
+
+    /// Waits for as long as `options.wait_timeout` allows.
+    pub(crate) fn per(options: &LockOptions) -> Self {
+        Wait::Until(options.wait_timeout.and_then(deadline_after))
+    }
 }
 
 impl Mutex {
@@ -113,8 +128,7 @@ impl Mutex {
     /// retryable, or retryable ones that keep coming for longer than the options'
     /// `error_budget`.
     pub async fn lock(&self) -> Result<MutexGuard> {
-        let deadline = self.options.wait_timeout.and_then(deadline_after);
-        self.acquire_guard(Wait::Until(deadline)).await
+        self.acquire_guard(Wait::per(&self.options)).await
     }
 
     /// Takes the lock, waiting at most `timeout` (a timeout too large to be a deadline, such
@@ -123,8 +137,7 @@ impl Mutex {
     /// # Errors
     /// [`ErrorKind::Timeout`] when `timeout` passes; backend errors as for [`Mutex::lock`].
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
-        self.acquire_guard(Wait::Until(deadline_after(timeout)))
-            .await
+        self.acquire_guard(Wait::at_most(timeout)).await
     }
 
     /// Takes the lock if it is free, without waiting. Contention is `Ok(None)`, not an error.
@@ -143,11 +156,7 @@ impl Mutex {
     }
 
     fn timeout_error(&self) -> Error {
-        Error::new(
-            ErrorKind::Timeout,
-            self.client.backend().name(),
-            format!("lock {} was not acquired in time", self.key),
-        )
+        timeout_error(&self.client, &self.key)
     }
 
     async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
@@ -178,33 +187,62 @@ impl Mutex {
     }
 
     async fn acquire_fresh(&self, wait: Wait) -> Result<Option<MutexGuard>> {
-        let backend = self.client.backend().clone();
-        let ttl = self.options.ttl.max(backend.capabilities().min_ttl);
-        let request = AcquireRequest::new(
-            self.key.clone(),
-            OwnerToken::generate()?,
-            ttl,
-            !matches!(wait, Wait::No),
-        );
-        let span =
-            tracing::info_span!("lockkit.acquire", key = %self.key, backend = backend.name());
-        let run = Acquisition {
-            options: &self.options,
-            pending: PendingAcquire {
-                backend,
-                background: self.client.background().clone(),
-                request,
-                armed: true,
-            },
+        acquire(
+            &self.client,
+            &self.key,
+            &self.options,
+            Hold::Exclusive,
             wait,
-            started: Instant::now(),
-            waited: Duration::ZERO,
-            backoff: Backoff::new(self.options.backoff_min, self.options.backoff_max),
-            failing_since: None,
-            last_error: None,
-        };
-        run.run().instrument(span).await
+        )
+        .await
     }
+}
+
+/// The error of an acquisition of `key` whose wait ran out.
+pub(crate) fn timeout_error(client: &LockClient, key: &LockKey) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        client.backend().name(),
+        format!("lock {key} was not acquired in time"),
+    )
+}
+
+/// One fresh acquisition of `hold` on `key`, with its own owner token: the attempt loop
+/// that every primitive's acquisition runs. `Ok(None)` on contention without waiting, or
+/// when the wait ran out.
+pub(crate) async fn acquire(
+    client: &LockClient,
+    key: &LockKey,
+    options: &LockOptions,
+    hold: Hold,
+    wait: Wait,
+) -> Result<Option<MutexGuard>> {
+    let backend = client.backend().clone();
+    let ttl = options.ttl.max(backend.capabilities().min_ttl);
+    let request = AcquireRequest::new(
+        key.clone(),
+        OwnerToken::generate()?,
+        ttl,
+        !matches!(wait, Wait::No),
+    )
+    .with_hold(hold);
+    let span = tracing::info_span!("lockkit.acquire", key = %key, backend = backend.name());
+    let run = Acquisition {
+        options,
+        pending: PendingAcquire {
+            backend,
+            background: client.background().clone(),
+            request,
+            armed: true,
+        },
+        wait,
+        started: Instant::now(),
+        waited: Duration::ZERO,
+        backoff: Backoff::new(options.backoff_min, options.backoff_max),
+        failing_since: None,
+        last_error: None,
+    };
+    run.run().instrument(span).await
 }
 
 /// One acquisition in progress: the attempt loop and its bookkeeping.
@@ -302,7 +340,8 @@ impl Acquisition<'_> {
             grant.fencing_token,
             request.ttl,
             sent_at,
-        );
+        )
+        .with_hold(request.hold);
         if let Some(handle) = grant.handle {
             lease = lease.with_handle(handle);
         }
@@ -342,7 +381,8 @@ impl Acquisition<'_> {
             grant.fencing_token,
             request.ttl,
             Instant::now(),
-        );
+        )
+        .with_hold(request.hold);
         if let Some(handle) = &grant.handle {
             lease = lease.with_handle(handle.clone());
         }

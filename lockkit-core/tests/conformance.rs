@@ -132,6 +132,10 @@ impl LockBackend for Slow {
         lag().await;
         self.memory.release(lease).await
     }
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        lag().await;
+        self.memory.is_held(lease).await
+    }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         lag().await;
         self.memory.inspect(key).await

@@ -42,6 +42,55 @@ pub mod url;
 /// A backend shared between clients and tasks.
 pub type SharedBackend = Arc<dyn LockBackend>;
 
+/// What an acquisition asks to hold.
+///
+/// A backend keeps the holders of each kind apart: the semaphore named `jobs` and the mutex
+/// named `jobs` are two independent things (one does not block the other), each under the
+/// key's namespace, where the conformance suite looks for leftovers.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Hold {
+    /// The key's only holder: a [`Mutex`](crate::Mutex) (or an election's leader).
+    Exclusive,
+    /// One of `permits` holders of a [`Semaphore`](crate::Semaphore): a grant while fewer
+    /// than `permits` grants of the key are live. The backend records `permits` with the
+    /// semaphore while it has holders (and, on a queueing backend, waiters) and refuses a
+    /// request with another count with [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig).
+    Permit {
+        /// How many holders the semaphore admits at once, `1..=`[`MAX_PERMITS`](crate::MAX_PERMITS).
+        permits: u32,
+    },
+}
+
+impl Hold {
+    /// The error a backend returns for a permit request whose count disagrees with the one
+    /// the semaphore's current holders (or waiters) recorded.
+    pub fn permits_mismatch(
+        backend: &'static str,
+        key: &LockKey,
+        asked: u32,
+        recorded: u32,
+    ) -> crate::Error {
+        crate::Error::new(
+            crate::ErrorKind::InvalidConfig,
+            backend,
+            format!(
+                "semaphore {key} has {recorded} permits while it is in use, and this client asked for {asked}: every client of a semaphore must agree on its permits"
+            ),
+        )
+    }
+
+    /// The error a backend returns for a kind of hold it does not implement (the core
+    /// refuses those first, by [`Capabilities`]; this covers a backend called directly).
+    pub fn unsupported(self, backend: &'static str) -> crate::Error {
+        crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            backend,
+            format!("this backend does not implement {self:?} holds"),
+        )
+    }
+}
+
 /// One attempt to take a lock, as passed to [`LockBackend::try_acquire`].
 ///
 /// The owner token is fresh for every acquisition and stays the same across the attempts of
@@ -59,17 +108,27 @@ pub struct AcquireRequest {
     /// Whether the caller will wait on contention. When `false` (`try_lock`), a queueing
     /// backend should not leave a queue entry behind.
     pub wait: bool,
+    /// What the acquisition holds once granted.
+    pub hold: Hold,
 }
 
 impl AcquireRequest {
-    /// A request for `key`, owned by `owner`, living `ttl` without renewal.
+    /// A request for `key`'s mutex, owned by `owner`, living `ttl` without renewal.
     pub fn new(key: LockKey, owner: OwnerToken, ttl: Duration, wait: bool) -> Self {
         AcquireRequest {
             key,
             owner,
             ttl,
             wait,
+            hold: Hold::Exclusive,
         }
+    }
+
+    /// The same request for another kind of hold.
+    #[must_use]
+    pub fn with_hold(mut self, hold: Hold) -> Self {
+        self.hold = hold;
+        self
     }
 }
 
@@ -372,12 +431,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     async fn release(&self, lease: &Lease) -> Result<bool>;
 
     /// Whether `lease` still holds its lock, asked of the server. The default compares the
-    /// holder's fencing token; backends whose tokens can repeat (after a failover) override it
-    /// to compare the owner token.
+    /// mutex holder's fencing token; backends whose tokens can repeat (after a failover)
+    /// override it to compare the owner token, and backends with semaphores override it for
+    /// permits, which the default refuses.
     ///
     /// # Errors
     /// Backend failures.
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        if lease.hold() != Hold::Exclusive {
+            return Err(lease.hold().unsupported(self.name()));
+        }
         let info = self.inspect(lease.key()).await?;
         Ok(info.is_some_and(|info| info.fencing_token == lease.fencing_token()))
     }

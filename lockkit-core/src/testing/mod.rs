@@ -36,6 +36,7 @@ mod recording;
 mod scenarios;
 mod secrets;
 pub mod sections;
+mod semaphore;
 
 use std::fmt;
 use std::future::Future;
@@ -360,6 +361,14 @@ macro_rules! conformance_tests {
             lock_all_takes_nothing_when_a_part_is_taken,
             a_cancelled_lock_all_leaves_nothing_behind,
             lock_all_reports_the_loss_of_any_part,
+            a_semaphore_never_admits_more_than_its_permits,
+            a_semaphore_admits_exactly_its_permits,
+            a_permit_release_wakes_a_waiter,
+            a_crashed_holder_frees_its_permit_after_its_ttl,
+            a_cancelled_permit_acquisition_leaves_nothing_behind,
+            renewal_keeps_a_permit_past_its_ttl,
+            disagreeing_permit_counts_are_refused,
+            a_semaphore_and_the_mutex_of_its_name_are_independent,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

@@ -18,6 +18,13 @@ use super::operator::{
     force_release_breaks_the_lock_and_the_holder_reports_lost,
     list_shows_the_held_locks_by_prefix_page_by_page,
 };
+use super::semaphore::{
+    a_cancelled_permit_acquisition_leaves_nothing_behind,
+    a_crashed_holder_frees_its_permit_after_its_ttl, a_permit_release_wakes_a_waiter,
+    a_semaphore_admits_exactly_its_permits, a_semaphore_and_the_mutex_of_its_name_are_independent,
+    a_semaphore_never_admits_more_than_its_permits, disagreeing_permit_counts_are_refused,
+    renewal_keeps_a_permit_past_its_ttl,
+};
 use super::{Failure, Harness, Outcome, Scenario};
 use crate::backend::{AcquireRequest, Attempt, Renewal};
 use crate::capabilities::WaitStrategy;
@@ -72,6 +79,14 @@ scenarios!(
     lock_all_takes_nothing_when_a_part_is_taken,
     a_cancelled_lock_all_leaves_nothing_behind,
     lock_all_reports_the_loss_of_any_part,
+    a_semaphore_never_admits_more_than_its_permits,
+    a_semaphore_admits_exactly_its_permits,
+    a_permit_release_wakes_a_waiter,
+    a_crashed_holder_frees_its_permit_after_its_ttl,
+    a_cancelled_permit_acquisition_leaves_nothing_behind,
+    renewal_keeps_a_permit_past_its_ttl,
+    disagreeing_permit_counts_are_refused,
+    a_semaphore_and_the_mutex_of_its_name_are_independent,
 );
 
 /// An acquisition whose future is dropped while its request is in flight (a queue entry

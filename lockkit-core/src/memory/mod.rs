@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Contention, Grant, LockBackend, LockInfo, LockPage, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Hold, LockBackend, LockInfo, LockPage, Renewal,
 };
 use crate::capabilities::{Capabilities, FencingGuarantee, Support, Tier, WaitStrategy};
 use crate::election::Leader;
@@ -42,12 +42,21 @@ pub struct MemoryBackend {
     inner: Arc<Inner>,
 }
 
+mod semaphore;
+
 #[derive(Debug, Default)]
 struct Inner {
-    slots: StdMutex<HashMap<LockKey, Slot>>,
+    state: StdMutex<State>,
     /// One counter for all keys: strictly increasing per key, and slots of free keys can be
     /// dropped without forgetting where their tokens were.
     fence: AtomicU64,
+}
+
+/// The mutexes and, apart from them, the semaphores.
+#[derive(Debug, Default)]
+struct State {
+    slots: HashMap<LockKey, Slot>,
+    semaphores: HashMap<LockKey, semaphore::PermitSlot>,
 }
 
 #[derive(Debug, Default)]
@@ -82,16 +91,25 @@ impl MemoryBackend {
         MemoryBackend::default()
     }
 
-    fn with_slots<T>(&self, f: impl FnOnce(&mut HashMap<LockKey, Slot>, Instant) -> T) -> T {
-        let mut slots = self
+    fn with_state<T>(&self, f: impl FnOnce(&mut State, Instant) -> T) -> T {
+        let mut state = self
             .inner
-            .slots
+            .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        let out = f(&mut slots, now);
-        slots.retain(|_, slot| !slot.is_idle(now));
-        out
+        f(&mut state, Instant::now())
+    }
+
+    fn with_slots<T>(&self, f: impl FnOnce(&mut HashMap<LockKey, Slot>, Instant) -> T) -> T {
+        self.with_state(|state, now| {
+            let out = f(&mut state.slots, now);
+            state.slots.retain(|_, slot| !slot.is_idle(now));
+            out
+        })
+    }
+
+    fn next_token(&self) -> FencingToken {
+        FencingToken(self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1)
     }
 
     /// Removes the holder of `key` without telling it, as an operator (or an expiry) would:
@@ -109,9 +127,10 @@ impl MemoryBackend {
         })
     }
 
-    /// The keys held right now in `namespace`.
+    /// The keys held right now in `namespace`: mutexes with a holder, then semaphores with
+    /// one (a key can be in both).
     pub fn held_keys(&self, namespace: &str) -> Vec<LockKey> {
-        self.with_slots(|slots, now| {
+        let mut held: Vec<LockKey> = self.with_slots(|slots, now| {
             slots
                 .iter()
                 .filter(|(key, slot)| {
@@ -119,7 +138,9 @@ impl MemoryBackend {
                 })
                 .map(|(key, _)| key.clone())
                 .collect()
-        })
+        });
+        held.extend(self.keys_with_permits(namespace));
+        held
     }
 
     fn release_if_owner(&self, key: &LockKey, owner: &OwnerToken) -> bool {
@@ -150,9 +171,13 @@ impl LockBackend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Notify)
             .with_election(Support::Supported)
+            .with_semaphore(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        if request.hold != Hold::Exclusive {
+            return self.try_acquire_permit(request);
+        }
         Ok(self.with_slots(|slots, now| {
             let slot = slots.entry(request.key.clone()).or_default();
             match slot.live_holder(now) {
@@ -163,8 +188,7 @@ impl LockBackend for MemoryBackend {
                     Attempt::Contended(Contention::new().with_retry_after(holder.expires_at - now))
                 }
                 None => {
-                    let fencing_token =
-                        FencingToken(self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1);
+                    let fencing_token = self.next_token();
                     slot.holder = Some(Holder {
                         owner: request.owner.clone(),
                         fencing_token,
@@ -183,6 +207,9 @@ impl LockBackend for MemoryBackend {
         _contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
+        if request.hold != Hold::Exclusive {
+            return self.wait_for_permit(request, max_wait).await;
+        }
         let released = self.with_slots(|slots, now| {
             let slot = slots.entry(request.key.clone()).or_default();
             let holder_left = slot.live_holder(now).map(|h| h.expires_at - now);
@@ -204,11 +231,18 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.release_if_owner(&request.key, &request.owner);
+        if request.hold == Hold::Exclusive {
+            self.release_if_owner(&request.key, &request.owner);
+        } else {
+            self.release_permit(&request.key, &request.owner);
+        }
         Ok(())
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
+        if lease.hold() != Hold::Exclusive {
+            return Ok(self.renew_permit(lease));
+        }
         Ok(self.with_slots(|slots, now| {
             match slots
                 .get_mut(lease.key())
@@ -224,7 +258,18 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
+        if lease.hold() != Hold::Exclusive {
+            return Ok(self.release_permit(lease.key(), lease.owner()));
+        }
         Ok(self.release_if_owner(lease.key(), lease.owner()))
+    }
+
+    async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        if lease.hold() != Hold::Exclusive {
+            return Ok(self.holds_permit(lease));
+        }
+        let info = self.inspect(lease.key()).await?;
+        Ok(info.is_some_and(|info| info.fencing_token == lease.fencing_token()))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -1,0 +1,264 @@
+//! The counting semaphore: at most N holders of a key at once, each with a permit that is
+//! renewed, fenced, lost and released exactly as a mutex's guard is.
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::backend::Hold;
+use crate::client::LockClient;
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::{LostSignal, MutexGuard};
+use crate::key::LockKey;
+use crate::mutex::{Wait, acquire, timeout_error};
+use crate::options::LockOptions;
+use crate::token::FencingToken;
+
+/// The most permits a semaphore may have: a grant reads the semaphore's live holders, so the
+/// count bounds the work of every attempt.
+pub const MAX_PERMITS: u32 = 1024;
+
+/// A distributed counting semaphore on one key: at most [`permits`](Semaphore::permits)
+/// holders at once, across every process that uses it. Cheap to create; holds no server
+/// state until acquired.
+///
+/// Each [`Permit`] is a lease like a [`MutexGuard`]: renewed in the background, with a lost
+/// signal, a fencing token that increases with every grant of the semaphore, and a release
+/// in the background when dropped. A holder that crashes frees its permit when its TTL runs
+/// out. Waiters are woken by the backend's notification or watch, not by polling, and on
+/// the queueing backends (etcd, ZooKeeper) they are served in the order they queued.
+///
+/// Every client of a semaphore must use the same `permits`: while the semaphore is in use,
+/// an acquisition with another count fails with [`ErrorKind::InvalidConfig`] instead of
+/// mixing the two. The semaphore named `jobs` and the mutex named `jobs` are independent.
+///
+/// Semaphores are not listed by [`LockClient::list_page`] and cannot be broken by
+/// [`LockClient::force_release`]; Redlock refuses them (see
+/// [`Capabilities::semaphore`](crate::Capabilities::semaphore)).
+///
+/// ```
+/// use lockkit_core::{LockClient, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockkit_core::Result<()> {
+/// let locks = LockClient::new(MemoryBackend::new());
+/// let partner_api = locks.semaphore("partner-api", 2)?;
+/// let first = partner_api.acquire().await?;
+/// let second = partner_api.acquire().await?;
+/// assert!(partner_api.try_acquire().await?.is_none());
+/// first.release().await?;
+/// assert!(partner_api.try_acquire().await?.is_some());
+/// # drop(second);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Cancel safety
+/// `acquire`, `acquire_timeout` and `try_acquire` are cancel-safe: dropping their future
+/// removes whatever the attempt left on the server, in the background.
+#[derive(Clone)]
+pub struct Semaphore {
+    client: LockClient,
+    key: LockKey,
+    permits: u32,
+    options: LockOptions,
+}
+
+impl Semaphore {
+    pub(crate) fn new(client: LockClient, key: LockKey, permits: u32) -> Result<Self> {
+        if let crate::Support::Unsupported(reason) = client.capabilities().semaphore {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                client.backend().name(),
+                format!("semaphores are not supported: {reason}"),
+            ));
+        }
+        if !(1..=MAX_PERMITS).contains(&permits) {
+            return Err(Error::invalid_config(format!(
+                "a semaphore needs 1 to {MAX_PERMITS} permits, not {permits}"
+            )));
+        }
+        let options = client.options().clone();
+        Ok(Semaphore {
+            client,
+            key,
+            permits,
+            options,
+        })
+    }
+
+    /// The semaphore's key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// How many holders the semaphore admits at once.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The options this semaphore's acquisitions use.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// Uses a different TTL for this semaphore's permits.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a TTL outside what [`LockOptions::validate`] accepts.
+    pub fn with_ttl(self, ttl: Duration) -> Result<Self> {
+        let options = self.options.clone().with_ttl(ttl);
+        self.with_options(options)
+    }
+
+    /// Uses different options for this semaphore.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] saying which option is wrong ([`LockOptions::validate`]).
+    pub fn with_options(mut self, options: LockOptions) -> Result<Self> {
+        options.validate()?;
+        self.options = options;
+        Ok(self)
+    }
+
+    /// Takes a permit, waiting for as long as the options' `wait_timeout` allows (forever by
+    /// default).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Timeout`] when `wait_timeout` passes; [`ErrorKind::InvalidConfig`] when
+    /// the semaphore is in use with another number of permits; backend errors as for
+    /// [`Mutex::lock`](crate::Mutex::lock).
+    pub async fn acquire(&self) -> Result<Permit> {
+        self.acquire_permit(Wait::per(&self.options)).await
+    }
+
+    /// Takes a permit, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire`], with [`ErrorKind::Timeout`] when `timeout` passes.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit> {
+        self.acquire_permit(Wait::at_most(timeout)).await
+    }
+
+    /// Takes a permit if one is free, without waiting. All permits taken is `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire`], without the timeout.
+    pub async fn try_acquire(&self) -> Result<Option<Permit>> {
+        Ok(self.acquire_hold(Wait::No).await?.map(Permit))
+    }
+
+    async fn acquire_permit(&self, wait: Wait) -> Result<Permit> {
+        match self.acquire_hold(wait).await? {
+            Some(guard) => Ok(Permit(guard)),
+            None => Err(timeout_error(&self.client, &self.key)),
+        }
+    }
+
+    async fn acquire_hold(&self, wait: Wait) -> Result<Option<MutexGuard>> {
+        let hold = Hold::Permit {
+            permits: self.permits,
+        };
+        acquire(&self.client, &self.key, &self.options, hold, wait).await
+    }
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("key", &self.key)
+            .field("permits", &self.permits)
+            .field("ttl", &self.options.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One held permit of a [`Semaphore`]. Renewed in the background while it lives; released
+/// when dropped (prefer [`release`](Permit::release), which says whether it was still ours).
+///
+/// Pass [`fencing_token`](Permit::fencing_token) with every write the permit guards, and
+/// watch [`lost`](Permit::lost): once it fires, this holder may no longer count itself among
+/// the semaphore's holders.
+#[must_use = "a permit is released as soon as it is dropped"]
+pub struct Permit(MutexGuard);
+
+impl Permit {
+    /// The semaphore's key.
+    pub fn key(&self) -> &LockKey {
+        self.0.key()
+    }
+
+    /// The fencing token of this grant: above every earlier grant's of the semaphore.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.0.fencing_token()
+    }
+
+    /// The TTL the permit was taken with: how long a crash of this process keeps it taken.
+    pub fn ttl(&self) -> Duration {
+        self.0.ttl()
+    }
+
+    /// Until when the permit is known to be ours, by the local clock.
+    pub fn valid_until(&self) -> Instant {
+        self.0.valid_until()
+    }
+
+    /// How much of the validity is left now.
+    pub fn remaining(&self) -> Duration {
+        self.0.remaining()
+    }
+
+    /// A signal that fires when the permit is lost.
+    pub fn lost_signal(&self) -> LostSignal {
+        self.0.lost_signal()
+    }
+
+    /// Waits until the permit is lost.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.0.lost()
+    }
+
+    /// Whether the permit is known to be lost, or its validity has passed.
+    pub fn is_lost(&self) -> bool {
+        self.0.is_lost()
+    }
+
+    /// Asks the backend whether this grant still holds its permit.
+    ///
+    /// # Errors
+    /// Backend failures; the answer is then unknown.
+    pub async fn is_held(&self) -> Result<bool> {
+        self.0.is_held().await
+    }
+
+    /// Renews the permit now, instead of waiting for the background renewal.
+    ///
+    /// # Errors
+    /// As [`MutexGuard::extend`].
+    pub async fn extend(&self) -> Result<()> {
+        self.0.extend().await
+    }
+
+    /// Gives the permit back and says whether it was still ours.
+    ///
+    /// # Errors
+    /// As [`MutexGuard::release`].
+    pub async fn release(self) -> Result<bool> {
+        self.0.release().await
+    }
+
+    /// The guard underneath, for what takes a [`MutexGuard`] (a backend's own extension).
+    pub fn as_guard(&self) -> &MutexGuard {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("key", self.key())
+            .field("fencing_token", &self.fencing_token())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
