@@ -89,10 +89,14 @@ struct Source {
 
 #[derive(Debug, Subcommand)]
 enum Command_ {
-    /// Run a command while holding a lock.
+    /// Run a command while holding a lock (or one of a semaphore's permits).
     ///
     /// Acquires KEY, runs CMD while holding it (renewing it), releases it when CMD exits and
-    /// exits with CMD's code.
+    /// exits with CMD's code. With --permits N, KEY is a semaphore of N permits: up to N
+    /// commands run at once, each holding one permit (everything below holds for a permit as
+    /// for the lock; CMD also sees LOCKKIT_PERMITS). Every process using the semaphore must
+    /// give the same N: another N while it is in use fails with 78, as does --permits on a
+    /// backend without semaphores (Redlock).
     ///
     /// CMD sees LOCKKIT_KEY, LOCKKIT_FENCING_TOKEN, LOCKKIT_BACKEND, LOCKKIT_TTL_MS (the
     /// lock's TTL) and LOCKKIT_VALID_UNTIL_MS (when the lock would expire, in milliseconds
@@ -211,9 +215,12 @@ struct RunArgs {
     /// lock.wait_timeout; as long as it takes when that is not set).
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
-    /// Fail at once, with the conflict exit code, if the lock is held.
+    /// Fail at once, with the conflict exit code, if the lock is held (no permit is free).
     #[arg(long)]
     no_wait: bool,
+    /// KEY is a semaphore of N permits (1 to 1024): run CMD holding one of them.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(lockkit::MAX_PERMITS)))]
+    permits: Option<u32>,
     /// The exit code when the lock is not acquired (held with --no-wait, or not free within
     /// the wait), like `flock -E`: tells a skipped run from a failed one.
     #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
