@@ -4,7 +4,7 @@
 //! cargo run --release --example compare -- [--quick] [--speed-only] [--json FILE] [--svg FILE]
 //! ```
 //!
-//! `--speed-only` runs W1 and W2 alone: no child processes, no server killed. `--quick`
+//! `--speed-only` runs W1, W2 and W7 alone: no child processes, no server killed. `--quick`
 //! runs W1 and W2 at a tenth of their size. The Markdown tables go to stdout (W1; W2 with a
 //! row per contender and lockkit's ratios to each; W3-W5); `--json` writes every number
 //! (each W2 round too), `--svg` the chart (`chart.rs`: W1 p50, W2 throughput, W2 max wait
@@ -46,6 +46,11 @@
 //!   clients hand over by `resign()` while the other waits (25 times, 5 with `--quick`): the
 //!   time from the call to the next leader, p50 and max. Not on Redlock, which refuses
 //!   elections; the memory tier times the resigns only.
+//! - W7 semaphore: 16 workers, each with its own client, share a semaphore of 4 permits and
+//!   take a permit, hold it 5 ms and give it back, M times each (50, 10 with `--quick`):
+//!   grants/s and their share of the ideal (every permit always held: 800/s), wait p50 and
+//!   max, and the most holders seen at once (above 4 fails the workload). Runs with
+//!   `--speed-only` too. Not on Redlock, which refuses semaphores.
 //!
 //! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
 //! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
@@ -66,6 +71,7 @@ mod failed;
 mod faults;
 mod floors;
 mod peers;
+mod permits;
 mod report;
 mod speed;
 mod targets;
@@ -82,6 +88,7 @@ struct Sizes {
     workers: usize,
     iterations: usize,
     resigns: usize,
+    permit_iterations: usize,
 }
 
 /// One tier's row. A workload that was not run, or failed, is `None`; a failed one is also
@@ -96,6 +103,7 @@ struct TierReport {
     holder_pause: Option<HolderPause>,
     failover: Option<Failover>,
     election: Option<election::ElectionTimes>,
+    permits: Option<permits::PermitThroughput>,
     failures: Vec<Failure>,
 }
 
@@ -188,6 +196,7 @@ async fn main() -> lockkit::Result<()> {
             workers: 8,
             iterations: 25,
             resigns: 5,
+            permit_iterations: 10,
         }
     } else {
         Sizes {
@@ -195,6 +204,7 @@ async fn main() -> lockkit::Result<()> {
             workers: 8,
             iterations: 250,
             resigns: 25,
+            permit_iterations: 50,
         }
     };
 
@@ -318,6 +328,13 @@ async fn run_tier(
         w2
     };
     report.contended = report.record("W2", w2.await);
+    let shared = (name != "memory").then_some(url);
+    report.permits = report
+        .record(
+            "W7",
+            permits::permits(shared, &locks, sizes.permit_iterations).await,
+        )
+        .flatten();
     if speed_only {
         return report;
     }
@@ -325,7 +342,6 @@ async fn run_tier(
         report.holder_crash = report.record("W3", holder_crash(url, &locks).await);
         report.holder_pause = report.record("W4", holder_pause(url, &locks).await);
     }
-    let shared = (name != "memory").then_some(url);
     report.election = report
         .record(
             "W6",

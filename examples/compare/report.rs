@@ -103,6 +103,12 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
     {
         elections(&mut out, reports);
     }
+    if reports
+        .iter()
+        .any(|r| r.permits.is_some() || r.failed("W7"))
+    {
+        permits(&mut out, reports);
+    }
     let failures: Vec<String> = reports
         .iter()
         .flat_map(|r| {
@@ -194,6 +200,37 @@ fn elections(out: &mut String, reports: &[TierReport]) {
                 }),
                 cell(r, "W6", w6, |w| format!("{:.2}", w.resign_to_leader_p50_ms)),
                 cell(r, "W6", w6, |w| format!("{:.2}", w.resign_to_leader_max_ms)),
+            ]
+        };
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+}
+
+/// The table of W7.
+fn permits(out: &mut String, reports: &[TierReport]) {
+    out.push_str(&format!(
+        "\nW7 semaphore ({} workers, {} permits, each held {} ms):\n\n\
+         | target | grants/s | of ideal | wait p50 ms | wait max ms | most holders at once |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        crate::permits::WORKERS,
+        crate::permits::PERMITS,
+        crate::permits::HOLD.as_millis(),
+    ));
+    for r in reports {
+        let w7 = r.permits.as_ref();
+        let unsupported = w7.is_none() && !r.failed("W7") && !r.tier.is_empty();
+        let cells = if unsupported {
+            let mut row = vec![r.target.clone(), "no semaphores".into()];
+            row.resize(6, String::new());
+            row
+        } else {
+            vec![
+                r.target.clone(),
+                cell(r, "W7", w7, |w| format!("{:.0}", w.grants_per_sec)),
+                cell(r, "W7", w7, |w| format!("{:.2}", w.of_ideal)),
+                cell(r, "W7", w7, |w| format!("{:.2}", w.wait_p50_ms)),
+                cell(r, "W7", w7, |w| format!("{:.1}", w.wait_max_ms)),
+                cell(r, "W7", w7, |w| w.most_holders.to_string()),
             ]
         };
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
