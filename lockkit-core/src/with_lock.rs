@@ -1,10 +1,12 @@
-//! A critical section as a closure: [`Mutex::with_lock`] and how it reports an unprotected end.
+//! A critical section as a closure: [`Mutex::with_lock`], [`Semaphore::with_permit`], and how
+//! they report an unprotected end.
 
 use std::fmt;
 
 use crate::error::{Error, ErrorKind};
 use crate::guard::MutexGuard;
 use crate::mutex::Mutex;
+use crate::semaphore::{Permit, Semaphore};
 
 impl Mutex {
     /// Takes the lock, runs `f` with the guard while holding it, and releases it.
@@ -54,49 +56,111 @@ impl Mutex {
     {
         let guard = self.lock().await.map_err(WithLockError::before)?;
         let backend = self.client().backend().name();
-        let key = self.key();
-        let lost = guard.lost_signal();
-        let outcome = tokio::select! {
-            biased;
-            () = lost.fired() => None,
-            value = f(&guard) => Some(value),
-        };
-        let Some(value) = outcome else {
-            drop(guard);
-            return Err(WithLockError::before(Error::new(
+        protect(guard, backend, &format!("lock {}", self.key()), f).await
+    }
+}
+
+impl Semaphore {
+    /// Takes a permit, runs `f` with it while holding it, and gives it back: as
+    /// [`Mutex::with_lock`] does with the lock (`f` is cut short if the permit is lost, and an
+    /// unprotected end is an error carrying `f`'s value).
+    ///
+    /// ```
+    /// use lockkit_core::{LockClient, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockkit_core::Result<()> {
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let token = locks
+    ///     .semaphore("partner-api", 4)?
+    ///     .with_permit(async |permit| permit.fencing_token().get())
+    ///     .await?;
+    /// assert!(token >= 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Mutex::with_lock`], with the errors of [`Semaphore::acquire`] before `f` ran.
+    pub async fn with_permit<F, T>(&self, f: F) -> std::result::Result<T, WithLockError<T>>
+    where
+        F: AsyncFnOnce(&Permit) -> T,
+    {
+        let permit = self.acquire().await.map_err(WithLockError::before)?;
+        let backend = permit.as_guard().backend().name();
+        protect(permit, backend, &format!("a permit of {}", self.key()), f).await
+    }
+}
+
+/// A grant that [`protect`] can run a section under.
+trait Protecting {
+    fn guard(&self) -> &MutexGuard;
+    async fn give_back(self) -> crate::Result<bool>;
+}
+
+impl Protecting for MutexGuard {
+    fn guard(&self) -> &MutexGuard {
+        self
+    }
+    async fn give_back(self) -> crate::Result<bool> {
+        self.release().await
+    }
+}
+
+impl Protecting for Permit {
+    fn guard(&self) -> &MutexGuard {
+        self.as_guard()
+    }
+    async fn give_back(self) -> crate::Result<bool> {
+        self.release().await
+    }
+}
+
+/// Runs `f` under `held` (`what` names it in errors), cancels it when `held` is lost, and
+/// gives `held` back, saying whether the section was protected to its end.
+async fn protect<H: Protecting, T>(
+    held: H,
+    backend: &'static str,
+    what: &str,
+    f: impl AsyncFnOnce(&H) -> T,
+) -> std::result::Result<T, WithLockError<T>> {
+    let lost = held.guard().lost_signal();
+    let outcome = tokio::select! {
+        biased;
+        () = lost.fired() => None,
+        value = f(&held) => Some(value),
+    };
+    let Some(value) = outcome else {
+        drop(held);
+        return Err(WithLockError::before(Error::new(
+            ErrorKind::Lost,
+            backend,
+            format!("{what} was lost; the critical section was cancelled"),
+        )));
+    };
+    let protected_to_the_end = !held.guard().is_lost();
+    match held.give_back().await {
+        Ok(true) if protected_to_the_end => Ok(value),
+        Err(e) if protected_to_the_end => {
+            tracing::warn!(what = %what, error = %e.display_chain(), "release failed after the critical section; it expires with its TTL");
+            Ok(value)
+        }
+        Ok(true) | Err(_) => Err(WithLockError::after(
+            Error::new(
                 ErrorKind::Lost,
                 backend,
-                format!("lock {key} was lost; the critical section was cancelled"),
-            )));
-        };
-        let protected_to_the_end = !guard.is_lost();
-        match guard.release().await {
-            Ok(true) if protected_to_the_end => Ok(value),
-            Err(e) if protected_to_the_end => {
-                tracing::warn!(key = %key, error = %e.display_chain(), "release failed after the critical section; the lock expires with its TTL");
-                Ok(value)
-            }
-            Ok(true) | Err(_) => Err(WithLockError::after(
-                Error::new(
-                    ErrorKind::Lost,
-                    backend,
-                    format!(
-                        "the critical section finished, but lock {key}'s validity had run out by then"
-                    ),
-                ),
-                value,
-            )),
-            Ok(false) => Err(WithLockError::after(
-                Error::new(
-                    ErrorKind::Lost,
-                    backend,
-                    format!(
-                        "the critical section finished, but lock {key} was no longer held at release"
-                    ),
-                ),
-                value,
-            )),
-        }
+                format!("the critical section finished, but {what}'s validity had run out by then"),
+            ),
+            value,
+        )),
+        Ok(false) => Err(WithLockError::after(
+            Error::new(
+                ErrorKind::Lost,
+                backend,
+                format!("the critical section finished, but {what} was no longer held at release"),
+            ),
+            value,
+        )),
     }
 }
 
