@@ -157,8 +157,9 @@ enum Command_ {
     },
     /// Check the configuration and the backend.
     ///
-    /// Loads the configuration, prints it (secrets redacted) with its tier, and checks that
-    /// the backend answers.
+    /// Loads the configuration, prints it (secrets redacted) with its tier and the primitives
+    /// its backend has (mutex, election, semaphore: "supported", or "unsupported: why"), and
+    /// checks that the backend answers.
     Check,
     /// List the held locks of the namespace.
     ///
@@ -379,13 +380,28 @@ async fn check(config: &LockkitConfig, json: bool) -> Result<u8, Failure> {
     let locks = connect(config).await?;
     locks.ping().await?;
     let tier = locks.tier();
+    let capabilities = locks.capabilities();
+    let primitives = [
+        ("mutex", lockkit::Support::Supported),
+        ("election", capabilities.election),
+        ("semaphore", capabilities.semaphore),
+    ];
+    let said = |support: lockkit::Support| match support {
+        lockkit::Support::Unsupported(why) => format!("unsupported: {why}"),
+        _ => "supported".to_owned(),
+    };
     if json {
+        let primitives: serde_json::Map<String, serde_json::Value> = primitives
+            .iter()
+            .map(|(name, support)| ((*name).to_owned(), said(*support).into()))
+            .collect();
         println!(
             "{}",
             json!({
                 "backend": config.backend.as_str(),
                 "tier": tier.as_str(),
                 "namespace": config.namespace,
+                "primitives": primitives,
                 "config": format!("{config:?}"),
                 "ok": true,
             })
@@ -393,6 +409,9 @@ async fn check(config: &LockkitConfig, json: bool) -> Result<u8, Failure> {
     } else {
         println!("configuration: {config:#?}");
         println!("backend {} (tier {tier}) answers", config.backend);
+        for (name, support) in primitives {
+            println!("{name}: {}", said(support));
+        }
     }
     Ok(0)
 }
