@@ -57,6 +57,10 @@ pub(crate) const MAX_ROUNDS: usize = 4;
 /// acquisition that ends with a create unanswered is swept for through the leader (a `sync`
 /// before the listing) until a listing sent after the create has removed what it left.
 ///
+/// A semaphore of `n` permits is the same queue under `{chroot}/{namespace}/{key}/semaphore`,
+/// where the first `n` nodes hold a permit and each waiter watches only the nodes that can
+/// change its place (see `semaphore.rs` and the crate docs' "Semaphores").
+///
 /// Elections are these locks too, as Curator's `LeaderLatch` runs them: the lowest node
 /// leads, its czxid is the term, and the leader's value is its own node's data (see
 /// `election.rs` and the crate docs' "Elections").

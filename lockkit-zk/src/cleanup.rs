@@ -115,7 +115,7 @@ pub(crate) async fn sweep(
 pub(crate) struct Pending {
     pub(crate) session_id: i64,
     pub(crate) node: PendingNode,
-    /// The node just ahead of ours, to watch (kept here; the [`Contention`] shows only its
+    /// The node just ahead of ours, to watch (kept here; the [`Contention`](lockkit_core::backend::Contention) shows only its
     /// sequence number).
     pub(crate) predecessor: Option<String>,
     /// A semaphore's first waiter watches these instead: the holders, every node ahead of
