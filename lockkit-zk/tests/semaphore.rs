@@ -1,6 +1,7 @@
 //! Semaphores on the ensemble: waiters granted in queue order, a release that wakes only
-//! the waiters whose place changed, a holder's expired session freeing its permit, and a
-//! cancelled acquisition that leaves no node. None of these disturb the ensemble.
+//! the waiters whose place changed, a holder's expired session freeing its permit, a
+//! cancelled acquisition that leaves no node, and permits kept apart from the lock of the
+//! same name. None of these disturb the ensemble.
 
 mod support;
 
@@ -328,5 +329,29 @@ async fn a_cancelled_acquisition_leaves_no_node() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(held.release().await.expect("release"));
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A semaphore's permits are not the mutex's: while two are held, the lock of the same name
+/// is not inspected as held, not listed and not broken, and the permits stay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_permits_are_not_inspected_listed_or_broken_as_the_lock() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, client) = client(&config, &ns).await;
+    let semaphore = client.semaphore("apart", 2).expect("semaphore");
+    let first = semaphore.acquire_timeout(Duration::from_secs(10)).await;
+    let second = semaphore.acquire_timeout(Duration::from_secs(10)).await;
+    let (first, second) = (first.expect("a permit"), second.expect("a permit"));
+    assert_eq!(client.inspect("apart").await.expect("inspect"), None);
+    let page = client.list_page("", None, 10).await.expect("list");
+    assert!(page.locks.is_empty(), "permits listed as locks: {page:?}");
+    assert!(!client.force_release("apart").await.expect("force_release"));
+    assert!(first.is_held().await.expect("is_held"));
+    assert!(second.is_held().await.expect("is_held"));
+    assert_eq!(permit_nodes(&admin, &ns, "apart").await.len(), 2);
+    assert!(first.release().await.expect("release"));
+    assert!(second.release().await.expect("release"));
     assert_no_znodes(&admin, &ns).await;
 }
