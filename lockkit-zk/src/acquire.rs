@@ -164,7 +164,7 @@ impl ZkBackend {
             // Only the chroot is above the namespace node.
             self.recreate_chroot(session).await?;
         }
-        for level in levels[..missing.min(levels.len())].iter().rev() {
+        for level in levels[..missing].iter().rev() {
             self.create_container(session, level).await?;
         }
         Ok(())
