@@ -1,7 +1,7 @@
 //! Semaphores on the ensemble: waiters granted in queue order, a release that wakes only
 //! the waiters whose place changed, a holder's expired session freeing its permit, a
-//! cancelled acquisition that leaves no node, and permits kept apart from the lock of the
-//! same name. None of these disturb the ensemble.
+//! cancelled acquisition that leaves no node, permits kept apart from the lock of the same
+//! name, and a count checked against the nodes ahead. None of these disturb the ensemble.
 
 mod support;
 
@@ -353,5 +353,57 @@ async fn held_permits_are_not_inspected_listed_or_broken_as_the_lock() {
     assert_eq!(permit_nodes(&admin, &ns, "apart").await.len(), 2);
     assert!(first.release().await.expect("release"));
     assert!(second.release().await.expect("release"));
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A count is checked against the nodes ahead only: a waiter queued with the right count is
+/// granted even though a node with another count (a misconfigured client's, caught between
+/// its create and its refusal) queued behind it; while that node is there, a new request is
+/// refused, and the misconfigured count itself is refused while the semaphore is in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_is_checked_against_the_nodes_ahead_only() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, holder) = client(&config, &ns).await;
+    let (_, other) = client(&config, &ns).await;
+    let held = holder.semaphore("ahead", 1).expect("semaphore");
+    let held = held
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("a free permit");
+    let mut grants = queue_waiters(&admin, &other, &ns, "ahead", 1, 1).await;
+    let refused = other
+        .semaphore("ahead", 2)
+        .expect("semaphore")
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == lockkit_core::ErrorKind::InvalidConfig),
+        "2 permits asked of a semaphore of 1 in use: {refused:?}"
+    );
+    let stray = admin
+        .create(
+            &format!("/{ns}/ahead/semaphore/_c_0-permits-2-lock-"),
+            b"",
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .map(|(_, sequence)| format!("/{ns}/ahead/semaphore/_c_0-permits-2-lock-{sequence}"))
+        .expect("a node with another count");
+    until_queued(&admin, &ns, "ahead", 3).await;
+    assert!(held.release().await.expect("release"));
+    let (_, granted) = next_grant(&mut grants).await;
+    let late = holder
+        .semaphore("ahead", 1)
+        .expect("semaphore")
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(&late, Err(e) if e.kind() == lockkit_core::ErrorKind::InvalidConfig),
+        "a request behind a node of another count: {late:?}"
+    );
+    admin.delete(&stray, None).await.expect("delete the node");
+    assert!(granted.release().await.expect("release"));
     assert_no_znodes(&admin, &ns).await;
 }
