@@ -53,11 +53,16 @@ pub(crate) async fn admin(config: &ZkConfig, chroot: &str) -> zk::Client {
 }
 
 /// Every znode under `/{namespace}`, at any depth: key parents, lock nodes, semaphore
-/// parents (`{key}/semaphore`) and their permit nodes.
+/// parents (`{key}/semaphore`) and their permit nodes; read after a `sync`, since the
+/// admin's server may lag behind the clients'.
 pub(crate) async fn znodes_under(
     admin: &zk::Client,
     namespace: &str,
 ) -> std::result::Result<Vec<String>, zk::Error> {
+    match admin.sync(&format!("/{namespace}")).await {
+        Ok(()) | Err(zk::Error::NoNode) => {}
+        Err(e) => return Err(e),
+    }
     let mut found = Vec::new();
     let mut parents = vec![format!("/{namespace}")];
     while let Some(parent) = parents.pop() {
