@@ -1,14 +1,15 @@
 //! One acquisition attempt on the ZooKeeper ensemble: creating the own node (and the lock's
 //! parent), finding it again after a lost reply, and deciding from the queue.
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Lease, OwnerToken};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease, OwnerToken};
 use lockkit_core::{Error, ErrorKind, FencingToken, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{MAX_ROUNDS, ZkBackend, within};
 use crate::cleanup::{Pending, PendingNode};
 use crate::error::{BACKEND, map, timed_out};
-use crate::naming::{LockPaths, own_prefix, public_name, queue, sequence_of};
+use crate::naming::{LockPaths, node_prefix, public_name, queue, sequence_of};
+use crate::semaphore::permit_data;
 use crate::session::{Session, is_connected};
 
 /// What evaluating the queue decided.
@@ -18,30 +19,33 @@ pub(crate) enum Step {
     Recreate,
 }
 
-/// The path of `lease`'s node from its owner token's prefix and the sequence number in its
-/// handle; `None` when the handle holds no sequence number.
+/// The path of `lease`'s node (of its mutex or semaphore) from its owner token's prefix and
+/// the sequence number in its handle; `None` when the handle holds no sequence number.
 pub(crate) fn known_node(lease: &Lease) -> Option<String> {
     let sequence = lease.handle()?;
     if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let paths = LockPaths::new(lease.key());
-    Some(paths.child(&format!("{}{sequence}", own_prefix(lease.owner()))))
+    let paths = LockPaths::of(lease.key(), lease.hold());
+    let prefix = node_prefix(lease.owner(), lease.hold());
+    Some(paths.child(&format!("{prefix}{sequence}")))
 }
 
 impl ZkBackend {
-    /// Creates our node and lists the queue: both requests are sent back to back, so the
-    /// step costs about one round trip (the session's requests are applied in order, so the
-    /// listing sees the node). A missing parent is created (a container node) and the step
-    /// tried again.
+    /// Creates our node (with `data`) and lists the queue: both requests are sent back to
+    /// back, so the step costs about one round trip (the session's requests are applied in
+    /// order, so the listing sees the node). A missing parent is created (a container node)
+    /// and the step tried again. Answers the node's name, its stat when the create's answer
+    /// carried a valid one, and the listing.
     pub(crate) async fn create_node(
         &self,
         session: &Session,
         paths: &LockPaths,
         own_prefix: &str,
         token: &OwnerToken,
-    ) -> Result<(String, Option<i64>, Vec<String>)> {
-        self.inner.janitor.keep(&paths.parent);
+        data: &[u8],
+    ) -> Result<(String, Option<zk::Stat>, Vec<String>)> {
+        self.inner.janitor.keep(paths);
         for _ in 0..MAX_ROUNDS {
             self.pending().insert(
                 token.clone(),
@@ -49,6 +53,7 @@ impl ZkBackend {
                     session_id: session.id(),
                     node: PendingNode::InFlight,
                     predecessor: None,
+                    holders: Vec::new(),
                 },
             );
             let node = self.node_options();
@@ -56,7 +61,7 @@ impl ZkBackend {
             // Unanswered, the create may still be applied: the acquisition's clean-up then
             // sweeps through the leader until it is settled.
             let sending = self.ledger(token).send();
-            let created = session.client.create(&prefix, &[], &node);
+            let created = session.client.create(&prefix, data, &node);
             let listed = session.client.list_children(&paths.parent);
             let Ok((created, listed)) =
                 tokio::time::timeout(self.timeout(), async { tokio::join!(created, listed) }).await
@@ -89,20 +94,21 @@ impl ZkBackend {
                     // ZOOKEEPER-4026 (servers before 3.8.2) answers a create inside a multi
                     // with an invalid Stat; a plain create is fine, but should the Stat be
                     // invalid the czxid is read separately before a grant.
-                    let czxid = (!stat.is_invalid() && stat.czxid > 0).then_some(stat.czxid);
+                    let stat = (!stat.is_invalid() && stat.czxid > 0).then_some(stat);
                     self.pending().insert(
                         token.clone(),
                         Pending {
                             session_id: session.id(),
                             node: PendingNode::Created { name: name.clone() },
                             predecessor: None,
+                            holders: Vec::new(),
                         },
                     );
                     let children = match listed {
                         Ok(children) => children,
                         Err(_) => self.children(session, &paths.parent).await?,
                     };
-                    return Ok((name, czxid, children));
+                    return Ok((name, stat, children));
                 }
                 Err(zk::Error::NoNode) => {
                     // Nothing was created: make the parent and go again.
@@ -142,21 +148,25 @@ impl ZkBackend {
         .with_retryable(true))
     }
 
-    /// Creates the lock's parent, and what is missing above it: the namespace node (first
-    /// use, or deleted by the server as an empty container) and the chroot (deleted by the
-    /// server when another client created it as a container, see
-    /// [`Self::recreate_chroot`]). A level that vanishes again meanwhile is left to the
-    /// caller's next round.
+    /// Creates the lock's parent, and what is missing above it: the key's node (above a
+    /// semaphore's parent), the namespace node (first use, or deleted by the server as an
+    /// empty container) and the chroot (deleted by the server when another client created it
+    /// as a container, see [`Self::recreate_chroot`]). A level that vanishes again meanwhile
+    /// is left to the caller's next round.
     pub(crate) async fn create_parents(&self, session: &Session, paths: &LockPaths) -> Result<()> {
-        if self.create_container(session, &paths.parent).await? {
-            return Ok(());
+        let mut levels = paths.levels();
+        levels.push(&paths.namespace);
+        let mut missing = 0;
+        while missing < levels.len() && !self.create_container(session, levels[missing]).await? {
+            missing += 1;
         }
-        if !self.create_container(session, &paths.namespace).await? {
+        if missing == levels.len() {
             // Only the chroot is above the namespace node.
             self.recreate_chroot(session).await?;
-            self.create_container(session, &paths.namespace).await?;
         }
-        self.create_container(session, &paths.parent).await?;
+        for level in levels[..missing].iter().rev() {
+            self.create_container(session, level).await?;
+        }
         Ok(())
     }
 
@@ -197,22 +207,23 @@ impl ZkBackend {
         Ok(Some(first))
     }
 
-    /// Decides from the queue whether our node `name` holds the lock. `czxid` is known when
-    /// the node was created by this call: the create went through the leader after the
-    /// request was sent, and the listing (same session, after it) is at least that recent.
-    /// Without it the node was found in a listing that a server cut off from the leader may
-    /// have served stale, so a grant first syncs with the leader and reads the node again.
+    /// Decides from the queue whether our node `name` holds the lock. Its `stat` is known
+    /// when the node was created by this call (the create went through the leader after the
+    /// request was sent, and the listing, same session, after it, is at least that recent) or
+    /// read after a `sync`. Without it the node was found in a listing that a server cut off
+    /// from the leader may have served stale, so a grant first syncs with the leader and
+    /// reads the node again.
     pub(crate) async fn evaluate(
         &self,
         session: &Session,
         request: &AcquireRequest,
         paths: &LockPaths,
         name: &str,
-        czxid: Option<i64>,
+        stat: Option<zk::Stat>,
         children: Vec<String>,
     ) -> Result<Step> {
         let token = request.owner.clone();
-        let own_prefix = own_prefix(&request.owner);
+        let own_prefix = node_prefix(&request.owner, request.hold);
         self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
             .await?;
         let mut queue = queue(children);
@@ -236,17 +247,41 @@ impl ZkBackend {
         }
         // Re-verify before granting: the node is ours on a live session, and its czxid.
         let path = paths.child(name);
-        let czxid = match czxid {
-            Some(czxid) => czxid,
-            None => match self.stat_via_leader(session, &path).await? {
-                Ok(Some(stat)) if stat.ephemeral_owner == session.id() => stat.czxid,
-                Ok(_) => {
-                    self.pending().remove(&token);
-                    return Ok(Step::Recreate);
-                }
-                Err(e) => return Err(map("read the lock node through the leader", e)),
-            },
+        let Some(stat) = self.own_stat(session, &path, stat).await? else {
+            self.pending().remove(&token);
+            return Ok(Step::Recreate);
         };
+        self.grant(session, request, name, stat.czxid)
+            .map(Step::Done)
+    }
+
+    /// `stat` if known, else our node's stat as the leader sees it; `None` when the node is
+    /// not ours on this session (gone, or left by an earlier one).
+    pub(crate) async fn own_stat(
+        &self,
+        session: &Session,
+        path: &str,
+        stat: Option<zk::Stat>,
+    ) -> Result<Option<zk::Stat>> {
+        if stat.is_some() {
+            return Ok(stat);
+        }
+        match self.stat_via_leader(session, path).await? {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id() => Ok(Some(stat)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(map("read the lock node through the leader", e)),
+        }
+    }
+
+    /// The grant of our node `name` (of czxid `czxid`), unless the session was suspended
+    /// meanwhile.
+    pub(crate) fn grant(
+        &self,
+        session: &Session,
+        request: &AcquireRequest,
+        name: &str,
+        czxid: i64,
+    ) -> Result<Attempt> {
         if session.lost.is_cancelled() || !is_connected(&session.client) {
             return Err(Error::new(
                 ErrorKind::Unavailable,
@@ -254,7 +289,7 @@ impl ZkBackend {
                 "the session was suspended while granting; trying again",
             ));
         }
-        if let Some(entry) = self.pending().get_mut(&token) {
+        if let Some(entry) = self.pending().get_mut(&request.owner) {
             entry.node = PendingNode::Created {
                 name: name.to_owned(),
             };
@@ -269,7 +304,7 @@ impl ZkBackend {
         let grant = Grant::new(FencingToken(fencing), self.trusted_for(request.ttl))
             .with_handle(public_name(name))
             .with_session(session.lost.clone());
-        Ok(Step::Done(Attempt::Granted(grant)))
+        Ok(Attempt::Granted(grant))
     }
 
     /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
@@ -282,8 +317,8 @@ impl ZkBackend {
         if let Some(path) = known_node(lease) {
             return Ok(Some(path));
         }
-        let paths = LockPaths::new(lease.key());
-        let own_prefix = own_prefix(lease.owner());
+        let paths = LockPaths::of(lease.key(), lease.hold());
+        let own_prefix = node_prefix(lease.owner(), lease.hold());
         let children = self.children(session, &paths.parent).await?;
         Ok(children
             .iter()
@@ -291,11 +326,21 @@ impl ZkBackend {
             .map(|c| paths.child(c)))
     }
 
-    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)).
+    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)),
+    /// of a mutex or of a semaphore's permit: the same node machinery, queued under the
+    /// parent of its kind (see `semaphore.rs` for what differs).
     pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let permits = match request.hold {
+            Hold::Exclusive => None,
+            Hold::Permit { permits: 0 } => {
+                return Err(Error::invalid_config("a semaphore needs at least 1 permit"));
+            }
+            Hold::Permit { permits } => Some(permits),
+            other => return Err(other.unsupported(BACKEND)),
+        };
         let session = self.session().await;
-        let paths = LockPaths::new(&request.key);
-        let own = own_prefix(&request.owner);
+        let paths = LockPaths::of(&request.key, request.hold);
+        let own = node_prefix(&request.owner, request.hold);
         let token = request.owner.clone();
         for _ in 0..MAX_ROUNDS {
             let known = self
@@ -303,12 +348,12 @@ impl ZkBackend {
                 .get(&token)
                 .filter(|p| p.session_id == session.id())
                 .map(|p| p.node.clone());
-            let (name, czxid, children) = match known {
+            let (name, stat, children) = match known {
                 // Nodes found again, rather than created by this call, are verified through
-                // the leader before a grant: a czxid is passed on only when read after a sync.
+                // the leader before a grant: a stat is passed on only when read after a sync.
                 Some(PendingNode::Created { name }) => {
-                    let (children, czxid) = self.queue_via_leader(&session, &paths, &name).await?;
-                    (name, czxid, children)
+                    let (children, stat) = self.queue_via_leader(&session, &paths, &name).await?;
+                    (name, stat, children)
                 }
                 Some(PendingNode::InFlight) => {
                     let children = self.children(&session, &paths.parent).await?;
@@ -324,19 +369,35 @@ impl ZkBackend {
                     if !request.wait {
                         // try_lock: a held lock answers without queueing a node.
                         let children = self.children(&session, &paths.parent).await?;
-                        if let Some(holder) = queue(children).into_iter().next() {
-                            return Ok(Attempt::Contended(
-                                Contention::new().with_predecessor(public_name(&holder), None),
-                            ));
+                        let full = match permits {
+                            None => queue(children).into_iter().next().map(|holder| {
+                                Contention::new().with_predecessor(public_name(&holder), None)
+                            }),
+                            Some(permits) => self.all_permits_taken(request, permits, children)?,
+                        };
+                        if let Some(contention) = full {
+                            return Ok(Attempt::Contended(contention));
                         }
                     }
-                    self.create_node(&session, &paths, &own, &token).await?
+                    let data = match permits {
+                        None => Vec::new(),
+                        Some(permits) => permit_data(&request.owner, permits),
+                    };
+                    self.create_node(&session, &paths, &own, &token, &data)
+                        .await?
                 }
             };
-            match self
-                .evaluate(&session, request, &paths, &name, czxid, children)
-                .await?
-            {
+            let step = match permits {
+                None => {
+                    self.evaluate(&session, request, &paths, &name, stat, children)
+                        .await?
+                }
+                Some(permits) => {
+                    self.evaluate_permit(&session, request, permits, &paths, &name, stat, children)
+                        .await?
+                }
+            };
+            match step {
                 Step::Done(attempt) => return Ok(attempt),
                 Step::Recreate => continue,
             }

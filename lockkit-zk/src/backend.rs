@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockkit_core::backend::cleanup::{Acquisitions, Ledger};
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Leader, Lease, LockBackend, LockPage, OwnerToken, Renewal,
-    runtime,
+    AcquireRequest, Attempt, Contention, Hold, Leader, Lease, LockBackend, LockPage, OwnerToken,
+    Renewal, runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -56,6 +56,10 @@ pub(crate) const MAX_ROUNDS: usize = 4;
 /// next round, the release, the clean-up, or a sweep one session timeout later deletes. An
 /// acquisition that ends with a create unanswered is swept for through the leader (a `sync`
 /// before the listing) until a listing sent after the create has removed what it left.
+///
+/// A semaphore of `n` permits is the same queue under `{chroot}/{namespace}/{key}/semaphore`,
+/// where the first `n` nodes hold a permit and each waiter watches only the nodes that can
+/// change its place (see `semaphore.rs` and the crate docs' "Semaphores").
 ///
 /// Elections are these locks too, as Curator's `LeaderLatch` runs them: the lowest node
 /// leads, its czxid is the term, and the leader's value is its own node's data (see
@@ -275,6 +279,7 @@ impl LockBackend for ZkBackend {
         Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue)
             .with_min_ttl(MIN_TTL)
             .with_election(Support::Supported)
+            .with_semaphore(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -287,8 +292,13 @@ impl LockBackend for ZkBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        self.wait_on_predecessor(request, contention, max_wait)
-            .await
+        match request.hold {
+            Hold::Exclusive => {
+                self.wait_on_predecessor(request, contention, max_wait)
+                    .await
+            }
+            _ => self.wait_for_permit(request, contention, max_wait).await,
+        }
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
@@ -333,8 +343,13 @@ impl LockBackend for ZkBackend {
         self.release_lease(lease).await
     }
 
+    /// For a permit, also that the node is among the first `permits` (see `semaphore.rs`).
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        self.owns(lease).await
+        match lease.hold() {
+            Hold::Exclusive => self.owns(lease).await,
+            Hold::Permit { permits } => self.holds_permit(lease, permits).await,
+            other => Err(other.unsupported(BACKEND)),
+        }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

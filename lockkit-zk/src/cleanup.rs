@@ -14,7 +14,7 @@ use zookeeper_client as zk;
 
 use crate::backend::{ZkBackend, within};
 use crate::error::{map, timed_out};
-use crate::naming::{LockPaths, own_prefix, sequence_of};
+use crate::naming::{LockPaths, node_prefix, sequence_of};
 use crate::session::{Session, SessionSlot};
 
 /// How soon a background sweep tries again after a clean-up failed.
@@ -37,13 +37,22 @@ impl Janitor {
         self.due.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn schedule(&self, parent: &str, linger: Duration) {
-        self.due()
-            .insert(parent.to_owned(), Instant::now() + linger);
+    /// Schedules the removal of every level of `paths` (a semaphore's parent and the key's
+    /// node above it).
+    pub(crate) fn schedule(&self, paths: &LockPaths, linger: Duration) {
+        let at = Instant::now() + linger;
+        let mut due = self.due();
+        for level in paths.levels() {
+            due.insert(level.to_owned(), at);
+        }
     }
 
-    pub(crate) fn keep(&self, parent: &str) {
-        self.due().remove(parent);
+    /// Keeps every level of `paths`: an acquisition is about to queue there.
+    pub(crate) fn keep(&self, paths: &LockPaths) {
+        let mut due = self.due();
+        for level in paths.levels() {
+            due.remove(level);
+        }
     }
 
     pub(crate) fn take_all(&self) -> Vec<String> {
@@ -84,6 +93,10 @@ pub(crate) async fn sweep(
             janitor.take_due(Instant::now())
         };
         if !idle.is_empty() {
+            // Deepest first: a session's requests are applied in order, so a semaphore's
+            // parent is gone by the time the key's node above it is deleted.
+            let mut idle = idle;
+            idle.sort_by_key(|path| std::cmp::Reverse(path.matches('/').count()));
             let session = sessions.current();
             let deletes: Vec<_> = idle
                 .iter()
@@ -102,9 +115,12 @@ pub(crate) async fn sweep(
 pub(crate) struct Pending {
     pub(crate) session_id: i64,
     pub(crate) node: PendingNode,
-    /// The node just ahead of ours, to watch (kept here; the [`Contention`] shows only its
+    /// The node just ahead of ours, to watch (kept here; the [`Contention`](lockkit_core::backend::Contention) shows only its
     /// sequence number).
     pub(crate) predecessor: Option<String>,
+    /// A semaphore's first waiter watches these instead: the holders, every node ahead of
+    /// its own (empty otherwise; see `semaphore.rs`).
+    pub(crate) holders: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -167,9 +183,7 @@ impl ZkBackend {
         let deleted = self
             .delete_own_nodes(session, paths, own_prefix, &children, None)
             .await;
-        self.inner
-            .janitor
-            .schedule(&paths.parent, self.inner.config.empty_parent_linger);
+        self.schedule_idle(paths);
         deleted
     }
 
@@ -268,10 +282,7 @@ impl ZkBackend {
                         .sweep_own(&session, &paths, &own_prefix, keep.as_deref(), &ledger)
                         .await?;
                     if keep.is_none() {
-                        backend
-                            .inner
-                            .janitor
-                            .schedule(&paths.parent, backend.inner.config.empty_parent_linger);
+                        backend.schedule_idle(&paths);
                     }
                     Ok(if ledger.has_unsettled() {
                         Sweep::Again(SWEEP_RETRY)
@@ -283,13 +294,21 @@ impl ZkBackend {
         );
     }
 
+    /// Hands the nodes that hold `paths`' queue to the janitor, which removes them once
+    /// nobody here has used them for `empty_parent_linger`.
+    pub(crate) fn schedule_idle(&self, paths: &LockPaths) {
+        self.inner
+            .janitor
+            .schedule(paths, self.inner.config.empty_parent_linger);
+    }
+
     /// Deletes our node `path`, and hands the lock's parent to the janitor, which removes
     /// it once nobody here has used it for `empty_parent_linger`.
     pub(crate) async fn delete_own(
         &self,
         session: &Session,
         path: &str,
-        parent: &str,
+        paths: &LockPaths,
     ) -> Result<bool> {
         let deleted = within(
             self.timeout(),
@@ -297,9 +316,7 @@ impl ZkBackend {
             session.client.delete(path, None),
         )
         .await;
-        self.inner
-            .janitor
-            .schedule(parent, self.inner.config.empty_parent_linger);
+        self.schedule_idle(paths);
         let deleted = match deleted {
             Ok(deleted) => deleted,
             Err(timeout) => {
@@ -369,15 +386,13 @@ impl ZkBackend {
             self.forget(owner);
             return Ok(());
         }
-        let paths = LockPaths::new(&request.key);
-        let own_prefix = own_prefix(owner);
+        let paths = LockPaths::of(&request.key, request.hold);
+        let own_prefix = node_prefix(owner, request.hold);
         let cleaned = if ledger.has_unsettled() {
             let swept = self
                 .sweep_own(&session, &paths, &own_prefix, None, &ledger)
                 .await;
-            self.inner
-                .janitor
-                .schedule(&paths.parent, self.inner.config.empty_parent_linger);
+            self.schedule_idle(&paths);
             swept
         } else {
             self.delete_all_own(&session, &paths, &own_prefix).await
@@ -410,12 +425,12 @@ impl ZkBackend {
         // its entry behind, and what it leaves on the server is swept in the background.
         self.forget(owner);
         let session = self.session().await;
-        let paths = LockPaths::new(lease.key());
-        let own_prefix = own_prefix(lease.owner());
+        let paths = LockPaths::of(lease.key(), lease.hold());
+        let own_prefix = node_prefix(lease.owner(), lease.hold());
         let release_node = async {
             match self.lease_node(&session, lease).await? {
                 // Any version: an election's leader writes its value into its node.
-                Some(path) => self.delete_own(&session, &path, &paths.parent).await,
+                Some(path) => self.delete_own(&session, &path, &paths).await,
                 None => Ok(false),
             }
         };

@@ -10,6 +10,7 @@ mod error;
 mod naming;
 mod operator;
 mod renewal;
+mod semaphore;
 mod session;
 #[cfg(feature = "tls")]
 mod tls;

@@ -1,29 +1,66 @@
 //! How the ZooKeeper backend names things: a lock's parent znode, and each acquisition's
-//! node `_c_{uuid}-lock-{sequence}`, as Curator's `InterProcessMutex` does.
+//! node `_c_{uuid}-lock-{sequence}`, as Curator's `InterProcessMutex` does; a semaphore's
+//! parent below the lock's, and its nodes `_c_{uuid}-permits-{n}-lock-{sequence}`.
 
 use lockkit_core::LockKey;
-use lockkit_core::backend::OwnerToken;
+use lockkit_core::backend::{Hold, OwnerToken};
 
 /// The part of a lock node's name between the owner and the sequence number, as Curator's
 /// `InterProcessMutex` names it.
 pub(crate) const LOCK_NAME: &str = "-lock-";
 
-/// The znode paths of one lock, relative to the chroot.
+/// The child of a lock's parent under which the semaphore of the same name queues.
+///
+/// No lock node can be named so (every sequential node ends in ten digits), so the mutex's
+/// queue, which keeps only names with a sequence number, never counts it, and Curator's
+/// `InterProcessMutex` sorts it after every lock node (it compares what follows `lock-`, or
+/// the whole name). Being below the key's own node, it is the semaphore of that one name:
+/// no other valid name (they have no `/`) maps to it.
+pub(crate) const SEMAPHORE_DIR: &str = "semaphore";
+
+/// The znode paths of one lock (or semaphore), relative to the chroot.
 #[derive(Clone)]
 pub(crate) struct LockPaths {
     pub(crate) namespace: String,
+    /// The key's own node, `{namespace}/{name}`: the mutex's parent.
+    pub(crate) key: String,
+    /// The parent of the queue: `key` for a mutex, `{key}/semaphore` for a semaphore.
     pub(crate) parent: String,
 }
 
 impl LockPaths {
+    /// The paths of `key`'s mutex (and election).
     pub(crate) fn new(key: &LockKey) -> Self {
         let namespace = format!("/{}", key.namespace());
         let parent = format!("{namespace}/{}", key.name());
-        LockPaths { namespace, parent }
+        LockPaths {
+            namespace,
+            key: parent.clone(),
+            parent,
+        }
+    }
+
+    /// The paths of what `hold` queues for on `key`: its mutex, or its semaphore.
+    pub(crate) fn of(key: &LockKey, hold: Hold) -> Self {
+        let mut paths = LockPaths::new(key);
+        if hold != Hold::Exclusive {
+            paths.parent = format!("{}/{SEMAPHORE_DIR}", paths.key);
+        }
+        paths
     }
 
     pub(crate) fn child(&self, name: &str) -> String {
         format!("{}/{name}", self.parent)
+    }
+
+    /// The nodes below the namespace that hold the queue, the queue's parent first: what
+    /// is created when missing, and removed (deepest first) once idle.
+    pub(crate) fn levels(&self) -> Vec<&str> {
+        if self.parent == self.key {
+            vec![&self.parent]
+        } else {
+            vec![&self.parent, &self.key]
+        }
     }
 }
 
@@ -31,6 +68,31 @@ impl LockPaths {
 /// [`node_id`] of the owner token.
 pub(crate) fn own_prefix(owner: &OwnerToken) -> String {
     format!("_c_{}{LOCK_NAME}", uuid_form(&node_id(owner)))
+}
+
+/// The start of the name of the node of `owner`'s acquisition of `hold`: [`own_prefix`] for
+/// a mutex; `_c_{uuid}-permits-{n}-lock-` for a permit of a semaphore of `n` permits, so
+/// that a listing tells every node's count (see `semaphore.rs`) and the mutex's helpers,
+/// which find a node's sequence after the last `-lock-`, apply unchanged.
+pub(crate) fn node_prefix(owner: &OwnerToken, hold: Hold) -> String {
+    match hold {
+        Hold::Permit { permits } => format!(
+            "_c_{}-permits-{permits}{LOCK_NAME}",
+            uuid_form(&node_id(owner))
+        ),
+        _ => own_prefix(owner),
+    }
+}
+
+/// The permits count a semaphore node's name records (`None` for a name that is not one).
+pub(crate) fn permits_of(name: &str) -> Option<u32> {
+    let head = &name[..name.rfind(LOCK_NAME)?];
+    let (rest, count) = head.rsplit_once('-')?;
+    if !rest.ends_with("-permits") || count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    count.parse().ok()
 }
 
 /// What a node's name carries in place of the owner token: its
@@ -129,6 +191,37 @@ mod tests {
         let other = OwnerToken::from_hex("00112233445566778899aabbccddeef0").expect("hex");
         assert_ne!(own_prefix(&other), prefix);
         assert_eq!(own_prefix(&owner), prefix, "the name must be found again");
+    }
+
+    #[test]
+    fn a_semaphore_queues_below_its_key_apart_from_the_mutex() {
+        let owner = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
+        let key = LockKey::new("ns", "job").expect("key");
+        let paths = LockPaths::of(&key, Hold::Permit { permits: 3 });
+        assert_eq!(paths.parent, "/ns/job/semaphore");
+        assert_eq!(paths.levels(), ["/ns/job/semaphore", "/ns/job"]);
+        assert_eq!(LockPaths::of(&key, Hold::Exclusive).levels(), ["/ns/job"]);
+        // The mutex's queue never counts the semaphore's parent.
+        assert_eq!(sequence_of(SEMAPHORE_DIR), None);
+        let prefix = node_prefix(&owner, Hold::Permit { permits: 3 });
+        assert_eq!(
+            prefix,
+            "_c_5947d7c3-3d78-3f94-b3b4-c1a96ebc8991-permits-3-lock-"
+        );
+        let name = format!("{prefix}0000000042");
+        assert_eq!(sequence_of(&name), Some(42));
+        assert_eq!(permits_of(&name), Some(3));
+        assert_eq!(public_name(&name), "0000000042");
+        assert_eq!(node_prefix(&owner, Hold::Exclusive), own_prefix(&owner));
+        for other in [
+            "_c_5947d7c3-3d78-3f94-b3b4-c1a96ebc8991-lock-0000000001",
+            "lock-0000000001",
+            "_c_x-permits--lock-0000000001",
+            "_c_x-permits-x3-lock-0000000001",
+            "_c_x-epermits-3-lock-0000000001",
+        ] {
+            assert_eq!(permits_of(other), None, "{other}");
+        }
     }
 
     #[test]

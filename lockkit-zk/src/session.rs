@@ -366,18 +366,18 @@ impl ZkBackend {
         Ok(synced.and(read))
     }
 
-    /// The queue and our node `name`'s czxid, both read after a `sync` with the leader, in
+    /// The queue and our node `name`'s stat, both read after a `sync` with the leader, in
     /// one round trip (the three requests are sent back to back and applied in order). This
     /// is the check [`Self::evaluate`] would otherwise make through the leader after a plain
     /// listing, one round trip later, when our node comes first: the listing is now at least
-    /// as recent as that check. The czxid is `None` when the node is not ours on this
+    /// as recent as that check. The stat is `None` when the node is not ours on this
     /// session, which leaves the decision to `evaluate`.
     pub(crate) async fn queue_via_leader(
         &self,
         session: &Session,
         paths: &LockPaths,
         name: &str,
-    ) -> Result<(Vec<String>, Option<i64>)> {
+    ) -> Result<(Vec<String>, Option<zk::Stat>)> {
         let path = paths.child(name);
         let synced = session.client.sync(&paths.parent);
         let listed = session.client.list_children(&paths.parent);
@@ -391,12 +391,12 @@ impl ZkBackend {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(map("read the lock queue through the leader", e)),
         };
-        let czxid = match read {
-            Ok(Some(stat)) if stat.ephemeral_owner == session.id() => Some(stat.czxid),
+        let stat = match read {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id() => Some(stat),
             Ok(_) => None,
             Err(e) => return Err(map("read the lock node through the leader", e)),
         };
-        Ok((children, czxid))
+        Ok((children, stat))
     }
 
     /// Creates the chroot again, as at session start, after the server deleted it: another

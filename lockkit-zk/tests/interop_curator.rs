@@ -137,6 +137,65 @@ async fn curator_interprocess_mutex_and_lockkit_exclude_each_other() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// lockkit's semaphore of a name queues under `semaphore`, a child of the lock's parent that
+/// Curator sorts after every lock node (it compares what follows `lock-`, or the whole name):
+/// with two of its permits held, Curator's `InterProcessMutex` and a lockkit client on the
+/// lock of the same name still exclude each other with increasing tokens, and the permits
+/// stay held throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_of_the_same_name_does_not_disturb_curators_mutex() {
+    const SECTIONS: u64 = 10;
+    let Some(config) = test_config() else { return };
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let namespace = format!("lk-curator-sem-{:08x}", rand::random::<u32>());
+    let key = "shared-name";
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("interop-{namespace}"));
+    let classes = tmp.join("classes");
+    compile(&classpath, &classes);
+    let sections = Sections::new(&tmp, "sections");
+    let holder = lockkit_client(&config, &namespace).await;
+    let semaphore = holder.semaphore(key, 2).expect("semaphore");
+    let first = semaphore.acquire_timeout(Duration::from_secs(10)).await;
+    let second = semaphore.acquire_timeout(Duration::from_secs(10)).await;
+    let permits = [first.expect("a permit"), second.expect("a permit")];
+
+    let contender = lockkit_client(&config, &namespace).await;
+    let (connect, path) = curator_target(&config, &namespace, key);
+    let args = [
+        connect,
+        path,
+        SECTIONS.to_string(),
+        HOLD.as_millis().to_string(),
+        sections.dir().display().to_string(),
+        "curator".to_owned(),
+    ];
+    let mut curator = Curator::start(&classpath, &classes, &args);
+    curator.go();
+    let mutex = contender.mutex(key).expect("key");
+    for _ in 0..SECTIONS {
+        let guard = mutex
+            .lock_timeout(Duration::from_secs(60))
+            .await
+            .expect("lockkit granted");
+        sections
+            .run("lockkit", guard.fencing_token().get(), HOLD)
+            .await;
+        assert!(guard.release().await.expect("release"), "held to the end");
+    }
+    curator.finish(Duration::from_secs(60)).await;
+    sections.outcome().assert_exclusive(2 * SECTIONS, 2);
+    for permit in permits {
+        assert!(
+            permit.is_held().await.expect("is_held"),
+            "a permit was lost"
+        );
+        assert!(permit.release().await.expect("release"));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// docs/interop.md, "The chroot": Curator creates missing parents as container nodes, and
 /// ZooKeeper deletes an empty container that once had children. When a Curator service is
 /// the first to use lockkit's chroot, the chroot is such a container; once the last lock

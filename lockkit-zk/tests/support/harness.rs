@@ -93,6 +93,12 @@ impl Harness for ZkHarness {
 
     async fn force_release(&self, key: &LockKey) -> Result<()> {
         let parent = format!("/{}/{}", key.namespace(), key.name());
+        // The admin's server may lag behind the clients': without the sync it can list the
+        // lock without its holder and delete nothing.
+        match self.admin.sync(&parent).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => panic!("sync {parent}: {e}"),
+        }
         let mut children = self.admin.list_children(&parent).await.expect("list");
         children.sort_by_key(|c| c.rsplit('-').next().map(str::to_owned));
         if let Some(holder) = children.first() {

@@ -52,26 +52,30 @@ pub(crate) async fn admin(config: &ZkConfig, chroot: &str) -> zk::Client {
     client.chroot(chroot).expect("chroot path")
 }
 
-/// Every znode under `/{namespace}`: key parents and lock nodes.
+/// Every znode under `/{namespace}`, at any depth: key parents, lock nodes, semaphore
+/// parents (`{key}/semaphore`) and their permit nodes; read after a `sync`, since the
+/// admin's server may lag behind the clients'.
 pub(crate) async fn znodes_under(
     admin: &zk::Client,
     namespace: &str,
 ) -> std::result::Result<Vec<String>, zk::Error> {
-    let root = format!("/{namespace}");
-    let parents = match admin.list_children(&root).await {
-        Ok(parents) => parents,
-        Err(zk::Error::NoNode) => return Ok(Vec::new()),
+    match admin.sync(&format!("/{namespace}")).await {
+        Ok(()) | Err(zk::Error::NoNode) => {}
         Err(e) => return Err(e),
-    };
+    }
     let mut found = Vec::new();
-    for parent in parents {
-        let path = format!("{root}/{parent}");
-        match admin.list_children(&path).await {
-            Ok(children) => found.extend(children.iter().map(|c| format!("{path}/{c}"))),
+    let mut parents = vec![format!("/{namespace}")];
+    while let Some(parent) = parents.pop() {
+        let children = match admin.list_children(&parent).await {
+            Ok(children) => children,
             Err(zk::Error::NoNode) => continue,
             Err(e) => return Err(e),
+        };
+        for child in children {
+            let path = format!("{parent}/{child}");
+            found.push(path.clone());
+            parents.push(path);
         }
-        found.push(path);
     }
     Ok(found)
 }
