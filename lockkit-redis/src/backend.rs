@@ -36,6 +36,9 @@ use crate::semaphore;
 /// - **waiting**: every waiter of this backend listens on one shared pub/sub connection and
 ///   retries on a release or when the holder's TTL runs out; polling when pub/sub is off
 ///   ([`RedisConfig::notifications`]) or refused.
+/// - **semaphores**: the holders of a key's semaphore are a ZSET of owner digests scored by
+///   their expiry (server clock), beside a HASH of their tokens and the agreed permits; one
+///   script per operation, as for the mutex (`semaphore.rs`).
 ///
 /// See the crate documentation for what each tier guarantees and what breaks it.
 #[derive(Clone)]

@@ -133,6 +133,13 @@ impl RedisBackend {
         request: &AcquireRequest,
         permits: u32,
     ) -> Result<Attempt> {
+        // The scripts read every holder: the count bounds their work (and a Lua `unpack`).
+        if !(1..=lockkit_core::MAX_PERMITS).contains(&permits) {
+            return Err(Error::invalid_config(format!(
+                "a semaphore needs 1 to {} permits, not {permits}",
+                lockkit_core::MAX_PERMITS
+            )));
+        }
         let keys = PermitKeys::of(&request.key);
         let marker = request
             .wait

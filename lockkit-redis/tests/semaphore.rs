@@ -298,3 +298,30 @@ async fn redlock_refuses_semaphores_and_says_why() {
         );
     }
 }
+
+/// A request sent to the backend directly (past the core's check) with 0 permits or more
+/// than `MAX_PERMITS` is refused as invalid, and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_count_out_of_range_is_refused_by_the_backend_too() {
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let backend = harness.backend().await.unwrap();
+    let ns = namespace();
+    for permits in [0, lockkit_core::MAX_PERMITS + 1] {
+        let request = AcquireRequest::new(
+            LockKey::new(&ns, "range").unwrap(),
+            OwnerToken::generate().unwrap(),
+            Duration::from_secs(1),
+            false,
+        )
+        .with_hold(Hold::Permit { permits });
+        let err = backend.try_acquire(&request).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{permits}: {err}");
+    }
+    let mut con = harness.servers().await.unwrap().remove(0);
+    assert_eq!(
+        common::keys_of(&mut con, &ns).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
