@@ -325,3 +325,51 @@ async fn a_permit_count_out_of_range_is_refused_by_the_backend_too() {
         Vec::<String>::new()
     );
 }
+
+/// With `min_replicas`, a permit is granted once the replica acknowledged it; a grant fewer
+/// replicas acknowledged (2 asked, the group has 1) is refused with `QuorumNotReached` and
+/// given back, leaving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_applies_to_permits() {
+    let Some(harness) = common::sentinel().await else {
+        return;
+    };
+    let common::Topology::Sentinel(config) = &harness.topology else {
+        panic!("the sentinel harness runs on Sentinel");
+    };
+    let ns = namespace();
+    let client = |min_replicas: u32| {
+        let mut config = config.clone();
+        config.min_replicas = min_replicas;
+        config.replica_timeout = Duration::from_millis(200);
+        let ns = ns.clone();
+        async move {
+            let backend = Arc::new(RedisBackend::connect(config).await.unwrap());
+            LockClient::with_options(backend, &ns, LockOptions::default()).unwrap()
+        }
+    };
+    let acked = client(1).await;
+    let permit = acked
+        .semaphore("replicated", 2)
+        .unwrap()
+        .try_acquire()
+        .await;
+    let permit = permit.unwrap().expect("a free permit was refused");
+    assert!(permit.release().await.unwrap());
+
+    let unacked = client(2).await;
+    let refused = unacked
+        .semaphore("replicated", 2)
+        .unwrap()
+        .try_acquire()
+        .await;
+    match refused {
+        Err(e) => assert!(
+            matches!(e.kind(), ErrorKind::QuorumNotReached { got: 1, need: 2 }),
+            "{e}"
+        ),
+        Ok(granted) => panic!("granted with one replica of two: {granted:?}"),
+    }
+    let mut con = harness.servers().await.unwrap().remove(0);
+    assert_eq!(keys_but_fences(&mut con, &ns).await, Vec::<String>::new());
+}
