@@ -184,7 +184,10 @@ impl RedisBackend {
             .request_on(
                 "acquiring",
                 |epoch| &epoch.replication,
-                |mut con| async move { scripts::query_reloading(pipe, &mut con).await },
+                |mut con| async move {
+                    let replies = scripts::query_reloading(pipe, &mut con).await?;
+                    scripts::primary_moved(&replies).map_or(Ok(replies), Err)
+                },
             )
             .await?;
         match replies.as_slice() {
@@ -295,7 +298,10 @@ impl RedisBackend {
             .request_on(
                 "renewing",
                 |epoch| &epoch.renewals,
-                |mut con| async move { scripts::query_reloading(pipe, &mut con).await },
+                |mut con| async move {
+                    let replies = scripts::query_reloading(pipe, &mut con).await?;
+                    scripts::primary_moved(&replies).map_or(Ok(replies), Err)
+                },
             )
             .await?;
         if self.config.min_replicas > 0 {

@@ -269,6 +269,24 @@ pub(crate) fn leader_reply(backend: &'static str, value: &Value) -> Result<Optio
     Ok(Some(Leader::new(FencingToken(token), value)))
 }
 
+/// The first reply of a pipeline that says the primary is demoted or cut off from its
+/// replicas (`READONLY`, `MASTERDOWN`), as an error. A pipeline sent with `ignore_errors`
+/// gets those per command, in its replies; turned into the request's error, they make
+/// `Primary::request_on` look for the new primary, which it would not do for a reply.
+pub(crate) fn primary_moved(replies: &[Value]) -> Option<redis::RedisError> {
+    replies.iter().find_map(|reply| match reply {
+        Value::ServerError(e)
+            if matches!(
+                e.kind(),
+                Some(redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown)
+            ) =>
+        {
+            Some(e.clone().into())
+        }
+        _ => None,
+    })
+}
+
 /// Whether a reply says `NOSCRIPT` (the server lost its script cache).
 pub(crate) fn is_noscript(value: &Value) -> bool {
     matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")

@@ -49,7 +49,7 @@ impl PermitKeys {
     }
 }
 
-/// The release channel waiters of `request` listen on.
+/// The release channel that waiters for `hold` of `key` listen on.
 pub(crate) fn channel_of(key: &LockKey, hold: Hold) -> String {
     match hold {
         Hold::Permit { .. } => PermitKeys::of(key).channel,
