@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Leader, Lease, LockBackend, LockPage, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage, Renewal,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, Result, Support, Tier,
@@ -21,6 +21,7 @@ use crate::error::{BACKEND, unexpected};
 use crate::listing;
 use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
+use crate::semaphore;
 
 /// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
 /// `replicated`).
@@ -35,6 +36,9 @@ use crate::scripts::{self, AcquireReply, Keys, millis};
 /// - **waiting**: every waiter of this backend listens on one shared pub/sub connection and
 ///   retries on a release or when the holder's TTL runs out; polling when pub/sub is off
 ///   ([`RedisConfig::notifications`]) or refused.
+/// - **semaphores**: the holders of a key's semaphore are a ZSET of owner digests scored by
+///   their expiry (server clock), beside a HASH of their tokens and the agreed permits; one
+///   script per operation, as for the mutex (`semaphore.rs`).
 ///
 /// See the crate documentation for what each tier guarantees and what breaks it.
 #[derive(Clone)]
@@ -131,17 +135,14 @@ impl RedisBackend {
     }
 
     /// The acquire script and `WAIT min_replicas replica_timeout` in one pipeline, on the
-    /// connection reserved for it (`WAIT` counts that connection's writes and blocks it). A
-    /// grant fewer replicas acknowledged is given back.
+    /// connection reserved for it. A grant fewer replicas acknowledged is given back.
     async fn acquire_replicated(
         &self,
         keys: &Keys,
         request: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        let need = self.config.min_replicas;
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        pipe.cmd("EVALSHA")
+        let mut invocation = redis::cmd("EVALSHA");
+        invocation
             .arg(scripts::ACQUIRE.get_hash())
             .arg(2)
             .arg(&keys.lock)
@@ -149,8 +150,33 @@ impl RedisBackend {
             .arg(request.owner.expose_hex())
             .arg(millis(request.ttl))
             .arg(millis(self.config.fence_ttl));
+        let (reply, acked) = self
+            .invoke_replicated(&invocation, "the acquire script")
+            .await?;
+        let reply = scripts::acquire_reply(BACKEND, &reply)?;
+        if matches!(reply, AcquireReply::Contended(_)) || acked >= self.config.min_replicas as usize
+        {
+            return Ok(reply);
+        }
+        if let Err(e) = self.release_keys(keys, request.owner.expose_hex()).await {
+            tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
+        }
+        Err(self.unreplicated(acked))
+    }
+
+    /// A script's `invocation` and `WAIT min_replicas replica_timeout` in one pipeline, on
+    /// the connection reserved for it (`WAIT` counts that connection's writes and blocks it).
+    /// Returns the script's reply and how many replicas acknowledged it.
+    pub(crate) async fn invoke_replicated(
+        &self,
+        invocation: &redis::Cmd,
+        script: &str,
+    ) -> Result<(Value, usize)> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.add_command(invocation.clone());
         pipe.cmd("WAIT")
-            .arg(need)
+            .arg(self.config.min_replicas)
             .arg(millis(self.config.replica_timeout));
         let pipe = &pipe;
         let replies = self
@@ -158,32 +184,29 @@ impl RedisBackend {
             .request_on(
                 "acquiring",
                 |epoch| &epoch.replication,
-                |mut con| async move { scripts::query_reloading(pipe, &mut con).await },
+                |mut con| async move {
+                    let replies = scripts::query_reloading(pipe, &mut con).await?;
+                    scripts::primary_moved(&replies).map_or(Ok(replies), Err)
+                },
             )
             .await?;
-        let (reply, acked) = match replies.as_slice() {
+        match replies.as_slice() {
             [Value::ServerError(e), _] => {
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    BACKEND,
-                    format!("the acquire script failed: {e}"),
+                Err(
+                    Error::new(ErrorKind::Backend, BACKEND, format!("{script} failed: {e}"))
+                        .with_retryable(true),
                 )
-                .with_retryable(true));
             }
-            [reply, Value::Int(acked)] => (
-                scripts::acquire_reply(BACKEND, reply)?,
-                usize::try_from(*acked).unwrap_or(0),
-            ),
-            _ => return Err(unexpected(BACKEND, "the acquire script and WAIT")),
-        };
-        let need = need as usize;
-        if matches!(reply, AcquireReply::Contended(_)) || acked >= need {
-            return Ok(reply);
+            [reply, Value::Int(acked)] => Ok((reply.clone(), usize::try_from(*acked).unwrap_or(0))),
+            _ => Err(unexpected(BACKEND, &format!("{script} and WAIT"))),
         }
-        if let Err(e) = self.release_keys(keys, request.owner.expose_hex()).await {
-            tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
-        }
-        Err(Error::new(
+    }
+
+    /// The error of a grant that `acked` replicas acknowledged, fewer than `min_replicas`,
+    /// and that was given back.
+    pub(crate) fn unreplicated(&self, acked: usize) -> Error {
+        let need = self.config.min_replicas as usize;
+        Error::new(
             ErrorKind::QuorumNotReached { got: acked, need },
             BACKEND,
             format!(
@@ -191,7 +214,7 @@ impl RedisBackend {
                 self.config.replica_timeout
             ),
         )
-        .with_retryable(true))
+        .with_retryable(true)
     }
 
     /// Releases the lock if it is `owner_hex`'s, and says whether it was.
@@ -201,16 +224,21 @@ impl RedisBackend {
     /// lost) or the lock was gone before: that is an error saying so, not "not ours", which
     /// would report a lock lost that was released.
     async fn release_keys(&self, keys: &Keys, owner_hex: String) -> Result<bool> {
-        match self
+        let released = self
             .release_keys_on(keys, owner_hex, |epoch| &epoch.connection)
-            .await?
-        {
+            .await?;
+        RedisBackend::verdict(released)
+    }
+
+    /// What a release answers for what its script found.
+    pub(crate) fn verdict(released: Released) -> Result<bool> {
+        match released {
             Released::Ours => Ok(true),
             Released::NotOurs => Ok(false),
             Released::GoneWhenSentAgain => Err(Error::new(
                 ErrorKind::Unavailable,
                 BACKEND,
-                "the release was sent again after its connection dropped and found the lock gone: the first send may have released it, or the lock was lost before",
+                "the release was sent again after its connection dropped and found the grant gone: the first send may have released it, or it was lost before",
             )),
         }
     }
@@ -270,7 +298,10 @@ impl RedisBackend {
             .request_on(
                 "renewing",
                 |epoch| &epoch.renewals,
-                |mut con| async move { scripts::query_reloading(pipe, &mut con).await },
+                |mut con| async move {
+                    let replies = scripts::query_reloading(pipe, &mut con).await?;
+                    scripts::primary_moved(&replies).map_or(Ok(replies), Err)
+                },
             )
             .await?;
         if self.config.min_replicas > 0 {
@@ -321,8 +352,9 @@ impl RedisBackend {
     }
 }
 
-/// What the release script found, from [`RedisBackend::release_keys_on`].
-enum Released {
+/// What a release script found, from [`RedisBackend::release_keys_on`] (or
+/// `release_permit_on`).
+pub(crate) enum Released {
     /// The lock was the caller's, and is released.
     Ours,
     /// The lock was not the caller's.
@@ -352,10 +384,17 @@ impl LockBackend for RedisBackend {
         } else {
             WaitStrategy::Poll
         };
-        Capabilities::new(FencingGuarantee::BestEffort, wait).with_election(Support::Supported)
+        Capabilities::new(FencingGuarantee::BestEffort, wait)
+            .with_election(Support::Supported)
+            .with_semaphore(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        match request.hold {
+            Hold::Exclusive => {}
+            Hold::Permit { permits } => return self.try_acquire_permit(request, permits).await,
+            other => return Err(other.unsupported(BACKEND)),
+        }
         let keys = Keys::of(&request.key);
         let marker = request
             .wait
@@ -402,13 +441,9 @@ impl LockBackend for RedisBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        let keys = Keys::of(&request.key);
+        let channel = semaphore::channel_of(&request.key, request.hold);
         let epoch = self.primary.epoch();
-        let mut subscription = match epoch
-            .notifier
-            .subscribe(&keys.channel, contention.marker)
-            .await
-        {
+        let mut subscription = match epoch.notifier.subscribe(&channel, contention.marker).await {
             Ok(subscription) => subscription,
             Err(e) => {
                 self.poll_for_a_while(&e);
@@ -428,9 +463,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        let keys = Keys::of(&request.key);
         // This acquisition may have taken the wake-up of a release: another waiter retries.
-        self.primary.epoch().notifier.pass_on(&keys.channel);
+        let channel = semaphore::channel_of(&request.key, request.hold);
+        self.primary.epoch().notifier.pass_on(&channel);
         // An attempt with min_replicas went out on the replication connection, where it may
         // still wait behind other tasks' WAITs: the clean-up follows it there, so the server
         // runs it after the attempt, never before (a grant nobody holds, for a TTL).
@@ -440,9 +475,16 @@ impl LockBackend for RedisBackend {
             |epoch| &epoch.connection
         };
         // Whatever the clean-up found, nothing of the request is left.
-        self.release_keys_on(&keys, request.owner.expose_hex(), pick)
-            .await
-            .map(drop)
+        match request.hold {
+            Hold::Permit { .. } => self
+                .release_permit_on(&request.key, request.owner.digest_hex(), pick)
+                .await
+                .map(drop),
+            _ => self
+                .release_keys_on(&Keys::of(&request.key), request.owner.expose_hex(), pick)
+                .await
+                .map(drop),
+        }
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
@@ -463,8 +505,16 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.release_keys(&Keys::of(lease.key()), lease.owner().expose_hex())
-            .await
+        match lease.hold() {
+            Hold::Permit { .. } => {
+                self.release_permit(lease.key(), lease.owner().digest_hex())
+                    .await
+            }
+            _ => {
+                self.release_keys(&Keys::of(lease.key()), lease.owner().expose_hex())
+                    .await
+            }
+        }
     }
 
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
@@ -485,6 +535,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        if let Hold::Permit { .. } = lease.hold() {
+            return self.holds_permit(lease).await;
+        }
         Ok(self
             .holder(lease.key())
             .await?

@@ -12,6 +12,7 @@ mod listing;
 mod notify;
 mod redlock;
 mod scripts;
+mod semaphore;
 
 pub use backend::RedisBackend;
 pub use config::{RedisConfig, RedlockConfig};

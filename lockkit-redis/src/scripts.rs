@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use lockkit_core::backend::{Leader, Lease, OwnerToken};
+use lockkit_core::backend::{Hold, Leader, Lease, OwnerToken};
 use lockkit_core::{FencingToken, LockInfo, LockKey, Result};
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
@@ -17,6 +17,22 @@ const INSPECT_LUA: &str = include_str!("../scripts/inspect.lua");
 const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
 const FORCE_RELEASE_LUA: &str = include_str!("../scripts/force_release.lua");
 const PROCLAIM_LUA: &str = include_str!("../scripts/proclaim.lua");
+const SEMAPHORE_ACQUIRE_LUA: &str = concat!(
+    include_str!("../scripts/semaphore_prelude.lua"),
+    include_str!("../scripts/semaphore_acquire.lua")
+);
+const SEMAPHORE_RELEASE_LUA: &str = concat!(
+    include_str!("../scripts/semaphore_prelude.lua"),
+    include_str!("../scripts/semaphore_release.lua")
+);
+const SEMAPHORE_RENEW_LUA: &str = concat!(
+    include_str!("../scripts/semaphore_prelude.lua"),
+    include_str!("../scripts/semaphore_renew.lua")
+);
+const SEMAPHORE_HOLDS_LUA: &str = concat!(
+    include_str!("../scripts/semaphore_prelude.lua"),
+    include_str!("../scripts/semaphore_holds.lua")
+);
 
 /// Takes a free lock and returns its fencing token, or the holder's remaining TTL.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
@@ -33,6 +49,19 @@ pub(crate) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 /// Elections: the holder's compare-and-`SET` of its value beside the lock, plus a notification.
 pub(crate) static PROCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(PROCLAIM_LUA));
+/// Semaphores: takes a permit if one is free (expired holders removed first), or says when
+/// the first holder expires, or that the holders agreed on another count.
+pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(SEMAPHORE_ACQUIRE_LUA));
+/// Semaphores: gives a permit back, plus a release notification.
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(SEMAPHORE_RELEASE_LUA));
+/// Semaphores: extends a held permit, and the semaphore's keys with it.
+pub(crate) static SEMAPHORE_RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(SEMAPHORE_RENEW_LUA));
+/// Semaphores: whether a grant still holds its permit.
+pub(crate) static SEMAPHORE_HOLDS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(SEMAPHORE_HOLDS_LUA));
 
 /// One pipeline of `SCRIPT LOAD`s of every script, so that the first calls need no
 /// `NOSCRIPT` round trip.
@@ -46,6 +75,10 @@ pub(crate) fn load_all() -> redis::Pipeline {
         RAISE_FENCE_LUA,
         FORCE_RELEASE_LUA,
         PROCLAIM_LUA,
+        SEMAPHORE_ACQUIRE_LUA,
+        SEMAPHORE_RELEASE_LUA,
+        SEMAPHORE_RENEW_LUA,
+        SEMAPHORE_HOLDS_LUA,
     ] {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
@@ -54,7 +87,8 @@ pub(crate) fn load_all() -> redis::Pipeline {
 
 /// One pipeline of compare-and-`PEXPIRE` calls, one per lease, each also keeping the lock's
 /// fence counter alive for at least `fence_ttl` (and, `with_values`, its election value with
-/// the lock); a failed call gives an error reply in its place instead of failing the pipeline.
+/// the lock); a permit's lease gets the semaphore's renewal in its place. A failed call gives
+/// an error reply in its place instead of failing the pipeline.
 pub(crate) fn renew_pipeline(
     leases: &[Lease],
     fence_ttl: Duration,
@@ -63,6 +97,10 @@ pub(crate) fn renew_pipeline(
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for lease in leases {
+        if let Hold::Permit { .. } = lease.hold() {
+            crate::semaphore::push_renewal(&mut pipe, lease, fence_ttl);
+            continue;
+        }
         let keys = Keys::of(lease.key());
         pipe.cmd("EVALSHA")
             .arg(RENEW.get_hash())
@@ -229,6 +267,24 @@ pub(crate) fn leader_reply(backend: &'static str, value: &Value) -> Result<Optio
         _ => return Err(unexpected()),
     };
     Ok(Some(Leader::new(FencingToken(token), value)))
+}
+
+/// The first reply of a pipeline that says the primary is demoted or cut off from its
+/// replicas (`READONLY`, `MASTERDOWN`), as an error. A pipeline sent with `ignore_errors`
+/// gets those per command, in its replies; turned into the request's error, they make
+/// `Primary::request_on` look for the new primary, which it would not do for a reply.
+pub(crate) fn primary_moved(replies: &[Value]) -> Option<redis::RedisError> {
+    replies.iter().find_map(|reply| match reply {
+        Value::ServerError(e)
+            if matches!(
+                e.kind(),
+                Some(redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown)
+            ) =>
+        {
+            Some(e.clone().into())
+        }
+        _ => None,
+    })
 }
 
 /// Whether a reply says `NOSCRIPT` (the server lost its script cache).

@@ -44,6 +44,19 @@ async fn workload(harness: &common::RedisHarness) {
         )
         .unwrap();
     std::mem::forget(abandoned.lock().await.unwrap());
+    // A permit left to expire, where semaphores exist (not on Redlock).
+    if let Ok(pool) = a.semaphore("pool", 2) {
+        let pool = pool
+            .with_options(
+                LockOptions::default()
+                    .with_ttl(Duration::from_millis(300))
+                    .with_auto_renew(false),
+            )
+            .unwrap();
+        let kept = pool.acquire().await.unwrap();
+        std::mem::forget(pool.acquire().await.unwrap());
+        assert!(kept.release().await.unwrap());
+    }
     // A leader's value, where elections exist (not on Redlock).
     if let Ok(election) = a.election("elected") {
         let election = election

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Lease, LockBackend, LockPage, OwnerToken, Renewal,
+    AcquireRequest, Attempt, Contention, Hold, Lease, LockBackend, LockPage, OwnerToken, Renewal,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -40,6 +40,15 @@ const BACKEND: &str = "redlock";
 /// leads now?") nor `observe()` (changes in term order, ending on the current leader) could
 /// keep its promise.
 const NO_ELECTIONS: &str = "Redlock's nodes are independent and share no order of changes, so observers reading different majorities can disagree on who leads and see terms go back; elections need one ordered history: use single Redis, Sentinel, etcd or ZooKeeper";
+
+/// Why Redlock refuses semaphores ([`Capabilities::semaphore`]).
+///
+/// A permit granted by a majority of nodes, each of which admits at most `permits` holders,
+/// does not bound the holders: with 3 nodes and 2 permits, A granted on nodes 1 and 2, B on
+/// 2 and 3 and C on 1 and 3 each hold a majority, while no node has more than 2 holders. A
+/// correct construction would need the nodes to agree on one set of holders, which is what
+/// a consensus backend does.
+const NO_SEMAPHORES: &str = "a majority per node does not bound the holders: with 3 nodes and 2 permits, A granted on nodes 1+2, B on 2+3 and C on 1+3 each hold a majority while no node has more than 2 holders; use single Redis, Sentinel, etcd or ZooKeeper for semaphores";
 
 /// Redlock over N independent Redis servers (tier `quorum`).
 ///
@@ -382,10 +391,21 @@ impl LockBackend for RedlockBackend {
         Capabilities::new(FencingGuarantee::BestEffort, wait)
             .with_min_ttl(self.config.node_timeout * 4)
             .with_election(Support::Unsupported(NO_ELECTIONS))
+            .with_semaphore(Support::Unsupported(NO_SEMAPHORES))
     }
 
     /// One attempt; see `attempt.rs` for what it waits for and what it leaves in flight.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
+        if request.hold != Hold::Exclusive {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                BACKEND,
+                format!(
+                    "{:?} holds are not supported: {NO_SEMAPHORES}",
+                    request.hold
+                ),
+            ));
+        }
         self.attempt(request).await
     }
 

@@ -180,6 +180,8 @@ impl Harness for RedisHarness {
         Ok(())
     }
 
+    /// Every key of the namespace (a semaphore's `{ns/name}:sem:*` too) but the fence
+    /// counters, which outlive their holders by design (with a TTL of their own).
     async fn leftovers(&self, namespace: &str) -> Result<Vec<String>> {
         let mut left = Vec::new();
         for mut con in self.servers().await.map_err(to_lockkit)? {
@@ -262,6 +264,20 @@ pub const LOCKKIT_COMMANDS: &[&str] = &[
     "+del",
     "+publish",
     "+info",
+];
+
+/// What semaphores' scripts call on top of [`LOCKKIT_COMMANDS`] (the README's ACL line for
+/// semaphores).
+pub const SEMAPHORE_COMMANDS: &[&str] = &[
+    "+zadd",
+    "+zrem",
+    "+zcard",
+    "+zscore",
+    "+zrange",
+    "+zrangebyscore",
+    "+hget",
+    "+hset",
+    "+hdel",
 ];
 
 /// What release notifications need on top of [`LOCKKIT_COMMANDS`].

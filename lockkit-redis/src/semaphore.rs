@@ -1,0 +1,316 @@
+//! Semaphores on one Redis server or a Sentinel primary: the permits of a key are a ZSET of
+//! owner digests scored by their expiry, a HASH of their fencing tokens and the permits count
+//! they agreed on, each operation one script (`scripts/semaphore_*.lua`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
+use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
+use redis::Value;
+
+use crate::backend::{RedisBackend, Released};
+use crate::connection::Epoch;
+use crate::error::{BACKEND, unexpected};
+use crate::scripts::{self, millis};
+
+/// The Redis names of one semaphore.
+///
+/// Every key is `{namespace/name}:sem:...`: the semaphore's hash tag (the mutex's of the same
+/// name, so both would sit in one Cluster slot), with suffixes that neither end in `}` (which
+/// every lock key does) nor contain one. The last `}` of a key therefore ends its name, so no
+/// semaphore key equals a key of a mutex or of another semaphore, and listing, which takes
+/// only keys ending in `}`, never shows one. The fence counter ends in `:fence` like the
+/// mutex's, as counters that outlive their holders by design.
+#[derive(Debug, Clone)]
+pub(crate) struct PermitKeys {
+    /// ZSET: owner digest -> expiry (ms, server clock).
+    pub(crate) holders: String,
+    /// HASH: owner digest -> fencing token.
+    pub(crate) tokens: String,
+    /// The permits count the holders agreed on.
+    pub(crate) permits: String,
+    /// The counter every grant increments.
+    pub(crate) fence: String,
+    /// Where releases (and expiries found by an attempt) are published.
+    pub(crate) channel: String,
+}
+
+impl PermitKeys {
+    pub(crate) fn of(key: &LockKey) -> Self {
+        let base = format!("{{{}/{}}}:sem", key.namespace(), key.name());
+        PermitKeys {
+            holders: format!("{base}:holders"),
+            tokens: format!("{base}:tokens"),
+            permits: format!("{base}:permits"),
+            fence: format!("{base}:fence"),
+            channel: format!("lockkit:released:{base}"),
+        }
+    }
+}
+
+/// The release channel that waiters for `hold` of `key` listen on.
+pub(crate) fn channel_of(key: &LockKey, hold: Hold) -> String {
+    match hold {
+        Hold::Permit { .. } => PermitKeys::of(key).channel,
+        _ => scripts::Keys::of(key).channel,
+    }
+}
+
+/// Adds a permit's renewal to a renewal pipeline (see [`scripts::renew_pipeline`]).
+pub(crate) fn push_renewal(pipe: &mut redis::Pipeline, lease: &Lease, fence_ttl: Duration) {
+    let keys = PermitKeys::of(lease.key());
+    pipe.cmd("EVALSHA")
+        .arg(scripts::SEMAPHORE_RENEW.get_hash())
+        .arg(4)
+        .arg(keys.holders)
+        .arg(keys.tokens)
+        .arg(keys.permits)
+        .arg(keys.fence)
+        .arg(lease.owner().digest_hex())
+        .arg(millis(lease.ttl()))
+        .arg(millis(fence_ttl));
+}
+
+/// The reply of the semaphore's acquire script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PermitReply {
+    Granted(FencingToken),
+    /// Every permit is held; the first holder expires after this long.
+    Full(Duration),
+    /// The holders agreed on this many permits.
+    Mismatch(u32),
+}
+
+pub(crate) fn permit_reply(value: &Value) -> Result<PermitReply> {
+    let unexpected = || unexpected(BACKEND, "the semaphore's acquire script");
+    let Value::Array(items) = value else {
+        return Err(unexpected());
+    };
+    let [Value::Int(code), Value::Int(n)] = items.as_slice() else {
+        return Err(unexpected());
+    };
+    match code {
+        1 => u64::try_from(*n)
+            .map(|t| PermitReply::Granted(FencingToken(t)))
+            .map_err(|_| unexpected()),
+        0 => Ok(PermitReply::Full(Duration::from_millis(
+            u64::try_from(*n).unwrap_or(0),
+        ))),
+        2 => u32::try_from(*n)
+            .map(PermitReply::Mismatch)
+            .map_err(|_| unexpected()),
+        _ => Err(unexpected()),
+    }
+}
+
+/// The acquire script's invocation for `request`, as one command (for a `WAIT` pipeline).
+fn acquire_command(
+    keys: &PermitKeys,
+    request: &AcquireRequest,
+    permits: u32,
+    fence_ttl: Duration,
+) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(scripts::SEMAPHORE_ACQUIRE.get_hash())
+        .arg(4)
+        .arg(&keys.holders)
+        .arg(&keys.tokens)
+        .arg(&keys.permits)
+        .arg(&keys.fence)
+        .arg(request.owner.digest_hex())
+        .arg(millis(request.ttl))
+        .arg(permits)
+        .arg(millis(fence_ttl))
+        .arg(&keys.channel);
+    cmd
+}
+
+impl RedisBackend {
+    /// One attempt at a permit of `request.key`'s semaphore of `permits`.
+    pub(crate) async fn try_acquire_permit(
+        &self,
+        request: &AcquireRequest,
+        permits: u32,
+    ) -> Result<Attempt> {
+        // The scripts read every holder: the count bounds their work (and a Lua `unpack`).
+        if !(1..=lockkit_core::MAX_PERMITS).contains(&permits) {
+            return Err(Error::invalid_config(format!(
+                "a semaphore needs 1 to {} permits, not {permits}",
+                lockkit_core::MAX_PERMITS
+            )));
+        }
+        let keys = PermitKeys::of(&request.key);
+        let marker = request
+            .wait
+            .then(|| self.primary.epoch().notifier.marker(&keys.channel))
+            .flatten();
+        let fence_ttl = self.config.fence_ttl;
+        let reply = if self.config.min_replicas > 0 {
+            let invocation = acquire_command(&keys, request, permits, fence_ttl);
+            let (reply, acked) = self
+                .invoke_replicated(&invocation, "the semaphore's acquire script")
+                .await?;
+            let reply = permit_reply(&reply)?;
+            if matches!(reply, PermitReply::Granted(_)) && acked < self.config.min_replicas as usize
+            {
+                let owner = request.owner.digest_hex();
+                if let Err(e) = self.release_permit(&request.key, owner).await {
+                    tracing::warn!(error = %e, "could not give back an unreplicated permit; it expires with its TTL");
+                }
+                return Err(self.unreplicated(acked));
+            }
+            reply
+        } else {
+            let owner = &request.owner.digest_hex();
+            let keys = &keys;
+            let (ttl, fence_ttl) = (millis(request.ttl), millis(fence_ttl));
+            self.primary
+                .request("acquiring a permit", |mut con| async move {
+                    scripts::SEMAPHORE_ACQUIRE
+                        .key(&keys.holders)
+                        .key(&keys.tokens)
+                        .key(&keys.permits)
+                        .key(&keys.fence)
+                        .arg(owner)
+                        .arg(ttl)
+                        .arg(permits)
+                        .arg(fence_ttl)
+                        .arg(&keys.channel)
+                        .invoke_async::<Value>(&mut con)
+                        .await
+                })
+                .await
+                .and_then(|value| permit_reply(&value))?
+        };
+        match reply {
+            PermitReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
+            PermitReply::Full(first_expiry) => {
+                let contention = Contention::new().with_retry_after(first_expiry);
+                Ok(Attempt::Contended(match marker {
+                    Some(marker) => contention.with_marker(marker),
+                    None => contention,
+                }))
+            }
+            PermitReply::Mismatch(recorded) => Err(Hold::permits_mismatch(
+                BACKEND,
+                &request.key,
+                permits,
+                recorded,
+            )),
+        }
+    }
+
+    /// Gives back the permit of `owner_digest`, and says whether it was held; a release sent
+    /// again that finds it gone is an error, as for the mutex (see `release_keys`).
+    pub(crate) async fn release_permit(&self, key: &LockKey, owner_digest: String) -> Result<bool> {
+        let released = self
+            .release_permit_on(key, owner_digest, |epoch| &epoch.connection)
+            .await?;
+        RedisBackend::verdict(released)
+    }
+
+    /// The semaphore's release script for `owner_digest`, on the connection `pick` chooses.
+    pub(crate) async fn release_permit_on(
+        &self,
+        key: &LockKey,
+        owner_digest: String,
+        pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
+    ) -> Result<Released> {
+        let (keys, owner) = (&PermitKeys::of(key), &owner_digest);
+        let sends = &AtomicUsize::new(0);
+        let released: i64 = self
+            .primary
+            .request_on("giving a permit back", pick, |mut con| async move {
+                sends.fetch_add(1, Ordering::SeqCst);
+                scripts::SEMAPHORE_RELEASE
+                    .key(&keys.holders)
+                    .key(&keys.tokens)
+                    .key(&keys.permits)
+                    .arg(owner)
+                    .arg(&keys.channel)
+                    .invoke_async(&mut con)
+                    .await
+            })
+            .await?;
+        Ok(match released {
+            1 => Released::Ours,
+            _ if sends.load(Ordering::SeqCst) > 1 => Released::GoneWhenSentAgain,
+            _ => Released::NotOurs,
+        })
+    }
+
+    /// Whether `lease` still holds its permit: its owner is a live holder with its token.
+    pub(crate) async fn holds_permit(&self, lease: &Lease) -> Result<bool> {
+        let keys = &PermitKeys::of(lease.key());
+        let (owner, token) = (&lease.owner().digest_hex(), lease.fencing_token().get());
+        let held: i64 = self
+            .primary
+            .request("checking a permit", |mut con| async move {
+                scripts::SEMAPHORE_HOLDS
+                    .key(&keys.holders)
+                    .key(&keys.tokens)
+                    .arg(owner)
+                    .arg(token)
+                    .invoke_async(&mut con)
+                    .await
+            })
+            .await?;
+        match held {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(Error::new(
+                ErrorKind::Backend,
+                BACKEND,
+                "the semaphore's holds script gave an unexpected reply",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn semaphore_keys_are_apart_from_every_lock_key() {
+        let key = LockKey::new("ns", "jobs").expect("a valid key");
+        let keys = PermitKeys::of(&key);
+        assert_eq!(keys.holders, "{ns/jobs}:sem:holders");
+        assert_eq!(keys.channel, "lockkit:released:{ns/jobs}:sem");
+        for k in [&keys.holders, &keys.tokens, &keys.permits, &keys.fence] {
+            assert!(
+                crate::listing::lock_of("ns", k).is_none(),
+                "{k} lists as a lock"
+            );
+        }
+        // A name holding '}' ends its hash tag early, but its keys stay its own.
+        let odd = LockKey::new("ns", "jobs}:sem:holders").expect("a valid key");
+        assert_ne!(scripts::Keys::of(&odd).lock, keys.holders);
+        assert_ne!(PermitKeys::of(&odd).holders, keys.holders);
+    }
+
+    #[test]
+    fn an_unexpected_permit_reply_is_an_error() {
+        let reply = |items: Vec<Value>| permit_reply(&Value::Array(items));
+        assert_eq!(
+            reply(vec![Value::Int(1), Value::Int(7)]).ok(),
+            Some(PermitReply::Granted(FencingToken(7)))
+        );
+        assert_eq!(
+            reply(vec![Value::Int(2), Value::Int(3)]).ok(),
+            Some(PermitReply::Mismatch(3))
+        );
+        for bad in [
+            vec![Value::Int(1)],
+            vec![Value::Int(1), Value::Int(-1)],
+            vec![Value::Int(9), Value::Int(1)],
+            vec![Value::Nil, Value::Int(1)],
+        ] {
+            assert!(
+                reply(bad.clone()).is_err(),
+                "{bad:?} was taken for an answer"
+            );
+        }
+    }
+}
