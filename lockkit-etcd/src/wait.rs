@@ -1,16 +1,16 @@
 //! Waiting in the etcd backend: a contender watches only the key just ahead of its own,
 //! so a release wakes exactly one waiter. The watch machinery here serves the election's
-//! observers too.
+//! observers and the semaphore's waiters too.
 
 use std::time::Duration;
 
 use etcd_client::{Event, EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream};
 use lockkit_core::Result;
-use lockkit_core::backend::{AcquireRequest, Contention};
+use lockkit_core::backend::{AcquireRequest, Contention, Hold};
 use tokio::time::Instant;
 
 use crate::backend::{EtcdBackend, Resend};
-use crate::error;
+use crate::error::{self, NAME};
 use crate::naming::{key_of, predecessor_of};
 
 /// A deadline that never comes (tokio's own "far future" is 30 years as well).
@@ -37,13 +37,24 @@ impl EtcdBackend {
             .entries()
             .get(&request.owner)
             .map(|entry| entry.session.lost.clone());
+        let waiting = async {
+            match request.hold {
+                Hold::Exclusive => {
+                    self.wait_on_predecessor(request, contention, max_wait)
+                        .await
+                }
+                Hold::Permit { permits } => {
+                    self.wait_for_permit(request, contention, permits, max_wait)
+                        .await
+                }
+                other => Err(other.unsupported(NAME)),
+            }
+        };
         let Some(lost) = session else {
-            return self
-                .wait_on_predecessor(request, contention, max_wait)
-                .await;
+            return waiting.await;
         };
         tokio::select! {
-            waited = self.wait_on_predecessor(request, contention, max_wait) => waited,
+            waited = waiting => waited,
             () = lost.cancelled() => Ok(()),
         }
     }
