@@ -505,7 +505,8 @@ impl EtcdBackend {
         }
     }
 
-    /// The first waiter: until a key created before `own_revision` is deleted.
+    /// The first waiter: until a key created before `own_revision` (or the own key) is
+    /// deleted.
     async fn wait_first(
         &self,
         layout: &Layout,
@@ -537,12 +538,13 @@ impl EtcdBackend {
                 Err(_) => return Ok(()),
             }
         }
-        // A deletion without its previous version (compacted) may be one ahead: wake.
+        // A deletion ahead, or of the own key (an operator's delete: queue again). One
+        // without its previous version (compacted) may be either: wake.
         let ahead_left = until_event(&mut watch, deadline, |event| {
             event.event_type() == EventType::Delete
                 && event
                     .prev_kv()
-                    .is_none_or(|kv| kv.create_revision() < own_revision)
+                    .is_none_or(|kv| kv.create_revision() <= own_revision)
         });
         ahead_left
             .await
