@@ -1,6 +1,7 @@
 //! Semaphores on the compose cluster: waiters served in queue order, a release that wakes
 //! only the waiters whose place changed, a waiter that queues again when its session is
-//! revoked, and the permits of a holder process killed with SIGKILL freed after its TTL.
+//! revoked, a disagreeing count refused without a trace, and the permits of a holder process
+//! killed with SIGKILL freed after its TTL.
 //! None of these disturb the cluster.
 
 mod support;
@@ -10,9 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit_core::backend::lease_of;
+use lockkit_core::backend::{AcquireRequest, Hold, LockBackend, OwnerToken, lease_of};
 use lockkit_core::testing::Recording;
-use lockkit_core::{LockClient, LockOptions, Permit, Semaphore};
+use lockkit_core::{ErrorKind, LockClient, LockOptions, Permit, Semaphore};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -25,7 +26,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 /// `a_killed_holders_permits_are_free_after_its_ttl` starts: the namespace to hold in.
 const CHILD_NAMESPACE: &str = "LOCKKIT_TEST_SEMAPHORE_HOLDER_NAMESPACE";
 
-async fn client_of(backend: Arc<dyn lockkit_core::backend::LockBackend>, ns: &str) -> LockClient {
+async fn client_of(backend: Arc<dyn LockBackend>, ns: &str) -> LockClient {
     let options = LockOptions::default().with_ttl(TTL);
     LockClient::with_options(backend, ns, options).expect("client")
 }
@@ -273,6 +274,43 @@ async fn a_waiter_whose_session_is_revoked_queues_again() {
     let requeued = next_grant(&mut granted, 0).await;
     assert!(now_first.release().await.expect("release"));
     assert!(requeued.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, PATIENCE).await;
+}
+
+/// A request with another count than the semaphore's entries is refused by the attempt
+/// itself, before any clean-up runs: its transaction put nothing (the count is part of the
+/// key, and the put is guarded by "no entry has another count"), waiting or not. The
+/// semaphore keeps its one entry and its second permit.
+#[tokio::test]
+async fn a_refused_count_puts_nothing() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("sem-refused");
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let holder = client(&config, &ns).await;
+    let two = holder.semaphore("refused", 2).expect("semaphore");
+    let held = two.acquire().await.expect("permit");
+    let other = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let key = holder.key("refused").expect("key");
+    for wait in [true, false] {
+        let request = AcquireRequest::new(key.clone(), OwnerToken::generate().unwrap(), TTL, wait)
+            .with_hold(Hold::Permit { permits: 3 });
+        let refused = other.try_acquire(&request).await;
+        assert!(
+            matches!(&refused, Err(e) if e.kind() == ErrorKind::InvalidConfig),
+            "a request for 3 permits of a semaphore of 2 (wait: {wait}): {refused:?}"
+        );
+        let keys = support::keys_under(&admin, &ns).await.expect("list keys");
+        assert_eq!(keys.len(), 1, "the refused request left a key: {keys:?}");
+    }
+    let second = two.try_acquire().await.expect("try_acquire");
+    assert!(
+        second.is_some(),
+        "the refused requests took the second permit"
+    );
+    drop(second);
+    assert!(held.release().await.expect("release"));
     support::expect_no_keys(&admin, &ns, PATIENCE).await;
 }
 
