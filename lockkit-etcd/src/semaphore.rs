@@ -252,9 +252,9 @@ impl EtcdBackend {
             let Some(entry) = entries.get_mut(&request.owner) else {
                 return Err(abandoned());
             };
-            entry.in_flight = false;
             match &found {
                 Ok(found) => {
+                    entry.in_flight = false;
                     entry.maybe_on_server = true;
                     entry.create_revision = Some(found.own_revision);
                     entry.predecessor = match &found.place {
@@ -265,8 +265,10 @@ impl EtcdBackend {
                         entry.waited = true;
                     }
                 }
-                // A refused count put nothing; other errors leave the entry as it may be.
+                // A refused count was answered and put nothing. Other errors leave the entry
+                // as it may be: an unanswered put may still land, and clean-up must know.
                 Err(e) if e.kind() == ErrorKind::InvalidConfig => {
+                    entry.in_flight = false;
                     entry.maybe_on_server = false;
                     entry.create_revision = None;
                 }
