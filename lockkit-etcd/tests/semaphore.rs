@@ -1,6 +1,6 @@
 //! Semaphores on the compose cluster: waiters served in queue order, a release that wakes
-//! only the waiters whose place changed, a waiter that queues again when its session is
-//! revoked, a disagreeing count refused without a trace, and the permits of a holder process
+//! only the waiters whose place changed, waiters whose connections break, a waiter that
+//! queues again when its session is revoked, a disagreeing count refused without a trace, and the permits of a holder process
 //! killed with SIGKILL freed after its TTL.
 //! None of these disturb the cluster.
 
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use lockkit_core::backend::{AcquireRequest, Hold, LockBackend, OwnerToken, lease_of};
 use lockkit_core::testing::Recording;
+use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use lockkit_core::{ErrorKind, LockClient, LockOptions, Permit, Semaphore};
 use lockkit_etcd::{EtcdBackend, EtcdConfig};
 use nix::sys::signal::{Signal, kill};
@@ -274,6 +275,74 @@ async fn a_waiter_whose_session_is_revoked_queues_again() {
     let requeued = next_grant(&mut granted, 0).await;
     assert!(now_first.release().await.expect("release"));
     assert!(requeued.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, PATIENCE).await;
+}
+
+/// A client that reaches the cluster through its own fault proxy.
+async fn proxied_client(config: &EtcdConfig, ns: &str) -> (LockClient, FaultProxy) {
+    let proxy = FaultProxy::start(&config.endpoints)
+        .await
+        .expect("a fault proxy");
+    let mut through_proxy = config.clone();
+    through_proxy.endpoints = proxy.hosts();
+    through_proxy.request_timeout = Duration::from_secs(1);
+    (client(&through_proxy, ns).await, proxy)
+}
+
+/// One permit; the first waiter and the one behind it each reach the cluster through their
+/// own proxy. Both have their connections reset while they wait (their watches break), then
+/// the holder leaves: the first waiter is granted. The second waiter's link goes dead across
+/// that waiter's release and heals with its connections reset: it is granted then.
+#[tokio::test]
+async fn waiters_whose_connections_break_are_granted() {
+    let Some(config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("sem-broken");
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let holder = client(&config, &ns).await;
+    let held = holder
+        .semaphore("broken", 1)
+        .unwrap()
+        .acquire()
+        .await
+        .expect("permit");
+    let (sender, mut granted) = mpsc::unbounded_channel();
+    let (first, first_proxy) = proxied_client(&config, &ns).await;
+    queue_waiter(
+        &admin,
+        &ns,
+        2,
+        0,
+        first.semaphore("broken", 1).unwrap(),
+        &sender,
+    )
+    .await;
+    let (second, second_proxy) = proxied_client(&config, &ns).await;
+    queue_waiter(
+        &admin,
+        &ns,
+        3,
+        1,
+        second.semaphore("broken", 1).unwrap(),
+        &sender,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first_proxy.reset();
+    second_proxy.reset();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(held.release().await.expect("release"));
+    let w0 = next_grant(&mut granted, 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    second_proxy.set(Direction::Both, Fault::Blackhole);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(w0.release().await.expect("release"));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    second_proxy.heal();
+    second_proxy.reset();
+    let w1 = next_grant(&mut granted, 1).await;
+    assert!(w1.release().await.expect("release"));
     support::expect_no_keys(&admin, &ns, PATIENCE).await;
 }
 
