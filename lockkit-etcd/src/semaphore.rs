@@ -50,7 +50,8 @@
 //! still `permits`; the predecessor still exists with its create revision and has not been
 //! written since `r`). A broken watch, connection or session ends the wait, as for the mutex.
 //!
-//! So a release wakes two waiters however long the queue is: the first waiter, which holds
+//! The waits are in `wait.rs`, beside the mutex's. So a release wakes two waiters however long
+//! the queue is: the first waiter, which holds
 //! now, and through its touch the one behind it, which becomes the first waiter. A waiter that
 //! leaves wakes only the one behind it.
 //!
@@ -60,21 +61,19 @@
 //! always read from the server.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
 use lockkit_core::{Error, ErrorKind, Result};
-use tokio::time::Instant as Deadline;
 
 use crate::backend::{EtcdBackend, Resend, txn_of};
-use crate::error::{self, NAME};
+use crate::error::NAME;
 use crate::naming::{by_create, key_of, owner_of, prefix_end, token_of};
 use crate::session::Session;
-use crate::wait::{FAR_FUTURE, until_event};
 
 /// How many times one attempt reads and writes again when the queue changed under it (its
 /// key appeared or went between two of its transactions) before it reports the attempt as
@@ -83,7 +82,7 @@ const ROUNDS: usize = 4;
 
 /// Where an entry stands in its semaphore's queue at one revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Place {
+pub(crate) enum Place {
     /// Fewer than `permits` keys ahead: the entry holds a permit.
     Holder,
     /// Exactly `permits` keys ahead: the next departure ahead frees a permit for it.
@@ -95,7 +94,7 @@ enum Place {
 impl Place {
     /// The place of an entry whose keys ahead are `ahead`, newest first, as
     /// [`Layout::ahead_of`] reads them (at most `permits + 1`).
-    fn of(ahead: &[KeyValue], permits: u32) -> Place {
+    pub(crate) fn of(ahead: &[KeyValue], permits: u32) -> Place {
         let predecessor = ahead.first().map(|kv| (key_of(kv), kv.create_revision()));
         Place::at(ahead.len(), predecessor, permits)
     }
@@ -114,16 +113,16 @@ impl Place {
 
 /// The keys of one semaphore as a request with `permits` sees them.
 #[derive(Debug)]
-struct Layout {
+pub(crate) struct Layout {
     /// The semaphore's whole range.
-    all: String,
+    pub(crate) all: String,
     /// The part of the entries with this request's count.
     mine: String,
-    permits: u32,
+    pub(crate) permits: u32,
 }
 
 impl Layout {
-    fn new(backend: &EtcdBackend, request: &AcquireRequest, permits: u32) -> Layout {
+    pub(crate) fn new(backend: &EtcdBackend, request: &AcquireRequest, permits: u32) -> Layout {
         Layout::under(backend.semaphore_prefix(&request.key), permits)
     }
 
@@ -168,7 +167,7 @@ impl Layout {
 
     /// The keys just ahead of the entry created at `own_revision`, newest first, enough of
     /// them to tell its [`Place`].
-    fn ahead_of(&self, own_revision: i64) -> TxnOp {
+    pub(crate) fn ahead_of(&self, own_revision: i64) -> TxnOp {
         let options = by_create(SortOrder::Descend, i64::from(self.permits) + 1)
             .with_max_create_revision(own_revision - 1)
             .with_keys_only();
@@ -207,7 +206,7 @@ impl Layout {
 }
 
 /// The key-values of each get of a transaction's answer, in order.
-fn reads_of(response: TxnResponse) -> Vec<Vec<KeyValue>> {
+pub(crate) fn reads_of(response: TxnResponse) -> Vec<Vec<KeyValue>> {
     response
         .op_responses()
         .into_iter()
@@ -469,130 +468,6 @@ impl EtcdBackend {
             NAME,
             "the permit's queue key went as it was granted; queueing again",
         ))
-    }
-
-    /// Waits until the place of `request`'s entry may have changed (see the module docs), or
-    /// `max_wait` passes.
-    pub(crate) async fn wait_for_permit(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        permits: u32,
-        max_wait: Duration,
-    ) -> Result<()> {
-        let now = Deadline::now();
-        let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
-        let known = self
-            .entries()
-            .get(&request.owner)
-            .map(|entry| (entry.create_revision, entry.predecessor.clone()));
-        let (Some((Some(own_revision), predecessor)), Some(revision)) =
-            (known, contention.revision)
-        else {
-            return Ok(());
-        };
-        let layout = Layout::new(self, request, permits);
-        match (&contention.predecessor, predecessor) {
-            (Some(name), Some((predecessor, created))) if *name == predecessor => {
-                self.wait_behind(&predecessor, created, revision, deadline)
-                    .await
-            }
-            (None, None) => {
-                self.wait_first(&layout, own_revision, revision, deadline)
-                    .await
-            }
-            // The attempt's answer and the entry disagree (another attempt ran between):
-            // the next attempt reads the place afresh.
-            _ => Ok(()),
-        }
-    }
-
-    /// The first waiter: until a key created before `own_revision` (or the own key) is
-    /// deleted.
-    async fn wait_first(
-        &self,
-        layout: &Layout,
-        own_revision: i64,
-        revision: i64,
-        deadline: Deadline,
-    ) -> Result<()> {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut])
-            .with_prev_key();
-        let opened = self
-            .open_watch("watching the semaphore", &layout.all, options, deadline)
-            .await?;
-        let Some((mut watch, watched_from)) = opened else {
-            return Ok(());
-        };
-        if watched_from > revision {
-            let txn = Txn::new().and_then([layout.ahead_of(own_revision)]);
-            let reading = self.read("reading the semaphore", txn_of(&txn));
-            match tokio::time::timeout_at(deadline, reading).await {
-                Ok(Ok(response)) => {
-                    let ahead = reads_of(response).into_iter().next().unwrap_or_default();
-                    if Place::of(&ahead, layout.permits) != Place::First {
-                        return Ok(());
-                    }
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Ok(()),
-            }
-        }
-        // A deletion ahead, or of the own key (an operator's delete: queue again). One
-        // without its previous version (compacted) may be either: wake.
-        let ahead_left = until_event(&mut watch, deadline, |event| {
-            event.event_type() == EventType::Delete
-                && event
-                    .prev_kv()
-                    .is_none_or(|kv| kv.create_revision() <= own_revision)
-        });
-        ahead_left
-            .await
-            .map_err(|e| error::map("watching the semaphore", e))
-    }
-
-    /// A later waiter: until its predecessor's key is deleted or written (its touch).
-    async fn wait_behind(
-        &self,
-        predecessor: &str,
-        created: i64,
-        revision: i64,
-        deadline: Deadline,
-    ) -> Result<()> {
-        let opened = self
-            .open_watch(
-                "watching the predecessor",
-                predecessor,
-                WatchOptions::new(),
-                deadline,
-            )
-            .await?;
-        let Some((mut watch, watched_from)) = opened else {
-            return Ok(());
-        };
-        if watched_from > revision {
-            let reading = self.read("reading the predecessor", |mut client| {
-                let predecessor = predecessor.to_owned();
-                async move {
-                    client
-                        .get(predecessor, Some(GetOptions::new().with_keys_only()))
-                        .await
-                }
-            });
-            match tokio::time::timeout_at(deadline, reading).await {
-                Ok(Ok(found))
-                    if found.kvs().first().is_some_and(|kv| {
-                        kv.create_revision() == created && kv.mod_revision() <= revision
-                    }) => {}
-                Ok(Ok(_)) | Err(_) => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-            }
-        }
-        until_event(&mut watch, deadline, |_| true)
-            .await
-            .map_err(|e| error::map("watching the predecessor", e))
     }
 
     /// Whether `lease` holds a permit of `permits`: its key exists with the grant's create
