@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use etcd_client::{Compare, CompareOp, PutOptions, SortOrder, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Compare, CompareOp, PutOptions, SortOrder, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
 use lockkit_core::{Error, ErrorKind, Result};
 
@@ -33,6 +35,7 @@ impl EtcdBackend {
                 maybe_on_server: false,
                 in_flight: false,
                 predecessor: None,
+                waited: false,
             }
         };
         let entry = entries.entry(request.owner.clone()).or_insert_with(fresh);
@@ -44,6 +47,43 @@ impl EtcdBackend {
         entry.maybe_on_server = true;
         entry.in_flight = true;
         (entry.claim.key.clone(), entry.create_revision)
+    }
+
+    /// Sends one attempt's transaction on `session`. One that may put (`puts`) stays in the
+    /// session's ledger until it is answered: unanswered (cancelled, timed out, a broken
+    /// link), its put may still land, at any time, and the session's orphan sweep then comes
+    /// for it. A lease the server no longer knows ends the session.
+    pub(crate) async fn send_attempt(
+        &self,
+        session: &Session,
+        txn: &Txn,
+        puts: bool,
+    ) -> Result<TxnResponse> {
+        let sending = puts.then(|| session.ledger.send());
+        let answer = self
+            .send(Resend::IfNeverSent, txn_of(txn))
+            .await
+            .map(|sent| sent.answer);
+        if let (Some(sending), Some(Ok(_))) = (sending, &answer) {
+            sending.answered();
+        }
+        match answer {
+            Some(Ok(response)) => Ok(response),
+            Some(Err(e)) if error::is_lease_gone(&e) => {
+                session.lose("the server says the session lease is gone");
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    NAME,
+                    "the session lease expired; the next attempt starts a new session",
+                )
+                .with_source(e))
+            }
+            Some(Err(e)) => Err(error::map("acquiring", e)),
+            None => Err(error::timed_out(
+                "acquiring",
+                self.inner.config.request_timeout,
+            )),
+        }
     }
 
     /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)).
@@ -89,35 +129,7 @@ impl EtcdBackend {
             } else {
                 full.clone()
             };
-            // Unanswered (cancelled, timed out, a broken link), the put may still land, at any
-            // time: the session's orphan sweep then comes for it.
-            let sending = (!read_only).then(|| session.ledger.send());
-            let answer = self
-                .send(Resend::IfNeverSent, txn_of(&txn))
-                .await
-                .map(|sent| sent.answer);
-            if let (Some(sending), Some(Ok(_))) = (sending, &answer) {
-                sending.answered();
-            }
-            let response = match answer {
-                Some(Ok(response)) => response,
-                Some(Err(e)) if error::is_lease_gone(&e) => {
-                    session.lose("the server says the session lease is gone");
-                    return Err(Error::new(
-                        ErrorKind::Unavailable,
-                        NAME,
-                        "the session lease expired; the next attempt starts a new session",
-                    )
-                    .with_source(e));
-                }
-                Some(Err(e)) => return Err(error::map("acquiring", e)),
-                None => {
-                    return Err(error::timed_out(
-                        "acquiring",
-                        self.inner.config.request_timeout,
-                    ));
-                }
-            };
+            let response = self.send_attempt(&session, &txn, !read_only).await?;
             let own_missing = || match response.op_responses().into_iter().next() {
                 Some(TxnOpResponse::Get(get)) => get.kvs().is_empty(),
                 _ => true,

@@ -15,7 +15,7 @@ use etcd_client::{
 };
 use lockkit_core::backend::cleanup::Acquisitions;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, CancellationToken, Contention, Lease, LockBackend, LockPage,
+    AcquireRequest, Attempt, CancellationToken, Contention, Hold, Lease, LockBackend, LockPage,
     OwnerToken, Renewal, lease_of, runtime,
 };
 use lockkit_core::{
@@ -27,7 +27,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::cleanup::Entry;
 use crate::config::EtcdConfig;
 use crate::error::{self, NAME};
-use crate::naming::{KeyNames, by_create, owner_of, token_of};
+use crate::naming::{KeyNames, SEMAPHORES, by_create, owner_of, token_of};
 use crate::session::Session;
 
 /// etcd raises shorter lease TTLs to this.
@@ -104,6 +104,10 @@ pub(crate) struct Sent<T> {
 ///   the owner digest, written by a transaction guarded on the key's create revision; the
 ///   leader is one range read of the lowest key; observers watch the leader's key (see the
 ///   crate docs, "Elections").
+/// - **Semaphores**: the same keys and sessions under [`EtcdBackend::semaphore_prefix`],
+///   with the permit count in the key's path; the first `permits` keys by create revision
+///   hold a permit; the first waiter watches the range for departures ahead of it, every
+///   later one only its predecessor (see the crate docs, "Semaphores").
 ///
 /// Clones share the connection and the sessions. Dropping the last clone stops the
 /// keep-alives, so the session leases expire after their TTL; [`EtcdBackend::close`] revokes
@@ -182,6 +186,18 @@ impl EtcdBackend {
     pub fn lock_prefix(&self, key: &LockKey) -> String {
         format!(
             "{}/{}/{}/",
+            self.inner.config.prefix,
+            key.namespace(),
+            key.name()
+        )
+    }
+
+    /// The etcd key range (`<prefix>/<namespace>/../semaphore/<name>/`) under which the
+    /// holders and the waiters of the semaphore `key` keep their keys, in a part per permit
+    /// count (`<permits>/`). It is apart from the mutex of that name: no lock name is `..`.
+    pub fn semaphore_prefix(&self, key: &LockKey) -> String {
+        format!(
+            "{}/{}/{SEMAPHORES}/{}/",
             self.inner.config.prefix,
             key.namespace(),
             key.name()
@@ -467,10 +483,15 @@ impl LockBackend for EtcdBackend {
         Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Queue)
             .with_min_ttl(Duration::from_secs(MIN_TTL_SECS.unsigned_abs()))
             .with_election(Support::Supported)
+            .with_semaphore(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        self.attempt(request).await
+        match request.hold {
+            Hold::Exclusive => self.attempt(request).await,
+            Hold::Permit { permits } => self.attempt_permit(request, permits).await,
+            other => Err(other.unsupported(NAME)),
+        }
     }
 
     /// Ends early, too, when the session of the request's key is lost: the key went with
@@ -567,7 +588,14 @@ impl LockBackend for EtcdBackend {
 
     /// One read of the own key: once a key is the lowest of its lock it stays the lowest for
     /// as long as it exists, so its existence with the lease's revision and owner is the answer.
+    /// A permit: the same, and fewer than `permits` keys created before it, in one read-only
+    /// transaction.
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
+        match lease.hold() {
+            Hold::Exclusive => {}
+            Hold::Permit { permits } => return self.holds_permit(lease, permits).await,
+            other => return Err(other.unsupported(NAME)),
+        }
         let Some(key) = lease.handle() else {
             return Ok(false);
         };

@@ -1,5 +1,6 @@
-//! How the etcd backend names lock keys: `<prefix>/<namespace>/<name>/<lease-hex>-<n>`,
-//! reusing names, what a key's value holds, and the reads that order a lock's keys by
+//! How the etcd backend names lock keys: `<prefix>/<namespace>/<name>/<lease-hex>-<n>` for
+//! a mutex, `<prefix>/<namespace>/../semaphore/<name>/<permits>/<lease-hex>-<n>` for a
+//! semaphore ([`SEMAPHORES`]), reusing names, what a key's value holds, and the reads that order a lock's keys by
 //! create revision.
 
 use std::collections::HashMap;
@@ -59,6 +60,13 @@ impl KeyNames {
     }
 }
 
+/// The segment between a namespace and a semaphore's name. A lock name is never `..`, so
+/// no mutex's range `<prefix>/<namespace>/<name>/` holds a semaphore's key, and no
+/// semaphore's range holds another semaphore's (names have no `/`); the keys stay under the
+/// namespace, where clean-up checks look. `list` reads them as the invalid name `..` and
+/// leaves them out.
+pub(crate) const SEMAPHORES: &str = "../semaphore";
+
 /// A range read of the lock's keys in create order, `limit` of them.
 pub(crate) fn by_create(order: SortOrder, limit: i64) -> GetOptions {
     GetOptions::new()
@@ -101,6 +109,18 @@ pub(crate) fn proclaimed_of(stored: &[u8]) -> Option<String> {
     Some(String::from_utf8_lossy(&stored[start..]).into_owned())
 }
 
+/// The first key after every key that starts with `prefix` (etcd's range end of a prefix).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // all keys from the start
+}
+
 pub(crate) fn key_of(kv: &KeyValue) -> String {
     String::from_utf8_lossy(kv.key()).into_owned()
 }
@@ -129,6 +149,13 @@ mod tests {
             third.key, "p/ns/k/00000000000000ab-2",
             "a stale claim freed a name in use"
         );
+    }
+
+    #[test]
+    fn the_range_end_of_a_prefix_follows_every_key_under_it() {
+        assert_eq!(prefix_end(b"lk/ns/job"), b"lk/ns/joc");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), [0]);
     }
 
     #[test]

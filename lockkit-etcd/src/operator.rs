@@ -6,19 +6,7 @@ use lockkit_core::backend::{LockPage, inspect_names, validate_listing};
 use lockkit_core::{Error, LockKey, Result};
 
 use crate::backend::EtcdBackend;
-use crate::naming::by_create;
-
-/// The first key after every key that starts with `prefix` (etcd's range end of a prefix).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0] // all keys from the start
-}
+use crate::naming::{by_create, prefix_end};
 
 impl EtcdBackend {
     /// One range read of at most `limit` key names (keys only) under
@@ -114,17 +102,5 @@ impl EtcdBackend {
         })
         .await?;
         Ok(true)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefix_end;
-
-    #[test]
-    fn the_range_end_of_a_prefix_follows_every_key_under_it() {
-        assert_eq!(prefix_end(b"lk/ns/job"), b"lk/ns/joc");
-        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
-        assert_eq!(prefix_end(b"\xff"), [0]);
     }
 }

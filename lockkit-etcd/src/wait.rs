@@ -1,17 +1,18 @@
 //! Waiting in the etcd backend: a contender watches only the key just ahead of its own,
 //! so a release wakes exactly one waiter. The watch machinery here serves the election's
-//! observers too.
+//! observers and the semaphore's waiters too.
 
 use std::time::Duration;
 
-use etcd_client::{Event, EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream};
+use etcd_client::{Event, EventType, GetOptions, Txn, WatchFilterType, WatchOptions, WatchStream};
 use lockkit_core::Result;
-use lockkit_core::backend::{AcquireRequest, Contention};
+use lockkit_core::backend::{AcquireRequest, Contention, Hold};
 use tokio::time::Instant;
 
-use crate::backend::{EtcdBackend, Resend};
-use crate::error;
+use crate::backend::{EtcdBackend, Resend, txn_of};
+use crate::error::{self, NAME};
 use crate::naming::{key_of, predecessor_of};
+use crate::semaphore::{Layout, Place, reads_of};
 
 /// A deadline that never comes (tokio's own "far future" is 30 years as well).
 pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -37,13 +38,24 @@ impl EtcdBackend {
             .entries()
             .get(&request.owner)
             .map(|entry| entry.session.lost.clone());
+        let waiting = async {
+            match request.hold {
+                Hold::Exclusive => {
+                    self.wait_on_predecessor(request, contention, max_wait)
+                        .await
+                }
+                Hold::Permit { permits } => {
+                    self.wait_for_permit(request, contention, permits, max_wait)
+                        .await
+                }
+                other => Err(other.unsupported(NAME)),
+            }
+        };
         let Some(lost) = session else {
-            return self
-                .wait_on_predecessor(request, contention, max_wait)
-                .await;
+            return waiting.await;
         };
         tokio::select! {
-            waited = self.wait_on_predecessor(request, contention, max_wait) => waited,
+            waited = waiting => waited,
             () = lost.cancelled() => Ok(()),
         }
     }
@@ -195,6 +207,132 @@ impl EtcdBackend {
             Ok(Ok(None)) | Err(_) => Ok(None),
             Ok(Err(e)) => Err(error::map(what, e)),
         }
+    }
+}
+
+impl EtcdBackend {
+    /// Waits until the place of `request`'s entry may have changed (see [`crate::semaphore`]), or
+    /// `max_wait` passes.
+    pub(crate) async fn wait_for_permit(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        permits: u32,
+        max_wait: Duration,
+    ) -> Result<()> {
+        let now = Instant::now();
+        let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
+        let known = self
+            .entries()
+            .get(&request.owner)
+            .map(|entry| (entry.create_revision, entry.predecessor.clone()));
+        let (Some((Some(own_revision), predecessor)), Some(revision)) =
+            (known, contention.revision)
+        else {
+            return Ok(());
+        };
+        let layout = Layout::new(self, request, permits);
+        match (&contention.predecessor, predecessor) {
+            (Some(name), Some((predecessor, created))) if *name == predecessor => {
+                self.wait_behind(&predecessor, created, revision, deadline)
+                    .await
+            }
+            (None, None) => {
+                self.wait_first(&layout, own_revision, revision, deadline)
+                    .await
+            }
+            // The attempt's answer and the entry disagree (another attempt ran between):
+            // the next attempt reads the place afresh.
+            _ => Ok(()),
+        }
+    }
+
+    /// The first waiter: until a key created before `own_revision` (or the own key) is
+    /// deleted.
+    async fn wait_first(
+        &self,
+        layout: &Layout,
+        own_revision: i64,
+        revision: i64,
+        deadline: Instant,
+    ) -> Result<()> {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut])
+            .with_prev_key();
+        let opened = self
+            .open_watch("watching the semaphore", &layout.all, options, deadline)
+            .await?;
+        let Some((mut watch, watched_from)) = opened else {
+            return Ok(());
+        };
+        if watched_from > revision {
+            let txn = Txn::new().and_then([layout.ahead_of(own_revision)]);
+            let reading = self.read("reading the semaphore", txn_of(&txn));
+            match tokio::time::timeout_at(deadline, reading).await {
+                Ok(Ok(response)) => {
+                    let ahead = reads_of(response).into_iter().next().unwrap_or_default();
+                    if Place::of(&ahead, layout.permits) != Place::First {
+                        return Ok(());
+                    }
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(()),
+            }
+        }
+        // A deletion ahead, or of the own key (an operator's delete: queue again). One
+        // without its previous version (compacted) may be either: wake.
+        let ahead_left = until_event(&mut watch, deadline, |event| {
+            event.event_type() == EventType::Delete
+                && event
+                    .prev_kv()
+                    .is_none_or(|kv| kv.create_revision() <= own_revision)
+        });
+        ahead_left
+            .await
+            .map_err(|e| error::map("watching the semaphore", e))
+    }
+
+    /// A later waiter: until its predecessor's key is deleted or written (its touch).
+    async fn wait_behind(
+        &self,
+        predecessor: &str,
+        created: i64,
+        revision: i64,
+        deadline: Instant,
+    ) -> Result<()> {
+        let opened = self
+            .open_watch(
+                "watching the predecessor",
+                predecessor,
+                WatchOptions::new(),
+                deadline,
+            )
+            .await?;
+        let Some((mut watch, watched_from)) = opened else {
+            return Ok(());
+        };
+        if watched_from > revision {
+            let reading = self.read("reading the predecessor", |mut client| {
+                let predecessor = predecessor.to_owned();
+                async move {
+                    client
+                        .get(predecessor, Some(GetOptions::new().with_keys_only()))
+                        .await
+                }
+            });
+            match tokio::time::timeout_at(deadline, reading).await {
+                Ok(Ok(found))
+                    if found.kvs().first().is_some_and(|kv| {
+                        kv.create_revision() == created && kv.mod_revision() <= revision
+                    }) => {}
+                Ok(Ok(_)) | Err(_) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+            }
+        }
+        until_event(&mut watch, deadline, |_| true)
+            .await
+            .map_err(|e| error::map("watching the predecessor", e))
     }
 }
 

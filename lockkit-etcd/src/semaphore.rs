@@ -1,0 +1,541 @@
+//! Semaphores on etcd: a queue of keys ordered by create revision, the first `permits` of
+//! which hold a permit, with the mutex's sessions, key names, clean-up and orphan sweep.
+//!
+//! # Keys
+//! An entry is `<semaphore_prefix><permits>/<lease-hex>-<n>` on the session lease, its value
+//! the owner digest ([`EtcdBackend::semaphore_prefix`] is
+//! `<prefix>/<namespace>/../semaphore/<name>/`). The permit count is a segment of the key,
+//! not only part of its value, so that one transaction can refuse a disagreeing count: the
+//! put of a new entry is guarded by "the semaphore's range has no key outside my part"
+//! (two range compares, [`Layout::no_other_count`]). So at every revision the entries of a
+//! semaphore all carry one count, a request with another count gets
+//! [`Hold::permits_mismatch`] and **leaves nothing** (its put was never applied), and the
+//! count is free again once the last holder or waiter is gone.
+//!
+//! # Grant
+//! Let an entry's *place* be the number of the semaphore's keys created before it. An entry
+//! at a place below `permits` holds a permit, and its create revision is its fencing token.
+//! Keys are added only at the end (a new key has the store's newest revision) and removed
+//! anywhere (release, abandon, the end of a session lease), so **a place never grows**: a
+//! holder stays one for as long as its key exists (renewal and release are the mutex's,
+//! unchanged), and at most `permits` keys hold at any revision. The server makes keys holders
+//! in create order, so tokens increase with every grant (a client may learn of its grant
+//! after a later key's client learned of its own). A grant is read in one transaction that
+//! saw the own key on the live session lease, as for the mutex.
+//!
+//! # Waiting without a herd
+//! A waiter at place `k >= permits` (its attempt read it at revision `r`) waits for what can
+//! change its place's meaning:
+//! - the **first waiter** (`k == permits`) watches the semaphore's range for deletions of keys
+//!   created before its own (the deleted key's previous version says when it was created):
+//!   the first departure ahead makes it a holder;
+//! - a **later waiter** (`k > permits`) watches only its predecessor's key, for a delete or a
+//!   put;
+//! - a waiter that finds itself holding after having been seen waiting *touches* its key (puts
+//!   it again: same value, same lease, guarded by its create revision) before it reports the
+//!   grant, so that the waiter behind it learns that it is now the first waiter.
+//!
+//! Why no change is missed. Let `e` be a later waiter and `d` its predecessor
+//! (`k_d = k_e - 1 >= permits`). While `d` exists, `k_e = k_d + 1`, so `e` becomes the first
+//! waiter (or a holder) exactly when `d` becomes a holder; and `e`'s predecessor changes only
+//! when `d` goes. Both are events on `d`'s key: its touch, its delete. `d` learns that it holds
+//! (and touches) by the same argument one place ahead, down to the first waiter, who watches
+//! every departure ahead of it. `d` does touch: `e` watches `d` only if `d` was waiting at
+//! `e`'s read, hence (places never grow) also at the read of `d`'s own first attempt, which
+//! marked it as seen waiting. A woken waiter reads its place afresh and watches what its new
+//! place needs. The window between the attempt's read (revision `r`) and the watch's start
+//! (revision `w`) is closed as the mutex's is: the watch starts at `w` (a start in the past
+//! would join the server's unsynced watchers, caught up only every 100 ms), and if `w > r` a
+//! read after the start checks that nothing happened in between (the first waiter's place is
+//! still `permits`; the predecessor still exists with its create revision and has not been
+//! written since `r`). A broken watch, connection or session ends the wait, as for the mutex.
+//!
+//! The waits are in `wait.rs`, beside the mutex's. So a release wakes two waiters however long
+//! the queue is: the first waiter, which holds
+//! now, and through its touch the one behind it, which becomes the first waiter. A waiter that
+//! leaves wakes only the one behind it.
+//!
+//! What it cannot promise: a waiter that becomes a holder while its process is hung or cut
+//! off does not touch, so the waiter behind it learns its new place only when that key goes
+//! with its session lease, within the session TTL. Safety does not depend on it: a grant is
+//! always read from the server.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
+};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
+use lockkit_core::{Error, ErrorKind, Result};
+
+use crate::backend::{EtcdBackend, Resend, txn_of};
+use crate::error::NAME;
+use crate::naming::{by_create, key_of, owner_of, prefix_end, token_of};
+use crate::session::Session;
+
+/// How many times one attempt reads and writes again when the queue changed under it (its
+/// key appeared or went between two of its transactions) before it reports the attempt as
+/// failed, retryably.
+const ROUNDS: usize = 4;
+
+/// Where an entry stands in its semaphore's queue at one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Fewer than `permits` keys ahead: the entry holds a permit.
+    Holder,
+    /// Exactly `permits` keys ahead: the next departure ahead frees a permit for it.
+    First,
+    /// More keys ahead; the one just ahead (its key and create revision) waits too.
+    Behind(String, i64),
+}
+
+impl Place {
+    /// The place of an entry whose keys ahead are `ahead`, newest first, as
+    /// [`Layout::ahead_of`] reads them (at most `permits + 1`).
+    pub(crate) fn of(ahead: &[KeyValue], permits: u32) -> Place {
+        let predecessor = ahead.first().map(|kv| (key_of(kv), kv.create_revision()));
+        Place::at(ahead.len(), predecessor, permits)
+    }
+
+    /// The place of an entry with `ahead` keys ahead of it (counted up to `permits + 1`), the
+    /// nearest of them being `predecessor`.
+    fn at(ahead: usize, predecessor: Option<(String, i64)>, permits: u32) -> Place {
+        let permits = usize::try_from(permits).unwrap_or(usize::MAX);
+        match predecessor {
+            Some((key, created)) if ahead > permits => Place::Behind(key, created),
+            _ if ahead >= permits => Place::First,
+            _ => Place::Holder,
+        }
+    }
+}
+
+/// The keys of one semaphore as a request with `permits` sees them.
+#[derive(Debug)]
+pub(crate) struct Layout {
+    /// The semaphore's whole range.
+    pub(crate) all: String,
+    /// The part of the entries with this request's count.
+    mine: String,
+    pub(crate) permits: u32,
+}
+
+impl Layout {
+    pub(crate) fn new(backend: &EtcdBackend, request: &AcquireRequest, permits: u32) -> Layout {
+        Layout::under(backend.semaphore_prefix(&request.key), permits)
+    }
+
+    /// The layout of the semaphore whose range is `all`.
+    fn under(all: String, permits: u32) -> Layout {
+        let mine = format!("{all}{permits}/");
+        Layout { all, mine, permits }
+    }
+
+    /// The two ranges of the semaphore outside `mine`: before it and after it.
+    fn others(&self) -> [(Vec<u8>, Vec<u8>); 2] {
+        [
+            (self.all.as_bytes().to_vec(), self.mine.as_bytes().to_vec()),
+            (
+                prefix_end(self.mine.as_bytes()),
+                prefix_end(self.all.as_bytes()),
+            ),
+        ]
+    }
+
+    /// Holds while no entry of the semaphore has another count.
+    fn no_other_count(&self) -> Vec<Compare> {
+        self.others()
+            .into_iter()
+            .map(|(from, to)| Compare::create_revision(from, CompareOp::Equal, 0).with_range(to))
+            .collect()
+    }
+
+    /// Reads one key of each range outside `mine`.
+    fn other_count(&self) -> Vec<TxnOp> {
+        self.others()
+            .into_iter()
+            .map(|(from, to)| {
+                let options = GetOptions::new()
+                    .with_range(to)
+                    .with_keys_only()
+                    .with_limit(1);
+                TxnOp::get(from, Some(options))
+            })
+            .collect()
+    }
+
+    /// The keys just ahead of the entry created at `own_revision`, newest first, enough of
+    /// them to tell its [`Place`].
+    pub(crate) fn ahead_of(&self, own_revision: i64) -> TxnOp {
+        let options = by_create(SortOrder::Descend, i64::from(self.permits) + 1)
+            .with_max_create_revision(own_revision - 1)
+            .with_keys_only();
+        TxnOp::get(self.all.clone(), Some(options))
+    }
+
+    /// Right after the own key's put: the newest keys, the own key first, then enough of
+    /// those ahead to tell its [`Place`].
+    fn newest(&self) -> TxnOp {
+        let options = by_create(SortOrder::Descend, i64::from(self.permits) + 2).with_keys_only();
+        TxnOp::get(self.all.clone(), Some(options))
+    }
+
+    /// The count recorded by a key of the semaphore (the segment after [`Layout::all`]).
+    fn count_of(&self, key: &[u8]) -> Option<u32> {
+        let rest = key.strip_prefix(self.all.as_bytes())?;
+        let end = rest.iter().position(|b| *b == b'/')?;
+        std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+    }
+
+    /// The refusal of a request whose count disagrees with the entry `other`'s.
+    fn mismatch(&self, request: &AcquireRequest, other: &KeyValue) -> Error {
+        match self.count_of(other.key()) {
+            Some(recorded) => Hold::permits_mismatch(NAME, &request.key, self.permits, recorded),
+            None => Error::new(
+                ErrorKind::InvalidConfig,
+                NAME,
+                format!(
+                    "semaphore {} has a key {:?} that is not a lockkit entry",
+                    request.key,
+                    key_of(other)
+                ),
+            ),
+        }
+    }
+}
+
+/// The key-values of each get of a transaction's answer, in order.
+pub(crate) fn reads_of(response: TxnResponse) -> Vec<Vec<KeyValue>> {
+    response
+        .op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(mut get) => get.take_kvs(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// What an attempt learned of the own entry.
+struct Found {
+    own_revision: i64,
+    place: Place,
+    /// The store revision of the read.
+    revision: i64,
+}
+
+impl EtcdBackend {
+    /// One attempt to take a permit of `permits` (see the module docs).
+    pub(crate) async fn attempt_permit(
+        &self,
+        request: &AcquireRequest,
+        permits: u32,
+    ) -> Result<Attempt> {
+        let started = Instant::now();
+        let session = self.session_for(request.ttl).await?;
+        let layout = Layout::new(self, request, permits);
+        if !request.wait && !self.entries().contains_key(&request.owner) {
+            // try_acquire queues only on a semaphore with a permit free, so a full one
+            // costs one read and leaves nothing behind.
+            if let Some(refused) = self.check_free(request, &layout).await? {
+                return refused;
+            }
+        }
+        let (own, known) = self.entry_for(request, &session, &layout.mine);
+        let found = self
+            .queue_entry(request, &session, &layout, &own, known)
+            .await;
+        let waited = {
+            let mut entries = self.entries();
+            let Some(entry) = entries.get_mut(&request.owner) else {
+                return Err(abandoned());
+            };
+            match &found {
+                Ok(found) => {
+                    entry.in_flight = false;
+                    entry.maybe_on_server = true;
+                    entry.create_revision = Some(found.own_revision);
+                    entry.predecessor = match &found.place {
+                        Place::Behind(key, created) => Some((key.clone(), *created)),
+                        _ => None,
+                    };
+                    if found.place != Place::Holder {
+                        entry.waited = true;
+                    }
+                }
+                // A refused count was answered and put nothing. Other errors leave the entry
+                // as it may be: an unanswered put may still land, and clean-up must know.
+                Err(e) if e.kind() == ErrorKind::InvalidConfig => {
+                    entry.in_flight = false;
+                    entry.maybe_on_server = false;
+                    entry.create_revision = None;
+                }
+                Err(_) => {}
+            }
+            entry.waited
+        };
+        let found = found?;
+        if found.place != Place::Holder {
+            let mut contention = Contention::new();
+            contention.revision = Some(found.revision);
+            if let Place::Behind(predecessor, _) = found.place {
+                contention = contention.with_predecessor(predecessor, Some(found.revision));
+            }
+            return Ok(Attempt::Contended(contention));
+        }
+        if session.lost.is_cancelled() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                NAME,
+                "the session was lost while acquiring; the next attempt starts a new one",
+            ));
+        }
+        if waited {
+            self.touch(request, &session, &own, found.own_revision)
+                .await?;
+        }
+        Ok(Attempt::Granted(
+            Grant::new(token_of(found.own_revision), session.valid_from(started))
+                .with_handle(own)
+                .with_session(session.lost.clone()),
+        ))
+    }
+
+    /// For `try_acquire`: `Some` answer when the semaphore has no permit free (contended) or
+    /// is in use with another count (refused), from one read-only transaction.
+    async fn check_free(
+        &self,
+        request: &AcquireRequest,
+        layout: &Layout,
+    ) -> Result<Option<Result<Attempt>>> {
+        let count = TxnOp::get(
+            layout.all.clone(),
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        );
+        let mut reads = vec![count];
+        reads.extend(layout.other_count());
+        let txn = Txn::new().and_then(reads);
+        let response = self.read("acquiring", txn_of(&txn)).await?;
+        let taken = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(get)) => get.count(),
+            _ => 0,
+        };
+        let mut reads = reads_of(response).into_iter().skip(1);
+        if let Some(other) = reads.find_map(|kvs| kvs.into_iter().next()) {
+            return Ok(Some(Err(layout.mismatch(request, &other))));
+        }
+        Ok((taken >= i64::from(layout.permits)).then(|| Ok(Attempt::Contended(Contention::new()))))
+    }
+
+    /// Puts the own entry if it is not on the server (and no entry disagrees on the count),
+    /// and reads its place, in as few transactions as the queue allows: one while nothing
+    /// changes under it.
+    async fn queue_entry(
+        &self,
+        request: &AcquireRequest,
+        session: &Arc<Session>,
+        layout: &Layout,
+        own: &str,
+        mut known: Option<i64>,
+    ) -> Result<Found> {
+        let digest = request.owner.digest_hex();
+        for _ in 0..ROUNDS {
+            if let Some(own_revision) = known {
+                // The own key is normally there after a wait: reads alone decide, without a
+                // raft write.
+                let txn =
+                    Txn::new().and_then([TxnOp::get(own, None), layout.ahead_of(own_revision)]);
+                let response = self.send_attempt(session, &txn, false).await?;
+                let revision = response.header().map_or(0, |h| h.revision());
+                let mut reads = reads_of(response).into_iter();
+                let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
+                match own_kv {
+                    None => known = None,
+                    Some(kv) if owner_of(kv.value()) != digest.as_bytes() => {
+                        return Err(self.move_off_stale_key(
+                            request,
+                            session,
+                            &layout.mine,
+                            kv.value(),
+                        ));
+                    }
+                    Some(kv) if kv.create_revision() != own_revision => {
+                        known = Some(kv.create_revision());
+                    }
+                    Some(_) => {
+                        let ahead = reads.next().unwrap_or_default();
+                        return Ok(Found {
+                            own_revision,
+                            place: Place::of(&ahead, layout.permits),
+                            revision,
+                        });
+                    }
+                }
+                continue;
+            }
+            let put = TxnOp::put(
+                own,
+                digest.clone(),
+                Some(PutOptions::new().with_lease(session.lease_id)),
+            );
+            let mut put_if = vec![Compare::create_revision(own, CompareOp::Equal, 0)];
+            put_if.extend(layout.no_other_count());
+            let mut otherwise = vec![TxnOp::get(own, None)];
+            otherwise.extend(layout.other_count());
+            let txn = Txn::new()
+                .when(put_if)
+                .and_then([put, layout.newest()])
+                .or_else(otherwise);
+            let response = self.send_attempt(session, &txn, true).await?;
+            let revision = response.header().map_or(0, |h| h.revision());
+            let succeeded = response.succeeded();
+            let mut reads = reads_of(response).into_iter();
+            if succeeded {
+                let _put = reads.next();
+                let ahead: Vec<KeyValue> = reads
+                    .next()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|kv| kv.key() != own.as_bytes())
+                    .collect();
+                return Ok(Found {
+                    own_revision: revision,
+                    place: Place::of(&ahead, layout.permits),
+                    revision,
+                });
+            }
+            match reads.next().and_then(|kvs| kvs.into_iter().next()) {
+                Some(kv) if owner_of(kv.value()) != digest.as_bytes() => {
+                    return Err(self.move_off_stale_key(
+                        request,
+                        session,
+                        &layout.mine,
+                        kv.value(),
+                    ));
+                }
+                // An earlier attempt's put landed; its answer was lost.
+                Some(kv) => known = Some(kv.create_revision()),
+                None => {
+                    if let Some(other) = reads.find_map(|kvs| kvs.into_iter().next()) {
+                        return Err(layout.mismatch(request, &other));
+                    }
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            NAME,
+            "the semaphore's queue changed under every round of the attempt; trying again",
+        ))
+    }
+
+    /// Puts the own key again, unchanged, to tell the waiter behind it that this entry holds
+    /// a permit now (see the module docs). Guarded by the key's create revision and lease: a
+    /// key that is not ours any more is left alone, and the attempt queues again.
+    async fn touch(
+        &self,
+        request: &AcquireRequest,
+        session: &Session,
+        own: &str,
+        own_revision: i64,
+    ) -> Result<()> {
+        let guard = [
+            Compare::create_revision(own, CompareOp::Equal, own_revision),
+            Compare::lease(own, CompareOp::Equal, session.lease_id),
+        ];
+        let put = TxnOp::put(
+            own,
+            request.owner.digest_hex(),
+            Some(PutOptions::new().with_lease(session.lease_id)),
+        );
+        let txn = Txn::new().when(guard).and_then([put]);
+        // A second application only wakes the waiter behind once more.
+        let (response, _) = self
+            .call_with(Resend::IfRetryable, "telling the next waiter", txn_of(&txn))
+            .await?;
+        let mut entries = self.entries();
+        let Some(entry) = entries.get_mut(&request.owner) else {
+            return Err(abandoned());
+        };
+        if response.succeeded() {
+            entry.waited = false;
+            return Ok(());
+        }
+        entry.create_revision = None;
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            NAME,
+            "the permit's queue key went as it was granted; queueing again",
+        ))
+    }
+
+    /// Whether `lease` holds a permit of `permits`: its key exists with the grant's create
+    /// revision and owner, and fewer than `permits` keys were created before it, read in one
+    /// read-only transaction.
+    pub(crate) async fn holds_permit(&self, lease: &Lease, permits: u32) -> Result<bool> {
+        let Some(key) = lease.handle() else {
+            return Ok(false);
+        };
+        let Ok(token) = i64::try_from(lease.fencing_token().get()) else {
+            return Ok(false);
+        };
+        let layout = Layout::under(self.semaphore_prefix(lease.key()), permits);
+        let txn = Txn::new().and_then([TxnOp::get(key, None), layout.ahead_of(token)]);
+        let response = self.read("checking the permit", txn_of(&txn)).await?;
+        let mut reads = reads_of(response).into_iter();
+        let own = reads.next().and_then(|kvs| kvs.into_iter().next());
+        let ours = own.is_some_and(|kv| {
+            kv.create_revision() == token
+                && owner_of(kv.value()) == lease.owner().digest_hex().as_bytes()
+        });
+        let ahead = reads.next().unwrap_or_default();
+        Ok(ours && Place::of(&ahead, permits) == Place::Holder)
+    }
+}
+
+/// The error of an attempt whose acquisition was abandoned while it ran.
+fn abandoned() -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        NAME,
+        "the acquisition was abandoned while its attempt ran",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_holds_below_permits_waits_first_at_permits_and_behind_its_predecessor_above() {
+        assert_eq!(Place::at(0, None, 2), Place::Holder);
+        assert_eq!(Place::at(1, Some(("a".into(), 5)), 2), Place::Holder);
+        assert_eq!(Place::at(2, Some(("b".into(), 6)), 2), Place::First);
+        assert_eq!(
+            Place::at(3, Some(("c".into(), 7)), 2),
+            Place::Behind("c".into(), 7)
+        );
+        assert_eq!(Place::at(1, Some(("a".into(), 5)), 1), Place::First);
+    }
+
+    #[test]
+    fn the_ranges_outside_a_count_cover_every_other_count_and_only_those() {
+        let layout = Layout::under("lk/ns/../semaphore/jobs/".into(), 3);
+        let [(before_from, before_to), (after_from, after_to)] = layout.others();
+        let within =
+            |key: &str, from: &[u8], to: &[u8]| key.as_bytes() >= from && key.as_bytes() < to;
+        let outside = |key: &str| {
+            within(key, &before_from, &before_to) || within(key, &after_from, &after_to)
+        };
+        assert!(!outside("lk/ns/../semaphore/jobs/3/00000000000000ab-0"));
+        for other in ["2", "30", "4", "1024"] {
+            let key = format!("lk/ns/../semaphore/jobs/{other}/00000000000000ab-0");
+            assert!(outside(&key), "{key} is not seen as another count");
+            assert_eq!(layout.count_of(key.as_bytes()), other.parse().ok());
+        }
+        assert!(!outside("lk/ns/../semaphore/jobs0/2/00000000000000ab-0"));
+        assert!(!outside("lk/ns/../semaphore/job/2/00000000000000ab-0"));
+        assert!(!outside("lk/ns/jobs/00000000000000ab-0"));
+    }
+}
