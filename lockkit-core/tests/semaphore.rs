@@ -41,8 +41,8 @@ async fn with_permit_cuts_the_section_short_when_the_permit_is_lost() {
         .await;
     let error = outcome.expect_err("the section outlived its permit");
     assert_eq!(error.into_parts().0.kind(), ErrorKind::Lost);
-    assert!(
-        pool.try_acquire().await.expect("try_acquire").is_some(),
-        "the lost permit stayed taken"
-    );
+    // The lost permit is given back in the background, and expires by its TTL anyway.
+    pool.acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("the lost permit stayed taken");
 }
