@@ -42,7 +42,9 @@ async fn with_permit_cuts_the_section_short_when_the_permit_is_lost() {
     let error = outcome.expect_err("the section outlived its permit");
     assert_eq!(error.into_parts().0.kind(), ErrorKind::Lost);
     // The lost permit is given back in the background, and expires by its TTL anyway.
-    pool.acquire_timeout(Duration::from_secs(5))
+    let freed = pool
+        .acquire_timeout(Duration::from_secs(5))
         .await
         .expect("the lost permit stayed taken");
+    assert!(freed.release().await.expect("release"));
 }
