@@ -123,6 +123,8 @@ pub struct Capabilities {
     pub election: Support,
     /// Whether [`Semaphore`](crate::Semaphore)s work on this backend, and if not, why.
     pub semaphore: Support,
+    /// Whether [`RwLock`](crate::RwLock)s work on this backend, and if not, why.
+    pub rwlock: Support,
 }
 
 /// Whether a backend supports a primitive beyond the mutex, and if not, why.
@@ -152,6 +154,7 @@ impl Capabilities {
             min_ttl: Duration::ZERO,
             election: Support::Unsupported("this backend does not implement elections"),
             semaphore: Support::Unsupported("this backend does not implement semaphores"),
+            rwlock: Support::Unsupported("this backend does not implement read-write locks"),
         }
     }
 
@@ -159,6 +162,13 @@ impl Capabilities {
     #[must_use]
     pub fn with_semaphore(mut self, semaphore: Support) -> Self {
         self.semaphore = semaphore;
+        self
+    }
+
+    /// Sets whether read-write locks work on this backend.
+    #[must_use]
+    pub fn with_rwlock(mut self, rwlock: Support) -> Self {
+        self.rwlock = rwlock;
         self
     }
 

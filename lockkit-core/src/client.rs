@@ -17,6 +17,7 @@ use crate::mutex::Mutex;
 use crate::options::LockOptions;
 use crate::owner::LockOwner;
 use crate::renewal::HeldLease;
+use crate::rwlock::RwLock;
 use crate::semaphore::Semaphore;
 use crate::with_lock::WithLockError;
 
@@ -153,6 +154,16 @@ impl LockClient {
     /// backend without semaphores ([`Capabilities::semaphore`]).
     pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
         Semaphore::new(self.clone(), self.key(name)?, permits)
+    }
+
+    /// A read-write lock on the key `name`, with this client's options (see [`RwLock`]).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey);
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported), with the reason, on a
+    /// backend without read-write locks ([`Capabilities::rwlock`]).
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        RwLock::new(self.clone(), self.key(name)?)
     }
 
     /// Takes the lock `name`, runs `f` with the guard while holding it, and releases it. See

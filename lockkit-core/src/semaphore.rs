@@ -2,17 +2,15 @@
 //! renewed, fenced, lost and released exactly as a mutex's guard is.
 
 use std::fmt;
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::backend::Hold;
 use crate::client::LockClient;
 use crate::error::{Error, ErrorKind, Result};
-use crate::guard::{LostSignal, MutexGuard};
+use crate::guard::MutexGuard;
 use crate::key::LockKey;
 use crate::mutex::{Wait, acquire, timeout_error};
 use crate::options::LockOptions;
-use crate::token::FencingToken;
 
 /// The most permits a semaphore may have: a grant reads the semaphore's live holders, so the
 /// count bounds the work of every attempt.
@@ -182,83 +180,4 @@ impl fmt::Debug for Semaphore {
 #[must_use = "a permit is released as soon as it is dropped"]
 pub struct Permit(MutexGuard);
 
-impl Permit {
-    /// The semaphore's key.
-    pub fn key(&self) -> &LockKey {
-        self.0.key()
-    }
-
-    /// The fencing token of this grant: above every earlier grant's of the semaphore.
-    pub fn fencing_token(&self) -> FencingToken {
-        self.0.fencing_token()
-    }
-
-    /// The TTL the permit was taken with: how long a crash of this process keeps it taken.
-    pub fn ttl(&self) -> Duration {
-        self.0.ttl()
-    }
-
-    /// Until when the permit is known to be ours, by the local clock.
-    pub fn valid_until(&self) -> Instant {
-        self.0.valid_until()
-    }
-
-    /// How much of the validity is left now.
-    pub fn remaining(&self) -> Duration {
-        self.0.remaining()
-    }
-
-    /// A signal that fires when the permit is lost.
-    pub fn lost_signal(&self) -> LostSignal {
-        self.0.lost_signal()
-    }
-
-    /// Waits until the permit is lost.
-    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.0.lost()
-    }
-
-    /// Whether the permit is known to be lost, or its validity has passed.
-    pub fn is_lost(&self) -> bool {
-        self.0.is_lost()
-    }
-
-    /// Asks the backend whether this grant still holds its permit.
-    ///
-    /// # Errors
-    /// Backend failures; the answer is then unknown.
-    pub async fn is_held(&self) -> Result<bool> {
-        self.0.is_held().await
-    }
-
-    /// Renews the permit now, instead of waiting for the background renewal.
-    ///
-    /// # Errors
-    /// As [`MutexGuard::extend`].
-    pub async fn extend(&self) -> Result<()> {
-        self.0.extend().await
-    }
-
-    /// Gives the permit back and says whether it was still ours.
-    ///
-    /// # Errors
-    /// As [`MutexGuard::release`].
-    pub async fn release(self) -> Result<bool> {
-        self.0.release().await
-    }
-
-    /// The guard underneath, for what takes a [`MutexGuard`] (a backend's own extension).
-    pub fn as_guard(&self) -> &MutexGuard {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Permit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("key", self.key())
-            .field("fencing_token", &self.fencing_token())
-            .field("lost", &self.is_lost())
-            .finish()
-    }
-}
+crate::held::grant_methods!(Permit, "the permit");

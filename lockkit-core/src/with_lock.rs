@@ -1,11 +1,12 @@
-//! A critical section as a closure: [`Mutex::with_lock`], [`Semaphore::with_permit`], and how
-//! they report an unprotected end.
+//! A critical section as a closure: [`Mutex::with_lock`], [`Semaphore::with_permit`],
+//! [`RwLock::with_read`], [`RwLock::with_write`], and how they report an unprotected end.
 
 use std::fmt;
 
 use crate::error::{Error, ErrorKind};
 use crate::guard::MutexGuard;
 use crate::mutex::Mutex;
+use crate::rwlock::{ReadGuard, RwLock, WriteGuard};
 use crate::semaphore::{Permit, Semaphore};
 
 impl Mutex {
@@ -92,6 +93,56 @@ impl Semaphore {
     }
 }
 
+impl RwLock {
+    /// Takes a read lock, runs `f` with it while holding it, and gives it back: as
+    /// [`Mutex::with_lock`] does with the lock.
+    ///
+    /// ```
+    /// use lockkit_core::{LockClient, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockkit_core::Result<()> {
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let config = locks.rwlock("config")?;
+    /// let read = config.with_read(async |guard| guard.fencing_token()).await?;
+    /// let written = config.with_write(async |guard| guard.fencing_token()).await?;
+    /// assert!(written > read);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Mutex::with_lock`], with the errors of [`RwLock::read`] before `f` ran.
+    pub async fn with_read<F, T>(&self, f: F) -> std::result::Result<T, WithLockError<T>>
+    where
+        F: AsyncFnOnce(&ReadGuard) -> T,
+    {
+        let guard = self.read().await.map_err(WithLockError::before)?;
+        let backend = guard.as_guard().backend().name();
+        protect(guard, backend, &format!("a read lock of {}", self.key()), f).await
+    }
+
+    /// Takes the write lock, runs `f` with it while holding it, and gives it back: as
+    /// [`Mutex::with_lock`] does with the lock.
+    ///
+    /// # Errors
+    /// As [`Mutex::with_lock`], with the errors of [`RwLock::write`] before `f` ran.
+    pub async fn with_write<F, T>(&self, f: F) -> std::result::Result<T, WithLockError<T>>
+    where
+        F: AsyncFnOnce(&WriteGuard) -> T,
+    {
+        let guard = self.write().await.map_err(WithLockError::before)?;
+        let backend = guard.as_guard().backend().name();
+        protect(
+            guard,
+            backend,
+            &format!("the write lock of {}", self.key()),
+            f,
+        )
+        .await
+    }
+}
+
 /// A grant that [`protect`] can run a section under.
 trait Protecting {
     fn guard(&self) -> &MutexGuard;
@@ -107,14 +158,21 @@ impl Protecting for MutexGuard {
     }
 }
 
-impl Protecting for Permit {
-    fn guard(&self) -> &MutexGuard {
-        self.as_guard()
-    }
-    async fn give_back(self) -> crate::Result<bool> {
-        self.release().await
-    }
+/// The grant types that wrap a [`MutexGuard`].
+macro_rules! protecting_grant {
+    ($($grant:ty),*) => {$(
+        impl Protecting for $grant {
+            fn guard(&self) -> &MutexGuard {
+                self.as_guard()
+            }
+            async fn give_back(self) -> crate::Result<bool> {
+                self.release().await
+            }
+        }
+    )*};
 }
+
+protecting_grant!(Permit, ReadGuard, WriteGuard);
 
 /// Runs `f` under `held` (`what` names it in errors), cancels it when `held` is lost, and
 /// gives `held` back, saying whether the section was protected to its end.

@@ -60,6 +60,14 @@ pub enum Hold {
         /// How many holders the semaphore admits at once, `1..=`[`MAX_PERMITS`](crate::MAX_PERMITS).
         permits: u32,
     },
+    /// A reader of an [`RwLock`](crate::RwLock): a grant while no writer holds the key and
+    /// none waits for it. Readers share; a writer that waits blocks new readers, so a stream
+    /// of readers cannot starve it.
+    Read,
+    /// The writer of an [`RwLock`](crate::RwLock): a grant while nobody else (reader or
+    /// writer) holds the key. Its fencing token is above every earlier grant's of the key,
+    /// read or write.
+    Write,
 }
 
 impl Hold {

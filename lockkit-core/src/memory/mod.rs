@@ -42,6 +42,7 @@ pub struct MemoryBackend {
     inner: Arc<Inner>,
 }
 
+mod rwlock;
 mod semaphore;
 
 #[derive(Debug, Default)]
@@ -52,11 +53,12 @@ struct Inner {
     fence: AtomicU64,
 }
 
-/// The mutexes and, apart from them, the semaphores.
+/// The mutexes and, apart from them, the semaphores and the read-write locks.
 #[derive(Debug, Default)]
 struct State {
     slots: HashMap<LockKey, Slot>,
     semaphores: HashMap<LockKey, semaphore::PermitSlot>,
+    rwlocks: HashMap<LockKey, rwlock::RwSlot>,
 }
 
 #[derive(Debug, Default)]
@@ -128,7 +130,7 @@ impl MemoryBackend {
     }
 
     /// The keys held right now in `namespace`: mutexes with a holder, then semaphores with
-    /// one (a key can be in both).
+    /// one, then read-write locks with a holder or a waiting writer (a key can be in all).
     pub fn held_keys(&self, namespace: &str) -> Vec<LockKey> {
         let mut held: Vec<LockKey> = self.with_slots(|slots, now| {
             slots
@@ -140,6 +142,7 @@ impl MemoryBackend {
                 .collect()
         });
         held.extend(self.keys_with_permits(namespace));
+        held.extend(self.keys_with_rwlocks(namespace));
         held
     }
 
@@ -172,11 +175,14 @@ impl LockBackend for MemoryBackend {
         Capabilities::new(FencingGuarantee::Monotonic, WaitStrategy::Notify)
             .with_election(Support::Supported)
             .with_semaphore(Support::Supported)
+            .with_rwlock(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        if request.hold != Hold::Exclusive {
-            return self.try_acquire_permit(request);
+        match request.hold {
+            Hold::Read | Hold::Write => return Ok(self.try_acquire_rw(request)),
+            Hold::Permit { .. } => return self.try_acquire_permit(request),
+            Hold::Exclusive => {}
         }
         Ok(self.with_slots(|slots, now| {
             let slot = slots.entry(request.key.clone()).or_default();
@@ -207,8 +213,13 @@ impl LockBackend for MemoryBackend {
         _contention: &Contention,
         max_wait: Duration,
     ) -> Result<()> {
-        if request.hold != Hold::Exclusive {
-            return self.wait_for_permit(request, max_wait).await;
+        match request.hold {
+            Hold::Read | Hold::Write => {
+                self.wait_for_rw(request, max_wait).await;
+                return Ok(());
+            }
+            Hold::Permit { .. } => return self.wait_for_permit(request, max_wait).await,
+            Hold::Exclusive => {}
         }
         let released = self.with_slots(|slots, now| {
             let slot = slots.entry(request.key.clone()).or_default();
@@ -231,17 +242,19 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        if request.hold == Hold::Exclusive {
-            self.release_if_owner(&request.key, &request.owner);
-        } else {
-            self.release_permit(&request.key, &request.owner);
-        }
+        match request.hold {
+            Hold::Read | Hold::Write => self.release_rw(&request.key, &request.owner),
+            Hold::Permit { .. } => self.release_permit(&request.key, &request.owner),
+            Hold::Exclusive => self.release_if_owner(&request.key, &request.owner),
+        };
         Ok(())
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        if lease.hold() != Hold::Exclusive {
-            return Ok(self.renew_permit(lease));
+        match lease.hold() {
+            Hold::Read | Hold::Write => return Ok(self.renew_rw(lease)),
+            Hold::Permit { .. } => return Ok(self.renew_permit(lease)),
+            Hold::Exclusive => {}
         }
         Ok(self.with_slots(|slots, now| {
             match slots
@@ -258,15 +271,19 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        if lease.hold() != Hold::Exclusive {
-            return Ok(self.release_permit(lease.key(), lease.owner()));
+        match lease.hold() {
+            Hold::Read | Hold::Write => return Ok(self.release_rw(lease.key(), lease.owner())),
+            Hold::Permit { .. } => return Ok(self.release_permit(lease.key(), lease.owner())),
+            Hold::Exclusive => {}
         }
         Ok(self.release_if_owner(lease.key(), lease.owner()))
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        if lease.hold() != Hold::Exclusive {
-            return Ok(self.holds_permit(lease));
+        match lease.hold() {
+            Hold::Read | Hold::Write => return Ok(self.holds_rw(lease)),
+            Hold::Permit { .. } => return Ok(self.holds_permit(lease)),
+            Hold::Exclusive => {}
         }
         let info = self.inspect(lease.key()).await?;
         Ok(info.is_some_and(|info| info.fencing_token == lease.fencing_token()))

@@ -62,7 +62,7 @@ impl PermitSlot {
 fn permits_of(hold: Hold) -> u32 {
     match hold {
         Hold::Permit { permits } => permits,
-        Hold::Exclusive => 1,
+        _ => 1,
     }
 }
 
