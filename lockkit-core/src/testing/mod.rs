@@ -33,6 +33,7 @@ mod operator;
 pub mod proxy;
 pub mod queue;
 mod recording;
+mod rwlock;
 mod scenarios;
 mod secrets;
 pub mod sections;
@@ -369,6 +370,14 @@ macro_rules! conformance_tests {
             renewal_keeps_a_permit_past_its_ttl,
             disagreeing_permit_counts_are_refused,
             a_semaphore_and_the_mutex_of_its_name_are_independent,
+            readers_share_and_a_writer_excludes_everyone,
+            readers_share_until_a_writer_comes,
+            a_waiting_writer_blocks_new_readers,
+            a_stream_of_readers_does_not_starve_a_writer,
+            a_crashed_reader_frees_the_lock_after_its_ttl,
+            a_writer_that_gave_up_does_not_block_readers,
+            renewal_keeps_a_write_lock_past_its_ttl,
+            an_rwlock_is_independent_of_the_mutex_and_semaphore_of_its_name,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

@@ -18,6 +18,13 @@ use super::operator::{
     force_release_breaks_the_lock_and_the_holder_reports_lost,
     list_shows_the_held_locks_by_prefix_page_by_page,
 };
+use super::rwlock::{
+    a_crashed_reader_frees_the_lock_after_its_ttl, a_stream_of_readers_does_not_starve_a_writer,
+    a_waiting_writer_blocks_new_readers, a_writer_that_gave_up_does_not_block_readers,
+    an_rwlock_is_independent_of_the_mutex_and_semaphore_of_its_name,
+    readers_share_and_a_writer_excludes_everyone, readers_share_until_a_writer_comes,
+    renewal_keeps_a_write_lock_past_its_ttl,
+};
 use super::semaphore::{
     a_cancelled_permit_acquisition_leaves_nothing_behind,
     a_crashed_holder_frees_its_permit_after_its_ttl, a_permit_release_wakes_a_waiter,
@@ -87,6 +94,14 @@ scenarios!(
     renewal_keeps_a_permit_past_its_ttl,
     disagreeing_permit_counts_are_refused,
     a_semaphore_and_the_mutex_of_its_name_are_independent,
+    readers_share_and_a_writer_excludes_everyone,
+    readers_share_until_a_writer_comes,
+    a_waiting_writer_blocks_new_readers,
+    a_stream_of_readers_does_not_starve_a_writer,
+    a_crashed_reader_frees_the_lock_after_its_ttl,
+    a_writer_that_gave_up_does_not_block_readers,
+    renewal_keeps_a_write_lock_past_its_ttl,
+    an_rwlock_is_independent_of_the_mutex_and_semaphore_of_its_name,
 );
 
 /// An acquisition whose future is dropped while its request is in flight (a queue entry
