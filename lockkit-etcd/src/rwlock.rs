@@ -241,10 +241,8 @@ impl EtcdBackend {
             if let Some(own_revision) = known {
                 // The own key is normally there after a wait: reads alone decide, without a
                 // raft write.
-                let txn = Txn::new().and_then([
-                    TxnOp::get(own, None),
-                    layout.ahead_of(hold, own_revision),
-                ]);
+                let txn = Txn::new()
+                    .and_then([TxnOp::get(own, None), layout.ahead_of(hold, own_revision)]);
                 let response = self.send_attempt(session, &txn, false).await?;
                 let revision = response.header().map_or(0, |h| h.revision());
                 let mut reads = reads_of(response).into_iter();
@@ -361,10 +359,8 @@ impl EtcdBackend {
             return Ok(false);
         };
         let layout = self.rw_layout(lease.key());
-        let txn = Txn::new().and_then([
-            TxnOp::get(key, None),
-            layout.ahead_of(lease.hold(), token),
-        ]);
+        let txn =
+            Txn::new().and_then([TxnOp::get(key, None), layout.ahead_of(lease.hold(), token)]);
         let response = self.read("checking the rwlock", txn_of(&txn)).await?;
         let mut reads = reads_of(response).into_iter();
         let own = reads.next().and_then(|kvs| kvs.into_iter().next());

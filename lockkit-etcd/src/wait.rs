@@ -153,7 +153,11 @@ impl EtcdBackend {
         if watched_from > revision {
             let reading = self.send(Resend::IfRetryable, |mut client| {
                 let key = key.to_owned();
-                async move { client.get(key, Some(GetOptions::new().with_keys_only())).await }
+                async move {
+                    client
+                        .get(key, Some(GetOptions::new().with_keys_only()))
+                        .await
+                }
             });
             let reading = async { reading.await.map(|sent| sent.answer) };
             match tokio::time::timeout_at(deadline, reading).await {
