@@ -157,7 +157,10 @@ fn sequence_start(name: &str) -> Option<usize> {
         .iter()
         .filter_map(|marker| name.rfind(marker).map(|i| i + marker.len()))
         .max()
-        .or_else(|| name.starts_with(&LOCK_NAME[1..]).then_some(LOCK_NAME.len() - 1))
+        .or_else(|| {
+            name.starts_with(&LOCK_NAME[1..])
+                .then_some(LOCK_NAME.len() - 1)
+        })
 }
 
 /// The sequence number of a lock node name (the digits after the last `-lock-`, `__READ__`

@@ -60,8 +60,8 @@
 //!
 //! [`WaitStrategy::Queue`]: lockkit_core::WaitStrategy::Queue
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Hold, Lease};
 use lockkit_core::Result;
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Hold, Lease};
 use zookeeper_client as zk;
 
 use crate::acquire::Step;

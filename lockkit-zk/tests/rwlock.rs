@@ -136,9 +136,15 @@ async fn queue_waiter(
     let granted = granted.clone();
     tokio::spawn(async move {
         let held = if write {
-            rwlock.write_timeout(Duration::from_secs(60)).await.map(Held::Write)
+            rwlock
+                .write_timeout(Duration::from_secs(60))
+                .await
+                .map(Held::Write)
         } else {
-            rwlock.read_timeout(Duration::from_secs(60)).await.map(Held::Read)
+            rwlock
+                .read_timeout(Duration::from_secs(60))
+                .await
+                .map(Held::Read)
         };
         let held = held.unwrap_or_else(|e| panic!("waiter {label}: {}", e.display_chain()));
         let _ = granted.send((label, held));
@@ -173,7 +179,9 @@ async fn readers_share_and_a_writer_excludes_them() {
     let (_, second) = client(&config, &ns).await;
     let (_, writer) = client(&config, &ns).await;
     let one = read(&first, "share").await.expect("a free read lock");
-    let two = read(&second, "share").await.expect("a second reader shares");
+    let two = read(&second, "share")
+        .await
+        .expect("a second reader shares");
     let rwlock = writer.rwlock("share").expect("rwlock");
     assert!(rwlock.try_write().await.expect("try_write").is_none());
     let writing = tokio::spawn(async move { rwlock.write_timeout(PATIENCE).await });
@@ -225,12 +233,19 @@ async fn a_queued_writer_blocks_a_later_reader() {
         later.try_read().await.expect("try_read").is_none(),
         "a reader tried its way past a queued writer"
     );
-    assert_eq!(rw_nodes(&admin, &ns, "turn").await.len(), 2, "the try left a node");
+    assert_eq!(
+        rw_nodes(&admin, &ns, "turn").await.len(),
+        2,
+        "the try left a node"
+    );
     queue_waiter(&admin, &waiters, &ns, "turn", "reader", false, 3, &granted).await;
     assert_no_more_grants(&mut grants, "while the first reader held").await;
     assert!(first.release().await.expect("release"));
     let (label, written) = next_grant(&mut grants).await;
-    assert_eq!(label, "writer", "the later reader went before the queued writer");
+    assert_eq!(
+        label, "writer",
+        "the later reader went before the queued writer"
+    );
     assert_no_more_grants(&mut grants, "beside the writer").await;
     assert!(written.release().await);
     let (label, read) = next_grant(&mut grants).await;
@@ -257,17 +272,30 @@ async fn a_mixed_queue_is_granted_in_order_each_release_waking_only_whom_it_unbl
         queue_waiter(&admin, &waiters, &ns, "mix", label, write, i + 2, &granted).await;
     }
     assert_no_more_grants(&mut grants, "while W1 held").await;
-    assert_eq!(backend.watch_events(), 0, "a waiter woke while nothing changed");
+    assert_eq!(
+        backend.watch_events(),
+        0,
+        "a waiter woke while nothing changed"
+    );
     let nodes = rw_nodes(&admin, &ns, "mix").await;
-    let kinds: Vec<&str> = nodes.iter().map(|n| &n[n.len() - 18..n.len() - 10]).collect();
-    assert_eq!(kinds, ["__WRIT__", "__READ__", "__READ__", "__WRIT__", "__READ__"]);
+    let kinds: Vec<&str> = nodes
+        .iter()
+        .map(|n| &n[n.len() - 18..n.len() - 10])
+        .collect();
+    assert_eq!(
+        kinds,
+        ["__WRIT__", "__READ__", "__READ__", "__WRIT__", "__READ__"]
+    );
 
     let mut earlier = w1.fencing_token();
     assert!(w1.release().await.expect("release"));
     let mut readers = Vec::new();
     for _ in 0..2 {
         let (label, read) = next_grant(&mut grants).await;
-        assert!(label == "R2" || label == "R3", "{label} was granted after W1");
+        assert!(
+            label == "R2" || label == "R3",
+            "{label} was granted after W1"
+        );
         readers.push((label, read));
     }
     readers.sort_by_key(|(label, _)| *label);
@@ -315,7 +343,11 @@ async fn refused_tries_leave_no_node() {
     assert_eq!(held.len(), 1);
     assert!(rwlock.try_read().await.expect("try_read").is_none());
     assert!(rwlock.try_write().await.expect("try_write").is_none());
-    assert_eq!(rw_nodes(&admin, &ns, "try").await, held, "a refused try left a node");
+    assert_eq!(
+        rw_nodes(&admin, &ns, "try").await,
+        held,
+        "a refused try left a node"
+    );
     assert!(written.release().await.expect("release"));
 
     let read = holder.rwlock("try").expect("rwlock");
@@ -327,7 +359,11 @@ async fn refused_tries_leave_no_node() {
     let shared = shared.expect("a second reader shares");
     assert_eq!(rw_nodes(&admin, &ns, "try").await.len(), 2);
     assert!(shared.release().await.expect("release"));
-    assert_eq!(rw_nodes(&admin, &ns, "try").await, held, "a refused try left a node");
+    assert_eq!(
+        rw_nodes(&admin, &ns, "try").await,
+        held,
+        "a refused try left a node"
+    );
     assert!(read.release().await.expect("release"));
     assert_no_znodes(&admin, &ns).await;
 }
@@ -391,7 +427,10 @@ async fn a_reader_whose_session_expires_loses_its_lock() {
         .await
         .expect("the expired reader's lost signal did not fire");
     let earlier = kept.fencing_token().max(old.fencing_token());
-    assert!(!old.is_held().await.expect("is_held"), "the expired reader holds");
+    assert!(
+        !old.is_held().await.expect("is_held"),
+        "the expired reader holds"
+    );
     assert!(
         !old.release().await.expect("release"),
         "the expired reader's release claimed the lock"
@@ -441,7 +480,10 @@ async fn nodes_are_named_as_curators_under_their_own_parent_and_nothing_remains(
 
     assert_eq!(holder.inspect("layout").await.expect("inspect"), None);
     let page = holder.list_page("", None, 10).await.expect("list");
-    assert!(page.locks.is_empty(), "read locks listed as locks: {page:?}");
+    assert!(
+        page.locks.is_empty(),
+        "read locks listed as locks: {page:?}"
+    );
     assert!(!holder.force_release("layout").await.expect("force_release"));
     assert!(read.is_held().await.expect("is_held"));
     assert!(read.release().await.expect("release"));
