@@ -14,12 +14,15 @@
 //! | redlock-5 | election: holder pause | shown as not applicable (Redlock has no elections), not run |
 //! | redis | semaphore and rwlock: holder pause; semaphore and rwlock contention | the holder-pause criteria with permits of 2 (one held by a companion) and with writers beside a reader; never more than 3 holders of a semaphore of 3, never a writer beside anyone, in 10,000 grants of 8 processes |
 //! | redis-sentinel | semaphore: server crash; rwlock: holder pause | the criteria of those rows |
-//! | etcd-3, zk-3 | semaphore and rwlock: partition, server crash, contention | as on Redis, and no overlap when the leader dies |
+//! | etcd-3, zk-3 | semaphore and rwlock: partition, server crash | the cut-off holder's lost signal before anyone's grant, and no overlap when the leader dies |
 //! | redlock-5 | semaphore and rwlock: holder pause | shown as not applicable (Redlock has neither), not run |
 //!
 //! A tier's rows of another primitive (election, semaphore, rwlock) must have run where its
 //! backend has the primitive, and must show as not applicable where it has none: a backend
 //! that lost one fails here instead of passing with rows that did nothing.
+//!
+//! The contention rows run on Redis only here: on etcd and ZooKeeper their 10,000 grants take
+//! minutes in a debug build (`compose/campaign.sh` runs them on every tier, in release).
 //!
 //! One test per tier; tiers run in parallel (different servers), scenarios of a tier one
 //! after the other. Every run's histories stay in `target/tmp/campaign-smoke/`.
@@ -165,8 +168,6 @@ fn etcd() {
             Scenario::SemaphoreServerCrash,
             Scenario::RwLockPartition,
             Scenario::RwLockServerCrash,
-            Scenario::SemaphoreContention,
-            Scenario::RwLockContention,
         ],
     );
 }
@@ -189,8 +190,6 @@ fn zk() {
             Scenario::SemaphoreServerCrash,
             Scenario::RwLockPartition,
             Scenario::RwLockServerCrash,
-            Scenario::SemaphoreContention,
-            Scenario::RwLockContention,
         ],
     );
 }
