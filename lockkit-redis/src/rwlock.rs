@@ -379,6 +379,42 @@ mod tests {
     }
 
     #[test]
+    fn read_and_write_leases_renew_in_the_shared_pipeline_on_the_rwlock_keys() {
+        let key = LockKey::new("ns", "config").expect("a valid key");
+        let owner = lockkit_core::backend::OwnerToken::generate().expect("an owner token");
+        let lease = |hold| {
+            Lease::new(
+                key.clone(),
+                owner.clone(),
+                FencingToken(7),
+                Duration::from_secs(5),
+                std::time::Instant::now(),
+            )
+            .with_hold(hold)
+        };
+        let leases = [
+            lease(Hold::Read),
+            lease(Hold::Write),
+            lease(Hold::Exclusive),
+        ];
+        // The one pipeline `renew_batch` sends on the renewal connection, whose READONLY or
+        // MASTERDOWN replies (`scripts::primary_moved`) make it follow a failover.
+        let pipe = scripts::renew_pipeline(&leases, Duration::from_secs(3600), true);
+        let packed = String::from_utf8_lossy(&pipe.get_packed_pipeline()).into_owned();
+        let renewals = packed.matches(scripts::SEMAPHORE_RENEW.get_hash()).count();
+        assert_eq!(renewals, 2, "one semaphore-style renewal per rwlock lease");
+        let keys = RwKeys::of(&key);
+        for k in [&keys.holders, &keys.tokens, &keys.writer, &keys.fence] {
+            assert_eq!(packed.matches(k.as_str()).count(), 2, "{k}");
+        }
+        assert!(
+            !packed.contains(&keys.waiting),
+            "a renewal touches no waiting record"
+        );
+        assert!(packed.contains(&owner.digest_hex()));
+    }
+
+    #[test]
     fn a_waiting_writer_retries_within_a_third_of_its_ttl() {
         let key = LockKey::new("ns", "config").expect("a valid key");
         let owner = lockkit_core::backend::OwnerToken::generate().expect("an owner token");
