@@ -14,7 +14,8 @@ pub use lockkit_core::{
     Capabilities, DEFAULT_RETRY_PAUSE, Election, Error, ErrorKind, FencingGuarantee, FencingToken,
     Leader, LeaderChanges, Leadership, LockClient, LockInfo, LockKey, LockOptions, LockOwner,
     LockPage, LostSignal, MAX_PERMITS, MAX_VALUE_LEN, MemoryBackend, MultiGuard, Mutex, MutexGuard,
-    Permit, Result, Semaphore, Support, Tier, WaitStrategy, WithLockError,
+    Permit, ReadGuard, Result, RwLock, Semaphore, Support, Tier, WaitStrategy, WithLockError,
+    WriteGuard,
 };
 
 /// The backend-author API: the [`LockBackend`](backend::LockBackend) trait a backend

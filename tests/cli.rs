@@ -258,7 +258,7 @@ fn bad_input_and_unreachable_servers_have_their_exit_codes() {
     assert_eq!(out.status.code(), Some(0));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["tier"], "single");
-    for primitive in ["mutex", "election", "semaphore"] {
+    for primitive in ["mutex", "election", "semaphore", "rwlock"] {
         assert_eq!(report["primitives"][primitive], "supported", "{report}");
     }
 }

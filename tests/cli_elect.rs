@@ -7,36 +7,14 @@
 #![cfg(all(feature = "cli", feature = "redis", feature = "etcd", feature = "zk"))]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+#[macro_use]
 mod cli_env;
 
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cli_env::{Env, is_dead, signal, wait_exit};
+use cli_env::{Env, Process, is_dead, signal, wait_exit};
 use nix::sys::signal::Signal;
-
-/// Tests `$test(var)` on every server backend with elections, one test each, by the variable
-/// naming its URL: `$test::redis`, `$test::etcd`, `$test::zookeeper`.
-macro_rules! on_every_server {
-    ($test:ident) => {
-        mod $test {
-            #[test]
-            fn redis() {
-                super::$test("LOCKKIT_TEST_REDIS_URL");
-            }
-
-            #[test]
-            fn etcd() {
-                super::$test("LOCKKIT_TEST_ETCD_URL");
-            }
-
-            #[test]
-            fn zookeeper() {
-                super::$test("LOCKKIT_TEST_ZK_URL");
-            }
-        }
-    };
-}
 
 /// The name of every election of these tests (each test has its own namespace).
 const NAME: &str = "scheduler";
@@ -52,31 +30,6 @@ fn candidate_script(env: &Env) -> String {
          while [ ! -e \"stop-$LOCKKIT_VALUE\" ]; do sleep 0.05; done; rmdir inside; exit 0",
         dir = env.dir.display()
     )
-}
-
-/// A `lockkit` process of a test, killed (and its command with it) if the test ends first:
-/// a failed test leaves no candidate behind.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl std::ops::Deref for Process {
-    type Target = Child;
-
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Process {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
 }
 
 /// `lockkit elect --value VALUE [extra] NAME -- sh -c CANDIDATE` in the background.

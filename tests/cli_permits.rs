@@ -5,45 +5,13 @@
 #![cfg(all(feature = "cli", feature = "redis", feature = "etcd", feature = "zk"))]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+#[macro_use]
 mod cli_env;
 
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cli_env::{Env, wait_exit};
-
-/// Tests `$test(var)` on every server backend with semaphores, one test each, by the
-/// variable naming its URL.
-macro_rules! on_every_server {
-    ($test:ident) => {
-        mod $test {
-            #[test]
-            fn redis() {
-                super::$test("LOCKKIT_TEST_REDIS_URL");
-            }
-
-            #[test]
-            fn etcd() {
-                super::$test("LOCKKIT_TEST_ETCD_URL");
-            }
-
-            #[test]
-            fn zookeeper() {
-                super::$test("LOCKKIT_TEST_ZK_URL");
-            }
-        }
-    };
-}
-
-/// A `lockkit` process of a test, killed (and its command with it) if the test ends first.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use cli_env::{Env, Process, wait_exit};
 
 /// A command that, while it holds a permit, holds a directory `in-PID` beside the others',
 /// writes how many it sees (a lower bound of the commands running at once) to `counts`, and

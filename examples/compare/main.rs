@@ -4,7 +4,7 @@
 //! cargo run --release --example compare -- [--quick] [--speed-only] [--json FILE] [--svg FILE]
 //! ```
 //!
-//! `--speed-only` runs W1, W2 and W7 alone: no child processes, no server killed. `--quick`
+//! `--speed-only` runs W1, W2, W7 and W8 alone: no child processes, no server killed. `--quick`
 //! runs W1 and W2 at a tenth of their size. The Markdown tables go to stdout (W1; W2 with a
 //! row per contender and lockkit's ratios to each; W3-W5); `--json` writes every number
 //! (each W2 round too), `--svg` the chart (`chart.rs`: W1 p50, W2 throughput, W2 max wait
@@ -51,6 +51,11 @@
 //!   grants/s and their share of the ideal (every permit always held: 800/s), wait p50 and
 //!   max, and the most holders seen at once (above 4 fails the workload). Runs with
 //!   `--speed-only` too. Not on Redlock, which refuses semaphores.
+//! - W8 read-write lock: 16 workers, each with its own client, share one read-write lock and
+//!   take it M times each (as W7), one time in ten as a writer, otherwise as a reader, hold
+//!   it 5 ms and give it back: grants/s, read and write waits (p50, max) and the most readers
+//!   seen at once (a writer inside with anyone fails the workload). Runs with
+//!   `--speed-only` too. Not on Redlock, which refuses read-write locks.
 //!
 //! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
 //! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
@@ -73,6 +78,7 @@ mod floors;
 mod peers;
 mod permits;
 mod report;
+mod rwlock;
 mod speed;
 mod targets;
 
@@ -104,13 +110,14 @@ struct TierReport {
     failover: Option<Failover>,
     election: Option<election::ElectionTimes>,
     permits: Option<permits::PermitThroughput>,
+    read_write: Option<rwlock::ReadWriteThroughput>,
     failures: Vec<Failure>,
 }
 
 /// A workload that failed on a tier, and why.
 #[derive(Debug, Serialize)]
 struct Failure {
-    /// `connect`, `W1`, ... `W5`.
+    /// `connect`, `W1`, ... `W8`.
     workload: &'static str,
     error: String,
 }
@@ -333,6 +340,12 @@ async fn run_tier(
         .record(
             "W7",
             permits::permits(shared, &locks, sizes.permit_iterations).await,
+        )
+        .flatten();
+    report.read_write = report
+        .record(
+            "W8",
+            rwlock::read_write(shared, &locks, sizes.permit_iterations).await,
         )
         .flatten();
     if speed_only {

@@ -109,6 +109,12 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
     {
         permits(&mut out, reports);
     }
+    if reports
+        .iter()
+        .any(|r| r.read_write.is_some() || r.failed("W8"))
+    {
+        read_write(&mut out, reports);
+    }
     let failures: Vec<String> = reports
         .iter()
         .flat_map(|r| {
@@ -231,6 +237,38 @@ fn permits(out: &mut String, reports: &[TierReport]) {
                 cell(r, "W7", w7, |w| format!("{:.2}", w.wait_p50_ms)),
                 cell(r, "W7", w7, |w| format!("{:.1}", w.wait_max_ms)),
                 cell(r, "W7", w7, |w| w.most_holders.to_string()),
+            ]
+        };
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+}
+
+/// The table of W8.
+fn read_write(out: &mut String, reports: &[TierReport]) {
+    out.push_str(&format!(
+        "\nW8 read-write lock ({} workers, one grant in {} a write, each held {} ms):\n\n\
+         | target | grants/s | read wait p50 ms | read wait max ms | write wait p50 ms | write wait max ms | most readers at once |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+        crate::rwlock::WORKERS,
+        crate::rwlock::WRITE_EVERY,
+        crate::rwlock::HOLD.as_millis(),
+    ));
+    for r in reports {
+        let w8 = r.read_write.as_ref();
+        let unsupported = w8.is_none() && !r.failed("W8") && !r.tier.is_empty();
+        let cells = if unsupported {
+            let mut row = vec![r.target.clone(), "no read-write locks".into()];
+            row.resize(7, String::new());
+            row
+        } else {
+            vec![
+                r.target.clone(),
+                cell(r, "W8", w8, |w| format!("{:.0}", w.grants_per_sec)),
+                cell(r, "W8", w8, |w| format!("{:.2}", w.read_wait_p50_ms)),
+                cell(r, "W8", w8, |w| format!("{:.1}", w.read_wait_max_ms)),
+                cell(r, "W8", w8, |w| format!("{:.2}", w.write_wait_p50_ms)),
+                cell(r, "W8", w8, |w| format!("{:.1}", w.write_wait_max_ms)),
+                cell(r, "W8", w8, |w| w.most_readers.to_string()),
             ]
         };
         out.push_str(&format!("| {} |\n", cells.join(" | ")));

@@ -26,7 +26,7 @@
 //!   criteria of the lock row they repeat, on the same tier; the leader's term is its fencing
 //!   token. A tier whose backend has no elections (Redlock) shows them as not applicable.
 
-use lockkit_core::testing::history::{Event, What};
+use lockkit_core::testing::history::{Event, GrantKind, What};
 
 use crate::run::Outcome;
 use crate::scenarios::Scenario;
@@ -158,6 +158,7 @@ mod tests {
             What::Granted {
                 token: 2,
                 remaining_ms: 1000,
+                kind: GrantKind::Exclusive,
             },
         )
     }

@@ -8,6 +8,54 @@ use std::time::{Duration, Instant};
 
 use lockkit_core::testing::{backend_missing, endpoint};
 
+/// Tests `$test(var)` on every server backend with the primitive a test file is about (the
+/// single Redis, etcd and ZooKeeper), one test each, by the variable naming its URL.
+#[allow(unused_macros)] // not every test file that uses this module has per-server tests
+macro_rules! on_every_server {
+    ($test:ident) => {
+        mod $test {
+            #[test]
+            fn redis() {
+                super::$test("LOCKKIT_TEST_REDIS_URL");
+            }
+
+            #[test]
+            fn etcd() {
+                super::$test("LOCKKIT_TEST_ETCD_URL");
+            }
+
+            #[test]
+            fn zookeeper() {
+                super::$test("LOCKKIT_TEST_ZK_URL");
+            }
+        }
+    };
+}
+
+/// A `lockkit` process of a test, killed (and its command with it) if the test ends first.
+pub(crate) struct Process(pub(crate) Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Process {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Process {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
 pub(crate) struct Env {
     pub(crate) url: String,
     pub(crate) namespace: String,

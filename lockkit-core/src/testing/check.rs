@@ -6,7 +6,11 @@
 //!   `Release` and its worker's `Killed` (or the end of the history), stretched to its last
 //!   write to the fenced resource: a worker that writes after its lock was lost was still
 //!   acting as the holder.
-//! - An *overlap* is a pair of critical sections of different grants that intersect.
+//! - An *overlap* is a pair of critical sections of different grants that intersect where
+//!   their [`GrantKind`]s do not let them: two reads may; a write, a mutex's or a leader's
+//!   grant may not beside anyone. For the permits of a semaphore of `N`, an overlap is a
+//!   grant that starts while `N` others are live (over-admission), lasting until fewer than
+//!   `N` others are.
 //! - A *token regression* is a grant whose token is lower than that of a grant completed
 //!   before it was asked for; a *duplicate* is a token handed out twice.
 //! - A *stale write accepted* is a write the resource stored from a holder whose lock had
@@ -19,7 +23,8 @@
 //!   which that later holder found its lock gone (its own release answered `not_held`
 //!   without its lost signal having fired): the first release deleted the second's lock.
 //! - A *foreign extend* is an extend that answered `ok` after a later grant had been handed
-//!   out: the holder's lease had passed on, and it claimed the lock back.
+//!   out that its kind does not admit beside it (for a permit: while `N` others were live):
+//!   the holder's lease had passed on, and it claimed the lock back.
 //! - A *late grant* is one handed over with no validity left.
 //! - *Recovery* is the time from a fault to the next grant of a worker it did not hit;
 //!   *lost-signal lag* the time from a fault to the lost signal of the worker it hit.
@@ -27,7 +32,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::history::{Event, What};
+use super::history::{Event, GrantKind, What};
 
 /// What a history shows.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -117,6 +122,7 @@ impl Verdict {
 struct Grant {
     process: String,
     key: String,
+    kind: GrantKind,
     token: u64,
     invoked: u64,
     start: u64,
@@ -152,6 +158,7 @@ pub fn check(events: &[Event]) -> Verdict {
             What::Granted {
                 token,
                 remaining_ms,
+                kind,
             } => {
                 verdict.acquisitions += 1;
                 if *remaining_ms == 0 {
@@ -165,6 +172,7 @@ pub fn check(events: &[Event]) -> Verdict {
                 grants.push(Grant {
                     process: event.process.clone(),
                     key: event.key.clone(),
+                    kind: *kind,
                     token: *token,
                     invoked: invoked.get(&who).copied().unwrap_or(event.at_ns),
                     start: event.at_ns,
@@ -240,7 +248,7 @@ pub fn check(events: &[Event]) -> Verdict {
         tokens(&mut verdict, key, &grants);
         stale_writes(&mut verdict, key, &grants, events);
         foreign_releases(&mut verdict, key, &grants);
-        foreign_extends(&mut verdict, key, &grants);
+        foreign_extends(&mut verdict, key, &grants, history_end);
     }
     for (at, target) in faults {
         let next_grant = grants
@@ -269,33 +277,74 @@ pub fn check(events: &[Event]) -> Verdict {
     verdict
 }
 
-/// Grants sorted by start.
+/// Grants sorted by start. Two grants of a key overlap unless their kinds let them: readers
+/// beside readers, and up to `permits` permits of one semaphore (a grant that starts while
+/// `permits` others are live is one overlap, until the live ones are `permits` again).
 fn overlaps(verdict: &mut Verdict, key: &str, grants: &[&Grant], history_end: u64) {
-    for (i, a) in grants.iter().enumerate() {
-        let a_end = a.end(history_end);
-        for b in &grants[i + 1..] {
-            if b.start >= a_end {
-                break;
+    let mut live: Vec<&Grant> = Vec::new();
+    for &b in grants {
+        live.retain(|a| a.end(history_end) > b.start);
+        let b_end = b.end(history_end);
+        match b.kind {
+            GrantKind::Permit { permits } if live.iter().all(|a| a.kind == b.kind) => {
+                let permits = permits as usize;
+                if permits > 0 && live.len() >= permits {
+                    let mut ends: Vec<u64> = live.iter().map(|a| a.end(history_end)).collect();
+                    ends.sort_unstable_by(|x, y| y.cmp(x));
+                    let bound = ends[permits - 1];
+                    let first = live
+                        .iter()
+                        .find(|a| a.end(history_end) == bound)
+                        .copied()
+                        .unwrap_or(b);
+                    let holders = live.len() + 1;
+                    overlap(
+                        verdict,
+                        key,
+                        first,
+                        b,
+                        b_end.min(bound),
+                        &format!("{holders} holders of a semaphore of {permits} permits"),
+                    );
+                }
             }
-            let until = a_end.min(b.end(history_end));
-            let overlap = Duration::from_nanos(until - b.start);
-            verdict.overlapping.push(Overlap {
-                key: key.to_owned(),
-                first: a.process.clone(),
-                first_start: a.start,
-                second: b.process.clone(),
-                second_start: b.start,
-                until,
-            });
-            verdict.overlaps += 1;
-            verdict.overlap_total += overlap;
-            verdict.overlap_max = verdict.overlap_max.max(overlap);
-            verdict.violation(format!(
-                "{key}: {} (token {}) and {} (token {}) held it together for {overlap:?}",
-                a.process, a.token, b.process, b.token
-            ));
+            _ => {
+                for &a in &live {
+                    if !(a.kind == GrantKind::Read && b.kind == GrantKind::Read) {
+                        overlap(
+                            verdict,
+                            key,
+                            a,
+                            b,
+                            a.end(history_end).min(b_end),
+                            "held it together",
+                        );
+                    }
+                }
+            }
         }
+        live.push(b);
     }
+}
+
+/// Records that `b`, granted while `a` held, overlapped with it until `until`.
+fn overlap(verdict: &mut Verdict, key: &str, a: &Grant, b: &Grant, until: u64, how: &str) {
+    let overlap = Duration::from_nanos(until.saturating_sub(b.start));
+    verdict.overlapping.push(Overlap {
+        key: key.to_owned(),
+        first: a.process.clone(),
+        first_start: a.start,
+        second: b.process.clone(),
+        second_start: b.start,
+        until,
+    });
+    verdict.overlaps += 1;
+    verdict.overlap_total += overlap;
+    verdict.overlap_max = verdict.overlap_max.max(overlap);
+    verdict.violation(format!(
+        "{key}: {} (token {}, {:?}) and {} (token {}, {:?}): {how} for {overlap:?}",
+        a.process, a.token, a.kind, b.process, b.token, b.kind
+    ));
 }
 
 /// Grants sorted by start.
@@ -395,11 +444,30 @@ fn foreign_releases(verdict: &mut Verdict, key: &str, grants: &[&Grant]) {
     }
 }
 
-/// Grants sorted by start.
-fn foreign_extends(verdict: &mut Verdict, key: &str, grants: &[&Grant]) {
+/// Grants sorted by start. An extend that succeeded after a grant that its own does not
+/// admit beside it (for a permit: while `permits` others were live) took the key back.
+fn foreign_extends(verdict: &mut Verdict, key: &str, grants: &[&Grant], history_end: u64) {
     for (i, a) in grants.iter().enumerate() {
         for &at in &a.extended {
-            if let Some(b) = grants[i + 1..].iter().find(|b| b.start < at) {
+            let taken_back = match a.kind {
+                GrantKind::Read => grants[i + 1..]
+                    .iter()
+                    .find(|b| b.start < at && b.kind != GrantKind::Read),
+                GrantKind::Permit { permits } => {
+                    let others_live = grants
+                        .iter()
+                        .filter(|g| !std::ptr::eq(**g, *a))
+                        .filter(|g| g.start < at && (g.end.is_none() || g.end(history_end) > at))
+                        .count();
+                    grants[i + 1..]
+                        .iter()
+                        .find(|b| b.start < at && others_live >= permits as usize)
+                }
+                GrantKind::Exclusive | GrantKind::Write => {
+                    grants[i + 1..].iter().find(|b| b.start < at)
+                }
+            };
+            if let Some(b) = taken_back {
                 verdict.foreign_extends += 1;
                 verdict.violation(format!(
                     "{key}: {} (token {}) extended after {} had been granted {}",
@@ -428,9 +496,14 @@ mod tests {
     }
 
     fn granted(token: u64) -> What {
+        granted_as(token, GrantKind::Exclusive)
+    }
+
+    fn granted_as(token: u64, kind: GrantKind) -> What {
         What::Granted {
             token,
             remaining_ms: 1000,
+            kind,
         }
     }
 
@@ -480,6 +553,62 @@ mod tests {
         ]));
         assert_eq!(verdict.overlaps, 1);
         assert_eq!(verdict.overlap_max, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn permits_overlap_up_to_their_count_and_no_further() {
+        let two = GrantKind::Permit { permits: 2 };
+        let verdict = check(&history(&[
+            (0, "a", granted_as(1, two)),
+            (1, "b", granted_as(2, two)),
+            (2, "a", What::Release { token: 1 }),
+            (3, "c", granted_as(3, two)),
+            (4, "d", granted_as(4, two)),
+            (7, "b", What::Release { token: 2 }),
+            (9, "c", What::Release { token: 3 }),
+            (9, "d", What::Release { token: 4 }),
+        ]));
+        assert_eq!(verdict.overlaps, 1, "{:?}", verdict.violations);
+        assert_eq!(verdict.overlap_max, Duration::from_millis(3));
+        assert!(verdict.violations[0].contains("3 holders"), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn readers_share_and_a_writer_overlaps_with_anyone() {
+        let verdict = check(&history(&[
+            (0, "a", granted_as(1, GrantKind::Read)),
+            (1, "b", granted_as(2, GrantKind::Read)),
+            (2, "c", granted_as(3, GrantKind::Write)),
+            (4, "a", What::Release { token: 1 }),
+            (5, "b", What::Release { token: 2 }),
+            (6, "c", What::Release { token: 3 }),
+            (7, "d", granted_as(4, GrantKind::Read)),
+        ]));
+        assert_eq!(verdict.overlaps, 2, "{:?}", verdict.violations);
+        assert_eq!(verdict.overlap_total, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn a_permit_extended_beside_a_full_semaphore_took_it_back() {
+        let two = GrantKind::Permit { permits: 2 };
+        let extended = What::Extended {
+            token: 1,
+            outcome: "ok".to_owned(),
+        };
+        let beside_one = check(&history(&[
+            (0, "a", granted_as(1, two)),
+            (1, "b", granted_as(2, two)),
+            (2, "a", extended.clone()),
+        ]));
+        assert_eq!(beside_one.foreign_extends, 0);
+        let beside_two = check(&history(&[
+            (0, "a", granted_as(1, two)),
+            (1, "a", What::Lost { token: 1 }),
+            (2, "b", granted_as(2, two)),
+            (3, "c", granted_as(3, two)),
+            (4, "a", extended),
+        ]));
+        assert_eq!(beside_two.foreign_extends, 1);
     }
 
     #[test]
@@ -615,6 +744,7 @@ mod tests {
             What::Granted {
                 token: 1,
                 remaining_ms: 0,
+                kind: GrantKind::Exclusive,
             },
         )]));
         assert_eq!(verdict.late_grants, 1);

@@ -46,6 +46,10 @@ pub enum What {
         token: u64,
         /// The validity the guard reported when it was handed over.
         remaining_ms: u64,
+        /// What was granted: the key's only holder (a mutex, a leadership; left out of the
+        /// file), one of a semaphore's permits, a read or the write lock of a read-write lock.
+        #[serde(default, skip_serializing_if = "GrantKind::is_exclusive")]
+        kind: GrantKind,
     },
     /// The acquire failed (`error` is the error kind, or `timeout`).
     Failed {
@@ -106,6 +110,32 @@ pub enum What {
     Heal,
     /// The injector killed the worker named by the event's `process` (SIGKILL).
     Killed,
+}
+
+/// What a grant of a key lets others hold beside it, for the checker
+/// ([`check`](super::check::check)): a key's sections may overlap only as their kinds allow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantKind {
+    /// Nobody: a mutex's guard, an election's leadership.
+    #[default]
+    Exclusive,
+    /// Up to `permits - 1` other permits of the same semaphore.
+    Permit {
+        /// The semaphore's permits.
+        permits: u32,
+    },
+    /// Any number of other readers, no writer.
+    Read,
+    /// Nobody, as [`GrantKind::Exclusive`].
+    Write,
+}
+
+impl GrantKind {
+    /// Whether it is [`GrantKind::Exclusive`] (the kind a history leaves unsaid).
+    pub fn is_exclusive(&self) -> bool {
+        *self == GrantKind::Exclusive
+    }
 }
 
 /// Appends events to a history file, one JSON object per line, flushed as they come so that
@@ -193,6 +223,7 @@ mod tests {
                 What::Granted {
                     token: 3,
                     remaining_ms: 900,
+                    kind: GrantKind::Permit { permits: 3 },
                 },
             )
             .expect("record");

@@ -96,7 +96,10 @@ enum Command_ {
     /// commands run at once, each holding one permit (everything below holds for a permit as
     /// for the lock; CMD also sees LOCKKIT_PERMITS). Every process using the semaphore must
     /// give the same N: another N while it is in use fails with 78, as does --permits on a
-    /// backend without semaphores (Redlock).
+    /// backend without semaphores (Redlock). With --read or --write, KEY is a read-write
+    /// lock: --read runs share it, a --write run holds it alone (and --read runs that come
+    /// while it waits wait behind it). CMD also sees LOCKKIT_MODE (lock, permit, read or
+    /// write).
     ///
     /// CMD sees LOCKKIT_KEY, LOCKKIT_FENCING_TOKEN, LOCKKIT_BACKEND, LOCKKIT_TTL_MS (the
     /// lock's TTL) and LOCKKIT_VALID_UNTIL_MS (when the lock would expire, in milliseconds
@@ -158,7 +161,8 @@ enum Command_ {
     /// Check the configuration and the backend.
     ///
     /// Loads the configuration, prints it (secrets redacted) with its tier and the primitives
-    /// its backend has (mutex, election, semaphore: "supported", or "unsupported: why"), and
+    /// its backend has (mutex, election, semaphore, rwlock: "supported", or "unsupported:
+    /// why"), and
     /// checks that the backend answers.
     Check,
     /// List the held locks of the namespace.
@@ -222,6 +226,14 @@ struct RunArgs {
     /// KEY is a semaphore of N permits (1 to 1024): run CMD holding one of them.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(lockkit::MAX_PERMITS)))]
     permits: Option<u32>,
+    /// KEY is a read-write lock: run CMD holding a read lock, shared with other --read runs
+    /// (it waits while a writer holds KEY or waits for it).
+    #[arg(long, conflicts_with_all = ["permits", "write"])]
+    read: bool,
+    /// KEY is a read-write lock: run CMD holding its write lock, alone (readers that come
+    /// while it waits wait behind it).
+    #[arg(long, conflicts_with = "permits")]
+    write: bool,
     /// The exit code when the lock is not acquired (held with --no-wait, or not free within
     /// the wait), like `flock -E`: tells a skipped run from a failed one.
     #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
@@ -385,6 +397,7 @@ async fn check(config: &LockkitConfig, json: bool) -> Result<u8, Failure> {
         ("mutex", lockkit::Support::Supported),
         ("election", capabilities.election),
         ("semaphore", capabilities.semaphore),
+        ("rwlock", capabilities.rwlock),
     ];
     let said = |support: lockkit::Support| match support {
         lockkit::Support::Unsupported(why) => format!("unsupported: {why}"),

@@ -1,20 +1,82 @@
 //! `lockkit run`: a command under a lock (or one of a semaphore's permits, with
-//! `--permits`), that never runs without it (see [`crate::child`] and [`crate::signals`]).
+//! `--permits`, or a read-write lock's read or write lock, with `--read` / `--write`), that
+//! never runs without it (see [`crate::child`] and [`crate::signals`]).
 
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
 
-use lockkit::{ErrorKind, LockClient, LockkitConfig, MutexGuard, Permit};
+use lockkit::{ErrorKind, LockClient, LockkitConfig, MutexGuard, Permit, ReadGuard, WriteGuard};
 use serde_json::json;
 
 use crate::child::{self, CLOSE_BOUND, grant_env, interrupted};
 use crate::signals::Signals;
 use crate::{Failure, RunArgs};
 
-/// What the command runs under: the lock, or one of the semaphore's permits.
+/// What KEY is and what the command holds of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Under {
+    /// The mutex KEY.
+    Lock,
+    /// One of the permits of the semaphore KEY.
+    Permit(u32),
+    /// A read lock of the read-write lock KEY.
+    Read,
+    /// The write lock of the read-write lock KEY.
+    Write,
+}
+
+impl Under {
+    fn of(args: &RunArgs) -> Self {
+        match (args.permits, args.read, args.write) {
+            (Some(permits), _, _) => Under::Permit(permits),
+            (None, true, _) => Under::Read,
+            (None, false, true) => Under::Write,
+            (None, false, false) => Under::Lock,
+        }
+    }
+
+    /// The `mode` of the JSON report and of `LOCKKIT_MODE`.
+    fn mode(self) -> &'static str {
+        match self {
+            Under::Lock => "lock",
+            Under::Permit(_) => "permit",
+            Under::Read => "read",
+            Under::Write => "write",
+        }
+    }
+
+    /// Why the command did not run: KEY was taken (`--no-wait`, `waited == None`) or stayed
+    /// taken until the wait (`waited`, or an unknown one) ran out.
+    fn not_free(self, key: &str, waited: Option<Option<Duration>>) -> String {
+        let (now, then) = match self {
+            Under::Lock | Under::Write => (
+                format!("{key} is held by someone else"),
+                format!("{key} was not free"),
+            ),
+            Under::Permit(permits) => (
+                format!("no permit of {key} (of {permits}) is free"),
+                format!("no permit of {key} (of {permits}) was free"),
+            ),
+            Under::Read => (
+                format!("{key} is held by a writer, or a writer waits for it"),
+                format!("{key} was not free for readers"),
+            ),
+        };
+        match waited {
+            None => now,
+            Some(Some(wait)) => format!("{then} within {wait:?}"),
+            Some(None) => format!("{then} in time"),
+        }
+    }
+}
+
+/// What the command runs under.
 enum Held {
     Lock(MutexGuard),
     Permit(Permit),
+    Read(ReadGuard),
+    Write(WriteGuard),
 }
 
 impl Held {
@@ -23,6 +85,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard,
             Held::Permit(permit) => permit.as_guard(),
+            Held::Read(read) => read.as_guard(),
+            Held::Write(write) => write.as_guard(),
         }
     }
 
@@ -30,85 +94,101 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.release().await,
             Held::Permit(permit) => permit.release().await,
+            Held::Read(read) => read.release().await,
+            Held::Write(write) => write.release().await,
         }
     }
 }
 
+/// How long `lockkit run` waits: not at all (`--no-wait`), at most `--wait` (or the
+/// configuration's wait timeout), or as long as it takes.
+#[derive(Debug, Clone, Copy)]
+enum Patience {
+    None,
+    AtMost(Duration),
+    Forever,
+}
+
+/// Takes `$what` of `$primitive` with its `$try` / `$timeout` / `$forever` methods, as
+/// `$patience` says; `lockkit::Result<Option<Held>>`, `Ok(None)` when `--no-wait` found it
+/// taken, the wait's own error (a timeout) as it is.
+macro_rules! take {
+    ($primitive:expr, $patience:expr, $try:ident, $timeout:ident, $forever:ident, $held:path) => {{
+        let primitive = $primitive;
+        let taken = match $patience {
+            Patience::None => primitive.$try().await,
+            Patience::AtMost(wait) => primitive.$timeout(wait).await.map(Some),
+            Patience::Forever => primitive.$forever().await.map(Some),
+        };
+        taken.map(|held| held.map($held))
+    }};
+}
+
 async fn acquire(locks: &LockClient, args: &RunArgs) -> Result<Held, Failure> {
+    let under = Under::of(args);
+    let ttl = args.ttl;
+    let patience = if args.no_wait {
+        Patience::None
+    } else {
+        args.wait.map_or(Patience::Forever, Patience::AtMost)
+    };
+    let taken = match under {
+        Under::Lock => {
+            let mutex = locks.mutex(&args.key)?;
+            let mutex = match ttl {
+                Some(ttl) => mutex.with_ttl(ttl)?,
+                None => mutex,
+            };
+            take!(mutex, patience, try_lock, lock_timeout, lock, Held::Lock)
+        }
+        Under::Permit(permits) => {
+            let semaphore = locks.semaphore(&args.key, permits)?;
+            let semaphore = match ttl {
+                Some(ttl) => semaphore.with_ttl(ttl)?,
+                None => semaphore,
+            };
+            take!(
+                semaphore,
+                patience,
+                try_acquire,
+                acquire_timeout,
+                acquire,
+                Held::Permit
+            )
+        }
+        Under::Read | Under::Write => {
+            let rwlock = locks.rwlock(&args.key)?;
+            let rwlock = match ttl {
+                Some(ttl) => rwlock.with_ttl(ttl)?,
+                None => rwlock,
+            };
+            if under == Under::Read {
+                take!(rwlock, patience, try_read, read_timeout, read, Held::Read)
+            } else {
+                take!(
+                    rwlock,
+                    patience,
+                    try_write,
+                    write_timeout,
+                    write,
+                    Held::Write
+                )
+            }
+        }
+    };
     let not_acquired = |why: String| Failure {
         code: args.conflict_exit_code,
         message: why,
     };
-    let waited = match args.permits {
-        Some(permits) => acquire_permit(locks, args, permits).await?,
-        None => acquire_lock(locks, args).await?,
-    };
-    let what = match args.permits {
-        Some(permits) => format!("no permit of {} (of {permits})", args.key),
-        None => args.key.clone(),
-    };
-    match waited {
+    match taken {
         Ok(Some(held)) => Ok(held),
-        Ok(None) => Err(not_acquired(match args.permits {
-            Some(_) => format!("{what} is free"),
-            None => format!("{what} is held by someone else"),
-        })),
+        Ok(None) => Err(not_acquired(under.not_free(&args.key, None))),
         Err(e) if e.kind() == ErrorKind::Timeout => {
-            let free = match args.permits {
-                Some(_) => format!("{what} was free"),
-                None => format!("{what} was not free"),
-            };
-            Err(not_acquired(
-                match args.wait.or(locks.options().wait_timeout) {
-                    Some(wait) => format!("{free} within {wait:?}"),
-                    None => format!("{free} in time"),
-                },
-            ))
+            let waited = args.wait.or(locks.options().wait_timeout);
+            Err(not_acquired(under.not_free(&args.key, Some(waited))))
         }
         Err(e) => Err(e.into()),
     }
-}
-
-/// The lock, or `Ok(None)` when `--no-wait` found it held; the wait's own error (a timeout)
-/// inside, for [`acquire`] to word.
-async fn acquire_lock(
-    locks: &LockClient,
-    args: &RunArgs,
-) -> Result<lockkit::Result<Option<Held>>, Failure> {
-    let mut mutex = locks.mutex(&args.key)?;
-    if let Some(ttl) = args.ttl {
-        mutex = mutex.with_ttl(ttl)?;
-    }
-    let held = if args.no_wait {
-        mutex.try_lock().await
-    } else {
-        match args.wait {
-            Some(wait) => mutex.lock_timeout(wait).await.map(Some),
-            None => mutex.lock().await.map(Some),
-        }
-    };
-    Ok(held.map(|guard| guard.map(Held::Lock)))
-}
-
-/// As [`acquire_lock`], for one of the `permits` permits of the semaphore KEY.
-async fn acquire_permit(
-    locks: &LockClient,
-    args: &RunArgs,
-    permits: u32,
-) -> Result<lockkit::Result<Option<Held>>, Failure> {
-    let mut semaphore = locks.semaphore(&args.key, permits)?;
-    if let Some(ttl) = args.ttl {
-        semaphore = semaphore.with_ttl(ttl)?;
-    }
-    let held = if args.no_wait {
-        semaphore.try_acquire().await
-    } else {
-        match args.wait {
-            Some(wait) => semaphore.acquire_timeout(wait).await.map(Some),
-            None => semaphore.acquire().await.map(Some),
-        }
-    };
-    Ok(held.map(|permit| permit.map(Held::Permit)))
 }
 
 /// Runs `args.command` under the lock. `json`: print the report on stdout, and give the
@@ -141,7 +221,9 @@ pub(crate) async fn run(
             guard.fencing_token().get().to_string(),
         ),
     ];
-    if let Some(permits) = args.permits {
+    let under = Under::of(&args);
+    env.push(("LOCKKIT_MODE", under.mode().to_owned()));
+    if let Under::Permit(permits) = under {
         env.push(("LOCKKIT_PERMITS", permits.to_string()));
     }
     env.extend(grant_env(&config, guard));
@@ -179,6 +261,7 @@ pub(crate) async fn run(
             "{}",
             json!({
                 "key": args.key,
+                "mode": under.mode(),
                 "permits": args.permits,
                 "fencing_token": fencing_token,
                 "command_exit": finished.status.code(),
