@@ -194,10 +194,14 @@ impl RedisBackend {
             return Err(request.hold.unsupported(BACKEND));
         }
         let keys = RwKeys::of(&request.key);
-        let notifier = &self.primary.epoch().notifier;
         let marker = request
             .wait
-            .then(|| notifier.marker(keys.channel(request.hold)))
+            .then(|| {
+                self.primary
+                    .epoch()
+                    .notifier
+                    .marker(keys.channel(request.hold))
+            })
             .flatten();
         let args = acquire_args(&keys, request, self.config.fence_ttl);
         let reply = if self.config.min_replicas > 0 {
@@ -235,7 +239,7 @@ impl RedisBackend {
                 if request.hold == Hold::Read && request.wait {
                     // Woken by a writer's going, this reader may not be the only one that can
                     // read now: the next waiting reader of this process tries too.
-                    notifier.pass_on(&keys.readers_channel);
+                    self.primary.epoch().notifier.pass_on(&keys.readers_channel);
                 }
                 Ok(Attempt::Granted(Grant::new(token, request.ttl)))
             }
