@@ -25,8 +25,12 @@
 //! - election rows (holder pause, partition, server crash with election candidates): the
 //!   criteria of the lock row they repeat, on the same tier; the leader's term is its fencing
 //!   token. A tier whose backend has no elections (Redlock) shows them as not applicable.
+//! - semaphore and rwlock rows (holder pause, partition, server crash): the criteria of the
+//!   lock row they repeat, with overlaps judged by kind (a third holder of the semaphore of
+//!   2; a writer beside anyone). Not applicable where the backend lacks the primitive.
+//! - semaphore and rwlock contention: 10,000 grants, no overlap, no duplicate token.
 
-use lockkit_core::testing::history::{Event, GrantKind, What};
+use lockkit_core::testing::history::{Event, What};
 
 use crate::run::Outcome;
 use crate::scenarios::Scenario;
@@ -53,24 +57,21 @@ pub fn broken(outcome: &Outcome, topology: Topology, scenario: Scenario) -> Vec<
         require(v.token_regressions == 0, "no token regression");
         require(v.token_duplicates == 0, "no duplicate token");
     }
-    match scenario {
-        Scenario::HolderPause | Scenario::PauseBeforeWrite | Scenario::ElectionHolderPause => {
+    match scenario.lock_row() {
+        Scenario::HolderPause | Scenario::PauseBeforeWrite => {
             require(v.overlaps >= 1, "the pause outlasted the lock (an overlap)");
             require(v.stale_rejected >= 1, "the stale write refused");
             require(v.stale_accepted == 0, "no stale write accepted");
         }
         Scenario::Partition
-        | Scenario::ElectionPartition
         | Scenario::DelayedReplies
         | Scenario::DroppedReplies
         | Scenario::HolderCrash
         | Scenario::DelayedRestart
         | Scenario::PersistentCrash
         | Scenario::QueuedWaiterExpires => require(v.overlaps == 0, "no overlap"),
-        Scenario::ServerPause | Scenario::ServerCrash | Scenario::ElectionServerCrash => {
-            if topology.is_consensus() {
-                require(v.overlaps == 0, "no overlap");
-            }
+        Scenario::ServerPause | Scenario::ServerCrash if topology.is_consensus() => {
+            require(v.overlaps == 0, "no overlap");
         }
         Scenario::LeaderIsolation => require(v.acquisitions == 0, "no grant on the minority side"),
         Scenario::SplitBrain => {
@@ -79,12 +80,18 @@ pub fn broken(outcome: &Outcome, topology: Topology, scenario: Scenario) -> Vec<
                 "the waiter was granted by the promoted replica",
             );
         }
+        Scenario::SemaphoreContention | Scenario::RwLockContention => {
+            require(v.overlaps == 0, "no overlap");
+            require(v.token_duplicates == 0, "no duplicate token");
+            require(v.acquisitions >= 10_000, "10,000 grants");
+        }
+        _ => {}
     }
-    match scenario {
-        Scenario::HolderCrash | Scenario::Partition | Scenario::ElectionPartition => {
+    match scenario.lock_row() {
+        Scenario::HolderCrash | Scenario::Partition => {
             require(v.acquisitions >= 2, "the next worker was granted");
         }
-        Scenario::ServerCrash | Scenario::ElectionServerCrash => require(
+        Scenario::ServerCrash => require(
             v.recovery.iter().all(Option::is_some),
             "the waiter was granted after the crash",
         ),
@@ -129,6 +136,8 @@ pub fn lost_before_next_grant(events: &[Event]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use lockkit_core::testing::history::GrantKind;
+
     use super::*;
 
     fn at(at_ns: u64, process: &str, what: What) -> Event {

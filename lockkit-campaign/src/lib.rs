@@ -9,7 +9,12 @@
 //! (`election-holder-pause`, `election-partition`, `election-server-crash`) time the same
 //! faults against election candidates instead of lock takers, on every tier whose backend has
 //! elections, and are judged as the lock rows they repeat; on a tier without elections
-//! (Redlock) they show as not applicable.
+//! (Redlock) they show as not applicable. The semaphore and read-write lock rows
+//! (`semaphore-` and `rwlock-holder-pause`, `-partition`, `-server-crash`) do the same with
+//! permit takers of a semaphore of 2 whose other permit a companion holds throughout, and
+//! with writers while a companion reads; `semaphore-contention` and `rwlock-contention`
+//! check the merged history of 10,000 grants of 8 processes (never more than 3 holders of a
+//! semaphore of 3; never a writer beside anyone). The checker judges each grant by its kind.
 //!
 //! `cargo run --release -p lockkit-campaign` runs every scenario on every tier whose servers
 //! are up (`compose/campaign.sh` starts them first); `tests/smoke.rs` runs the subset CI

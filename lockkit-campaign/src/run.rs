@@ -55,6 +55,23 @@ impl Outcome {
     }
 }
 
+/// The permits of a semaphore run's semaphore: one for the companion, one contended.
+pub const SEMAPHORE_PERMITS: u32 = 2;
+
+/// What the workers of a run contend for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Primitive {
+    /// The lock `key`.
+    Lock,
+    /// The election `key` ([`WorkerSpec::elect`]).
+    Election,
+    /// The semaphore `key` of [`SEMAPHORE_PERMITS`] permits, one of which the run's
+    /// companion holds throughout ([`Run::contend_for`]).
+    Semaphore,
+    /// The write lock of the read-write lock `key`, while the run's companion reads.
+    RwLock,
+}
+
 /// Shared settings of a campaign.
 #[derive(Debug, Clone)]
 pub struct Campaign {
@@ -77,9 +94,13 @@ pub struct Run {
     pub extra_keys: Vec<String>,
     /// The TTL of every lock.
     pub ttl: Duration,
-    /// Whether the workers are candidates of the election `key` rather than takers of the
-    /// lock `key` ([`WorkerSpec::elect`]).
-    pub election: bool,
+    /// What the workers contend for.
+    pub primitive: Primitive,
+    /// The permits of the semaphore, in a [`Primitive::Semaphore`] run.
+    pub permits: u32,
+    /// The worker that shares the key with the scenario's workers throughout, if the
+    /// primitive has one ([`Primitive::Semaphore`], [`Primitive::RwLock`]).
+    companion: Option<Worker>,
     scenario: &'static str,
     worker_exe: PathBuf,
     dir: PathBuf,
@@ -107,7 +128,9 @@ impl Run {
         Ok(Run {
             tier: tier.clone(),
             ttl: campaign.ttl,
-            election: false,
+            primitive: Primitive::Lock,
+            permits: SEMAPHORE_PERMITS,
+            companion: None,
             scenario,
             worker_exe: campaign.worker_exe.clone(),
             resource: FencedResource::start()
@@ -142,8 +165,43 @@ impl Run {
             acquire_timeout_ms: 30_000,
             between_ms: 0,
             break_fencing: false,
-            elect: self.election,
+            elect: self.primitive == Primitive::Election,
+            permits: (self.primitive == Primitive::Semaphore).then_some(self.permits),
+            read: false,
+            write: self.primitive == Primitive::RwLock,
+            until_told: false,
         }
+    }
+
+    /// Makes the run's workers contend for `primitive`, and starts its companion: for a
+    /// semaphore, a worker that takes one of its two permits (before anyone else) and holds
+    /// it until the run finishes, so that the scenario's workers contend for the other; for
+    /// a read-write lock, a worker that reads (no writes), 100 ms at a time, while the
+    /// scenario's workers write.
+    ///
+    /// # Errors
+    /// When the companion cannot be started or granted.
+    pub async fn contend_for(&mut self, primitive: Primitive) -> Result<(), CampaignError> {
+        self.primitive = primitive;
+        let mut spec = self.spec("companion");
+        spec.writes = 0;
+        match primitive {
+            Primitive::Lock | Primitive::Election => return Ok(()),
+            Primitive::Semaphore => spec.until_told = true,
+            Primitive::RwLock => {
+                spec.write = false;
+                spec.read = true;
+                spec.iterations = 40;
+                spec.hold_ms = 100;
+                spec.between_ms = 100;
+            }
+        }
+        let mut companion = self.start(&spec).await?;
+        companion
+            .wait_for("granted", self.ttl * 4 + Duration::from_secs(20))
+            .await?;
+        self.companion = Some(companion);
+        Ok(())
     }
 
     /// Starts a worker.
@@ -213,8 +271,14 @@ impl Run {
     ///
     /// # Errors
     /// When a worker does not finish, or a history cannot be read.
-    pub async fn finish(self, workers: Vec<Worker>) -> Result<Outcome, CampaignError> {
+    pub async fn finish(mut self, workers: Vec<Worker>) -> Result<Outcome, CampaignError> {
         let mut workers = workers;
+        if let Some(mut companion) = self.companion.take() {
+            if self.primitive == Primitive::Semaphore {
+                companion.tell().await?;
+            }
+            workers.push(companion);
+        }
         for worker in &mut workers {
             worker.wait_idle(Duration::from_secs(120)).await?;
         }
@@ -255,12 +319,42 @@ impl Run {
     }
 
     /// Whether `key` has a record on the servers: a holder of the lock, or, in an election
-    /// run, a leader or a proclaimed value that outlived its grant.
+    /// run, a leader or a proclaimed value that outlived its grant. A semaphore or a
+    /// read-write lock is looked at by what a record of it would do: a permit that cannot be
+    /// had (of the two), a write or a read lock refused.
     async fn held(&self, locks: &LockClient, key: &str) -> Result<bool, CampaignError> {
-        if locks.inspect(key).await?.is_some() {
-            return Ok(true);
+        match self.primitive {
+            Primitive::Lock => Ok(locks.inspect(key).await?.is_some()),
+            Primitive::Election => Ok(locks.inspect(key).await?.is_some()
+                || locks.election(key)?.leader().await?.is_some()),
+            Primitive::Semaphore => {
+                let semaphore = locks.semaphore(key, self.permits)?;
+                let mut permits = Vec::new();
+                for _ in 0..self.permits {
+                    match semaphore.try_acquire().await? {
+                        Some(permit) => permits.push(permit),
+                        None => break,
+                    }
+                }
+                let all = permits.len() == self.permits as usize;
+                for permit in permits {
+                    permit.release().await?;
+                }
+                Ok(!all)
+            }
+            Primitive::RwLock => {
+                let rwlock = locks.rwlock(key)?;
+                let Some(written) = rwlock.try_write().await? else {
+                    return Ok(true);
+                };
+                written.release().await?;
+                let Some(read) = rwlock.try_read().await? else {
+                    return Ok(true);
+                };
+                read.release().await?;
+                Ok(false)
+            }
         }
-        Ok(self.election && locks.election(key)?.leader().await?.is_some())
     }
 
     /// 1 if `key` still has a record on the servers (see [`Run::leftovers`]).

@@ -1,7 +1,10 @@
 //! The scenarios: each a fault timed against lock workers, run on every tier it applies to.
 //! The election rows time the same faults against election candidates
 //! ([`WorkerSpec::elect`](crate::WorkerSpec::elect)) on the tiers whose backend has
-//! elections, and are judged as the lock rows they repeat.
+//! elections, and are judged as the lock rows they repeat. The semaphore and read-write lock
+//! rows do the same with permit takers and writers beside a companion worker
+//! ([`Run::contend_for`]); the two contention rows check 10,000 grants of 8 processes of a
+//! semaphore and of a read-write lock, without faults.
 
 use std::time::Duration;
 
@@ -11,7 +14,7 @@ use nix::sys::signal::Signal;
 
 use crate::CampaignError;
 use crate::private::{SplitSentinel, persistent_redis};
-use crate::run::{Campaign, Outcome, Run};
+use crate::run::{Campaign, Outcome, Primitive, Run};
 use crate::tiers::{Tier, Topology, member, restore, restore_if_replaced};
 
 /// A fault scenario.
@@ -73,11 +76,34 @@ pub enum Scenario {
     /// [`Scenario::ServerCrash`] with election candidates: the deciding servers are killed
     /// while one leads and another campaigns.
     ElectionServerCrash,
+    /// [`Scenario::HolderPause`] with a semaphore of 2 permits, one of which a companion
+    /// holds throughout: the paused holder's permit passes to the waiter.
+    SemaphoreHolderPause,
+    /// [`Scenario::Partition`] with the semaphore of [`Scenario::SemaphoreHolderPause`].
+    SemaphorePartition,
+    /// [`Scenario::ServerCrash`] with the semaphore of [`Scenario::SemaphoreHolderPause`].
+    SemaphoreServerCrash,
+    /// [`Scenario::HolderPause`] with writers of a read-write lock while a companion reads.
+    RwLockHolderPause,
+    /// [`Scenario::Partition`] with the writers and reader of [`Scenario::RwLockHolderPause`].
+    RwLockPartition,
+    /// [`Scenario::ServerCrash`] with the writers and reader of [`Scenario::RwLockHolderPause`].
+    RwLockServerCrash,
+    /// 8 worker processes take permits of a semaphore of 3, 1,250 times each with no pause:
+    /// never more than 3 holders in the merged history of 10,000 grants.
+    SemaphoreContention,
+    /// 6 reader and 2 writer processes take a read-write lock 1,250 times each with no
+    /// pause: never a writer beside anyone in the merged history of 10,000 grants.
+    RwLockContention,
 }
+
+/// How many processes a contention row runs, and how many grants each takes.
+const CONTENDERS: usize = 8;
+const CONTENDED_GRANTS: u32 = 1_250;
 
 impl Scenario {
     /// Every scenario, in the order of the tables.
-    pub const ALL: [Scenario; 16] = [
+    pub const ALL: [Scenario; 24] = [
         Scenario::HolderPause,
         Scenario::PauseBeforeWrite,
         Scenario::DelayedReplies,
@@ -94,6 +120,14 @@ impl Scenario {
         Scenario::ElectionHolderPause,
         Scenario::ElectionPartition,
         Scenario::ElectionServerCrash,
+        Scenario::SemaphoreHolderPause,
+        Scenario::SemaphorePartition,
+        Scenario::SemaphoreServerCrash,
+        Scenario::RwLockHolderPause,
+        Scenario::RwLockPartition,
+        Scenario::RwLockServerCrash,
+        Scenario::SemaphoreContention,
+        Scenario::RwLockContention,
     ];
 
     /// Its name in the tables.
@@ -115,21 +149,48 @@ impl Scenario {
             Scenario::ElectionHolderPause => "election-holder-pause",
             Scenario::ElectionPartition => "election-partition",
             Scenario::ElectionServerCrash => "election-server-crash",
+            Scenario::SemaphoreHolderPause => "semaphore-holder-pause",
+            Scenario::SemaphorePartition => "semaphore-partition",
+            Scenario::SemaphoreServerCrash => "semaphore-server-crash",
+            Scenario::RwLockHolderPause => "rwlock-holder-pause",
+            Scenario::RwLockPartition => "rwlock-partition",
+            Scenario::RwLockServerCrash => "rwlock-server-crash",
+            Scenario::SemaphoreContention => "semaphore-contention",
+            Scenario::RwLockContention => "rwlock-contention",
         }
     }
 
-    /// Whether its workers are election candidates rather than lock takers.
-    pub fn is_election(self) -> bool {
-        self.lock_row() != self
+    /// What its workers contend for.
+    pub fn primitive(self) -> Primitive {
+        match self {
+            Scenario::ElectionHolderPause
+            | Scenario::ElectionPartition
+            | Scenario::ElectionServerCrash => Primitive::Election,
+            Scenario::SemaphoreHolderPause
+            | Scenario::SemaphorePartition
+            | Scenario::SemaphoreServerCrash
+            | Scenario::SemaphoreContention => Primitive::Semaphore,
+            Scenario::RwLockHolderPause
+            | Scenario::RwLockPartition
+            | Scenario::RwLockServerCrash
+            | Scenario::RwLockContention => Primitive::RwLock,
+            _ => Primitive::Lock,
+        }
     }
 
-    /// The lock scenario an election row repeats with candidates (itself for a lock row):
-    /// the fault, its timing and the pass criteria are that row's.
+    /// The lock scenario a row of another primitive repeats (itself for a lock row and for
+    /// the contention rows): the fault, its timing and the pass criteria are that row's.
     pub fn lock_row(self) -> Scenario {
         match self {
-            Scenario::ElectionHolderPause => Scenario::HolderPause,
-            Scenario::ElectionPartition => Scenario::Partition,
-            Scenario::ElectionServerCrash => Scenario::ServerCrash,
+            Scenario::ElectionHolderPause
+            | Scenario::SemaphoreHolderPause
+            | Scenario::RwLockHolderPause => Scenario::HolderPause,
+            Scenario::ElectionPartition
+            | Scenario::SemaphorePartition
+            | Scenario::RwLockPartition => Scenario::Partition,
+            Scenario::ElectionServerCrash
+            | Scenario::SemaphoreServerCrash
+            | Scenario::RwLockServerCrash => Scenario::ServerCrash,
             lock => lock,
         }
     }
@@ -140,13 +201,14 @@ impl Scenario {
     }
 
     /// Whether the scenario means something on `topology`.
-    /// Election rows apply where their lock row does; whether the tier's backend has
-    /// elections is asked when the row runs (a row it has not shows as not applicable).
+    /// Rows of other primitives apply where their lock row does; whether the tier's backend
+    /// has the primitive is asked when the row runs (a row it has not shows as not
+    /// applicable).
     pub fn applies_to(self, topology: Topology) -> bool {
+        if self.lock_row() != self {
+            return self.lock_row().applies_to(topology);
+        }
         match self {
-            Scenario::ElectionHolderPause
-            | Scenario::ElectionPartition
-            | Scenario::ElectionServerCrash => self.lock_row().applies_to(topology),
             Scenario::DelayedReplies | Scenario::Partition | Scenario::DroppedReplies => {
                 topology.is_proxyable()
             }
@@ -164,26 +226,25 @@ impl Scenario {
     /// When the scenario cannot be carried out (a worker or server does not do its part);
     /// safety findings are in the [`Outcome`], not errors.
     pub async fn run(self, campaign: &Campaign, tier: &Tier) -> Result<Outcome, CampaignError> {
-        if self.is_election()
-            && let Err(why) = elections_supported(tier).await?
-        {
+        if let Err(why) = supported(tier, self.primitive()).await? {
             return Ok(Outcome::not_applicable(tier, self.name(), why));
         }
         let run = || async {
             let mut run = Run::new(campaign, tier, self.name()).await?;
-            run.election = self.is_election();
+            if !matches!(
+                self,
+                Scenario::SemaphoreContention | Scenario::RwLockContention
+            ) {
+                run.contend_for(self.primitive()).await?;
+            }
             Ok::<_, CampaignError>(run)
         };
-        match self {
-            Scenario::HolderPause | Scenario::ElectionHolderPause => {
-                holder_pause(run().await?).await
-            }
+        match self.lock_row() {
+            Scenario::HolderPause => holder_pause(run().await?).await,
             Scenario::PauseBeforeWrite => pause_before_write(run().await?).await,
             Scenario::DelayedReplies => delayed_replies(run().await?).await,
             Scenario::ServerPause => server_pause(run().await?).await,
-            Scenario::ServerCrash | Scenario::ElectionServerCrash => {
-                server_crash(run().await?, Duration::ZERO).await
-            }
+            Scenario::ServerCrash => server_crash(run().await?, Duration::ZERO).await,
             Scenario::DelayedRestart => {
                 server_crash(run().await?, campaign.ttl + Duration::from_secs(1)).await
             }
@@ -191,22 +252,68 @@ impl Scenario {
             Scenario::PersistentCrash => persistent_crash(campaign).await,
             Scenario::SplitBrain => split_brain(campaign).await,
             Scenario::HolderCrash => holder_crash(run().await?).await,
-            Scenario::Partition | Scenario::ElectionPartition => partition(run().await?).await,
+            Scenario::Partition => partition(run().await?).await,
             Scenario::DroppedReplies => dropped_replies(run().await?).await,
             Scenario::LeaderIsolation => leader_isolation(run().await?).await,
             Scenario::QueuedWaiterExpires => queued_waiter_expires(run().await?).await,
+            Scenario::SemaphoreContention | Scenario::RwLockContention => {
+                contention(run().await?, self.primitive()).await
+            }
+            other => Err(CampaignError(format!(
+                "{} repeats {}, which repeats nothing",
+                self.name(),
+                other.name()
+            ))),
         }
     }
 }
 
-/// `Err` with the reason when the backend of `tier` has no elections.
-async fn elections_supported(tier: &Tier) -> Result<Result<(), String>, CampaignError> {
-    let locks = lockkit::connect(&LockkitConfig::from_url(&tier.url)?).await?;
-    Ok(match locks.capabilities().election {
+/// `Err` with the reason when the backend of `tier` does not have `primitive`.
+async fn supported(tier: &Tier, primitive: Primitive) -> Result<Result<(), String>, CampaignError> {
+    let capabilities = || async {
+        let locks = lockkit::connect(&LockkitConfig::from_url(&tier.url)?).await?;
+        Ok::<_, CampaignError>(locks.capabilities())
+    };
+    let support = match primitive {
+        Primitive::Lock => return Ok(Ok(())),
+        Primitive::Election => capabilities().await?.election,
+        Primitive::Semaphore => capabilities().await?.semaphore,
+        Primitive::RwLock => capabilities().await?.rwlock,
+    };
+    Ok(match support {
         Support::Supported => Ok(()),
         Support::Unsupported(why) => Err(why.to_owned()),
         unknown => Err(format!("{unknown:?}")),
     })
+}
+
+/// [`CONTENDERS`] processes take `primitive` [`CONTENDED_GRANTS`] times each, at once: a
+/// semaphore of 3 permits (no writes: its holders are many), or a read-write lock that 2 of
+/// them write (one fenced write per grant) and the others read.
+async fn contention(mut run: Run, primitive: Primitive) -> Result<Outcome, CampaignError> {
+    run.primitive = primitive;
+    run.permits = 3;
+    let mut workers = Vec::with_capacity(CONTENDERS);
+    for i in 0..CONTENDERS {
+        let mut spec = run.spec(&format!("contender-{i}"));
+        spec.iterations = CONTENDED_GRANTS;
+        spec.deadline_ms = 600_000;
+        spec.acquire_timeout_ms = 60_000;
+        match primitive {
+            Primitive::Semaphore => spec.writes = 0,
+            _ if i < 2 => {}
+            _ => {
+                spec.write = false;
+                spec.read = true;
+                spec.writes = 0;
+            }
+        }
+        workers.push(run.start(&spec).await?);
+    }
+    for worker in &mut workers {
+        worker.wait_idle(Duration::from_secs(600)).await?;
+    }
+    run.finish(workers).await
 }
 
 /// Generous bound for a step that should take about a TTL.

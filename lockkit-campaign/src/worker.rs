@@ -6,7 +6,11 @@
 //! election of the same name with its own name as the value, and while it leads it writes
 //! with its term as the fencing token and resigns where a lock worker releases. Its history
 //! records leaderships as grants (the term as the token) and their loss as a lost lock, so
-//! the same checker judges both.
+//! the same checker judges both. With [`WorkerSpec::permits`] it takes a permit of the
+//! semaphore of that name, with [`WorkerSpec::read`] or [`WorkerSpec::write`] a read or the
+//! write lock of the read-write lock of that name; its grants say their kind, which the
+//! checker judges them by. [`WorkerSpec::until_told`] makes a worker hold its grant until
+//! the driver tells it to let go ([`Worker::tell`]).
 //!
 //! The worker side is [`run`], started as `lockkit-campaign worker ARGS`; the driver side is
 //! [`Worker`]. A worker also prints each step on stdout (`granted 42`, `checked`, `idle`...)
@@ -18,12 +22,15 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lockkit::{Election, Leadership, LockClient, LockkitConfig, Mutex as LockMutex, MutexGuard};
+use lockkit::{
+    Election, Leadership, LockClient, LockkitConfig, Mutex as LockMutex, MutexGuard, Permit,
+    ReadGuard, RwLock, Semaphore, WriteGuard,
+};
 use lockkit_core::testing::fenced::FencedClient;
-use lockkit_core::testing::history::{HistoryWriter, What};
+use lockkit_core::testing::history::{GrantKind, HistoryWriter, What};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
@@ -83,6 +90,18 @@ pub struct WorkerSpec {
     /// with the worker's name as the value, write with the term, resign instead of release.
     #[arg(long)]
     pub elect: bool,
+    /// Take a permit of the semaphore `key` of this many permits instead of the lock `key`.
+    #[arg(long, conflicts_with_all = ["elect", "read", "write"])]
+    pub permits: Option<u32>,
+    /// Take a read lock of the read-write lock `key` instead of the lock `key`.
+    #[arg(long, conflicts_with_all = ["elect", "write"])]
+    pub read: bool,
+    /// Take the write lock of the read-write lock `key` instead of the lock `key`.
+    #[arg(long, conflicts_with = "elect")]
+    pub write: bool,
+    /// Hold each grant until the driver says a line on stdin (instead of `hold_ms`).
+    #[arg(long)]
+    pub until_told: bool,
 }
 
 impl WorkerSpec {
@@ -114,6 +133,18 @@ impl WorkerSpec {
         }
         if self.elect {
             args.push("--elect".to_owned());
+        }
+        if let Some(permits) = self.permits {
+            args.push(format!("--permits={permits}"));
+        }
+        for (set, flag) in [
+            (self.read, "--read"),
+            (self.write, "--write"),
+            (self.until_told, "--until-told"),
+        ] {
+            if set {
+                args.push(flag.to_owned());
+            }
         }
         args
     }
@@ -150,17 +181,24 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// How a worker obtains its grants: as a lock taker or as an election candidate.
+/// How a worker obtains its grants: as a lock taker, an election candidate, a semaphore's
+/// permit taker, or a reader or writer of a read-write lock.
 enum Contender {
     Lock(LockMutex),
     Candidate { election: Election, value: String },
+    Permit(Semaphore),
+    Read(RwLock),
+    Write(RwLock),
 }
 
-/// A grant: a lock's guard, or a leadership (whose guard is that of the election's lock, and
-/// whose fencing token is its term).
+/// A grant: a lock's guard, a leadership (whose guard is that of the election's lock, and
+/// whose fencing token is its term), a permit, a read or a write lock.
 enum Held {
     Lock(MutexGuard),
     Leader(Leadership),
+    Permit(Permit),
+    Read(ReadGuard),
+    Write(WriteGuard),
 }
 
 impl Contender {
@@ -171,9 +209,27 @@ impl Contender {
                 election: locks.election(&spec.key)?.with_ttl(ttl)?,
                 value: spec.name.clone(),
             }
+        } else if let Some(permits) = spec.permits {
+            Contender::Permit(locks.semaphore(&spec.key, permits)?.with_ttl(ttl)?)
+        } else if spec.read {
+            Contender::Read(locks.rwlock(&spec.key)?.with_ttl(ttl)?)
+        } else if spec.write {
+            Contender::Write(locks.rwlock(&spec.key)?.with_ttl(ttl)?)
         } else {
             Contender::Lock(locks.mutex(&spec.key)?.with_ttl(ttl)?)
         })
+    }
+
+    /// What its grants let others hold beside them.
+    fn kind(&self) -> GrantKind {
+        match self {
+            Contender::Lock(_) | Contender::Candidate { .. } => GrantKind::Exclusive,
+            Contender::Permit(semaphore) => GrantKind::Permit {
+                permits: semaphore.permits(),
+            },
+            Contender::Read(_) => GrantKind::Read,
+            Contender::Write(_) => GrantKind::Write,
+        }
     }
 
     async fn obtain(&self, timeout: Duration) -> Result<Held, lockkit::Error> {
@@ -183,6 +239,11 @@ impl Contender {
                 .campaign_timeout(value.as_str(), timeout)
                 .await
                 .map(Held::Leader),
+            Contender::Permit(semaphore) => {
+                semaphore.acquire_timeout(timeout).await.map(Held::Permit)
+            }
+            Contender::Read(rwlock) => rwlock.read_timeout(timeout).await.map(Held::Read),
+            Contender::Write(rwlock) => rwlock.write_timeout(timeout).await.map(Held::Write),
         }
     }
 }
@@ -192,6 +253,9 @@ impl Held {
         match self {
             Held::Lock(guard) => guard,
             Held::Leader(leadership) => leadership.guard(),
+            Held::Permit(permit) => permit.as_guard(),
+            Held::Read(read) => read.as_guard(),
+            Held::Write(write) => write.as_guard(),
         }
     }
 
@@ -200,6 +264,9 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.release().await,
             Held::Leader(leadership) => leadership.resign().await,
+            Held::Permit(permit) => permit.release().await,
+            Held::Read(read) => read.release().await,
+            Held::Write(write) => write.release().await,
         }
     }
 }
@@ -221,6 +288,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
     let key = spec.key.as_str();
     let pause = Duration::from_millis(spec.hold_ms) / spec.writes.max(1);
     let mut stop_pending = spec.stop_after_check;
+    let mut told = stdin_lines();
     say("ready");
     let deadline = Instant::now() + Duration::from_millis(spec.deadline_ms);
     // A server that cannot be reached at the start is a failed acquire too.
@@ -270,6 +338,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             What::Granted {
                 token,
                 remaining_ms,
+                kind: contender.kind(),
             },
         )?;
         say(&format!("granted {token}"));
@@ -303,7 +372,11 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
                 .map_err(|e| CampaignError(format!("the fenced resource: {e}")))?;
             say(if stored { "stored" } else { "refused" });
         }
-        tokio::time::sleep(pause).await;
+        if spec.until_told {
+            told.recv().await;
+        } else {
+            tokio::time::sleep(pause).await;
+        }
         if spec.naive {
             // A careless holder also renews by hand, lost or not: it must not get the lock
             // back from whoever holds it now.
@@ -325,9 +398,22 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
         tokio::time::sleep(Duration::from_millis(spec.between_ms)).await;
     }
     say("idle");
-    let mut rest = Vec::new();
-    let _ = tokio::io::stdin().read_to_end(&mut rest).await;
+    while told.recv().await.is_some() {}
     Ok(())
+}
+
+/// The lines the driver says on stdin; the channel closes with stdin.
+fn stdin_lines() -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// The driver's handle on a worker process. Dropping it kills the process.
@@ -431,6 +517,22 @@ impl Worker {
             self.wait_for("idle", within).await?;
         }
         Ok(())
+    }
+
+    /// Tells a worker started with [`WorkerSpec::until_told`] to let its grant go.
+    ///
+    /// # Errors
+    /// When its stdin is closed.
+    pub async fn tell(&mut self) -> Result<(), CampaignError> {
+        use tokio::io::AsyncWriteExt;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| CampaignError(format!("{} has no stdin", self.name)))?;
+        stdin
+            .write_all(b"go\n")
+            .await
+            .map_err(|e| CampaignError(format!("cannot tell {}: {e}", self.name)))
     }
 
     /// Sends `signal` to the worker.

@@ -108,6 +108,10 @@ pub(crate) struct Sent<T> {
 ///   with the permit count in the key's path; the first `permits` keys by create revision
 ///   hold a permit; the first waiter watches the range for departures ahead of it, every
 ///   later one only its predecessor (see the crate docs, "Semaphores").
+/// - **Read-write locks**: the same keys and sessions under [`EtcdBackend::rwlock_prefix`],
+///   readers under `read/`, writers under `write/`; a reader holds when no write entry was
+///   created before it, a writer when no entry was; each waiter watches only the nearest
+///   entry that keeps it out (see the crate docs, "Read-write locks").
 ///
 /// Clones share the connection and the sessions. Dropping the last clone stops the
 /// keep-alives, so the session leases expire after their TTL; [`EtcdBackend::close`] revokes
@@ -484,12 +488,14 @@ impl LockBackend for EtcdBackend {
             .with_min_ttl(Duration::from_secs(MIN_TTL_SECS.unsigned_abs()))
             .with_election(Support::Supported)
             .with_semaphore(Support::Supported)
+            .with_rwlock(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         match request.hold {
             Hold::Exclusive => self.attempt(request).await,
             Hold::Permit { permits } => self.attempt_permit(request, permits).await,
+            Hold::Read | Hold::Write => self.attempt_rw(request).await,
             other => Err(other.unsupported(NAME)),
         }
     }
@@ -589,11 +595,12 @@ impl LockBackend for EtcdBackend {
     /// One read of the own key: once a key is the lowest of its lock it stays the lowest for
     /// as long as it exists, so its existence with the lease's revision and owner is the answer.
     /// A permit: the same, and fewer than `permits` keys created before it, in one read-only
-    /// transaction.
+    /// transaction; a read or write lock: the same, and no entry ahead of it.
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
         match lease.hold() {
             Hold::Exclusive => {}
             Hold::Permit { permits } => return self.holds_permit(lease, permits).await,
+            Hold::Read | Hold::Write => return self.holds_rw(lease).await,
             other => return Err(other.unsupported(NAME)),
         }
         let Some(key) = lease.handle() else {

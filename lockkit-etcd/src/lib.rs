@@ -9,6 +9,7 @@ mod election;
 mod error;
 mod naming;
 mod operator;
+mod rwlock;
 mod semaphore;
 mod session;
 mod wait;

@@ -1,6 +1,7 @@
 //! How the etcd backend names lock keys: `<prefix>/<namespace>/<name>/<lease-hex>-<n>` for
 //! a mutex, `<prefix>/<namespace>/../semaphore/<name>/<permits>/<lease-hex>-<n>` for a
-//! semaphore ([`SEMAPHORES`]), reusing names, what a key's value holds, and the reads that order a lock's keys by
+//! semaphore ([`SEMAPHORES`]), `<prefix>/<namespace>/../rwlock/<name>/{read,write}/<lease-hex>-<n>`
+//! for a read-write lock ([`RWLOCKS`]), reusing names, what a key's value holds, and the reads that order a lock's keys by
 //! create revision.
 
 use std::collections::HashMap;
@@ -66,6 +67,11 @@ impl KeyNames {
 /// namespace, where clean-up checks look. `list` reads them as the invalid name `..` and
 /// leaves them out.
 pub(crate) const SEMAPHORES: &str = "../semaphore";
+
+/// The segment between a namespace and a read-write lock's name, for the same reasons as
+/// [`SEMAPHORES`]; `../rwlock` and `../semaphore` are apart, so the rwlock, the semaphore and
+/// the mutex of one name never share a key.
+pub(crate) const RWLOCKS: &str = "../rwlock";
 
 /// A range read of the lock's keys in create order, `limit` of them.
 pub(crate) fn by_create(order: SortOrder, limit: i64) -> GetOptions {

@@ -495,7 +495,7 @@ impl EtcdBackend {
 }
 
 /// The error of an attempt whose acquisition was abandoned while it ran.
-fn abandoned() -> Error {
+pub(crate) fn abandoned() -> Error {
     Error::new(
         ErrorKind::Unavailable,
         NAME,

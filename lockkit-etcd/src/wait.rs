@@ -1,6 +1,6 @@
 //! Waiting in the etcd backend: a contender watches only the key just ahead of its own,
 //! so a release wakes exactly one waiter. The watch machinery here serves the election's
-//! observers and the semaphore's waiters too.
+//! observers and the semaphore's and the read-write lock's waiters too.
 
 use std::time::Duration;
 
@@ -48,6 +48,7 @@ impl EtcdBackend {
                     self.wait_for_permit(request, contention, permits, max_wait)
                         .await
                 }
+                Hold::Read | Hold::Write => self.wait_for_rw(request, contention, max_wait).await,
                 other => Err(other.unsupported(NAME)),
             }
         };
@@ -115,28 +116,46 @@ impl EtcdBackend {
                     }
                 }
             };
+        self.wait_for_delete(
+            "watching the predecessor",
+            &predecessor,
+            predecessor_created,
+            revision,
+            deadline,
+        )
+        .await
+    }
+
+    /// Waits until `key` (created at `created`, seen by a read at `revision`) is deleted,
+    /// `deadline` passes, or its watch ends; `what` names the watch in errors.
+    pub(crate) async fn wait_for_delete(
+        &self,
+        what: &str,
+        key: &str,
+        created: i64,
+        revision: i64,
+        deadline: Instant,
+    ) -> Result<()> {
         // The watch starts now, not at `revision + 1`: a watch from a past revision joins
         // the server's unsynced watchers, which it catches up only every 100 ms
         // (`syncWatchersLoop`), so under steady writes every handoff would wait for that tick.
         // A delete between the attempt and the watch is found by the read below instead.
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let opened = self
-            .open_watch("watching the predecessor", &predecessor, options, deadline)
-            .await?;
+        let opened = self.open_watch(what, key, options, deadline).await?;
         let Some((mut watch, watched_from)) = opened else {
             return Ok(());
         };
-        // Nothing was written between the attempt's read and the watch: the predecessor was
-        // there when the watch started. Otherwise the watch sees the delete only if the
-        // predecessor is still there now (a linearizable read, after the watch started),
-        // and still the same key: its name may be back by now, created anew behind ours
-        // (names are reused), and a delete of that key would never come while we wait.
+        // Nothing was written between the attempt's read and the watch: the key was there
+        // when the watch started. Otherwise the watch sees the delete only if the key is
+        // still there now (a linearizable read, after the watch started), and still the same
+        // key: its name may be back by now, created anew behind ours (names are reused), and
+        // a delete of that key would never come while we wait.
         if watched_from > revision {
             let reading = self.send(Resend::IfRetryable, |mut client| {
-                let predecessor = predecessor.clone();
+                let key = key.to_owned();
                 async move {
                     client
-                        .get(predecessor, Some(GetOptions::new().with_keys_only()))
+                        .get(key, Some(GetOptions::new().with_keys_only()))
                         .await
                 }
             });
@@ -146,14 +165,11 @@ impl EtcdBackend {
                     if found
                         .kvs()
                         .first()
-                        .is_some_and(|kv| kv.create_revision() == predecessor_created) => {}
+                        .is_some_and(|kv| kv.create_revision() == created) => {}
                 Ok(Some(Ok(_))) | Err(_) => return Ok(()),
-                Ok(Some(Err(e))) => return Err(error::map("reading the predecessor", e)),
+                Ok(Some(Err(e))) => return Err(error::map(what, e)),
                 Ok(None) => {
-                    return Err(error::timed_out(
-                        "reading the predecessor",
-                        self.inner.config.request_timeout,
-                    ));
+                    return Err(error::timed_out(what, self.inner.config.request_timeout));
                 }
             }
         }
@@ -162,9 +178,7 @@ impl EtcdBackend {
         let deleted = until_event(&mut watch, deadline, |event| {
             event.event_type() == EventType::Delete
         });
-        deleted
-            .await
-            .map_err(|e| error::map("watching the predecessor", e))
+        deleted.await.map_err(|e| error::map(what, e))
     }
 
     /// Opens a watch of `key` with `options`, within `deadline`: the stream, and the store

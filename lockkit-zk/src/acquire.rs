@@ -327,11 +327,12 @@ impl ZkBackend {
     }
 
     /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)),
-    /// of a mutex or of a semaphore's permit: the same node machinery, queued under the
-    /// parent of its kind (see `semaphore.rs` for what differs).
+    /// of a mutex, of a semaphore's permit, or of a read or write lock: the same node
+    /// machinery, queued under the parent of its kind (see `semaphore.rs` and `rwlock.rs`
+    /// for what differs).
     pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
         let permits = match request.hold {
-            Hold::Exclusive => None,
+            Hold::Exclusive | Hold::Read | Hold::Write => None,
             Hold::Permit { permits: 0 } => {
                 return Err(Error::invalid_config("a semaphore needs at least 1 permit"));
             }
@@ -369,11 +370,16 @@ impl ZkBackend {
                     if !request.wait {
                         // try_lock: a held lock answers without queueing a node.
                         let children = self.children(&session, &paths.parent).await?;
-                        let full = match permits {
-                            None => queue(children).into_iter().next().map(|holder| {
+                        let full = match (request.hold, permits) {
+                            (_, Some(permits)) => {
+                                self.all_permits_taken(request, permits, children)?
+                            }
+                            (Hold::Read | Hold::Write, None) => {
+                                Self::rwlock_taken(request.hold, children)
+                            }
+                            _ => queue(children).into_iter().next().map(|holder| {
                                 Contention::new().with_predecessor(public_name(&holder), None)
                             }),
-                            Some(permits) => self.all_permits_taken(request, permits, children)?,
                         };
                         if let Some(contention) = full {
                             return Ok(Attempt::Contended(contention));
@@ -387,12 +393,16 @@ impl ZkBackend {
                         .await?
                 }
             };
-            let step = match permits {
-                None => {
+            let step = match (request.hold, permits) {
+                (Hold::Read | Hold::Write, _) => {
+                    self.evaluate_rw(&session, request, &paths, &name, stat, children)
+                        .await?
+                }
+                (_, None) => {
                     self.evaluate(&session, request, &paths, &name, stat, children)
                         .await?
                 }
-                Some(permits) => {
+                (_, Some(permits)) => {
                     self.evaluate_permit(&session, request, permits, &paths, &name, stat, children)
                         .await?
                 }

@@ -61,6 +61,11 @@ pub(crate) const MAX_ROUNDS: usize = 4;
 /// where the first `n` nodes hold a permit and each waiter watches only the nodes that can
 /// change its place (see `semaphore.rs` and the crate docs' "Semaphores").
 ///
+/// A read-write lock is one queue of readers' and writers' nodes under
+/// `{chroot}/{namespace}/{key}/rwlock`, named as Curator's `InterProcessReadWriteLock` names
+/// them: a reader holds while no writer's node is ahead of its own, a writer while its node
+/// is first (see `rwlock.rs` and the crate docs' "Read-write locks").
+///
 /// Elections are these locks too, as Curator's `LeaderLatch` runs them: the lowest node
 /// leads, its czxid is the term, and the leader's value is its own node's data (see
 /// `election.rs` and the crate docs' "Elections").
@@ -280,6 +285,7 @@ impl LockBackend for ZkBackend {
             .with_min_ttl(MIN_TTL)
             .with_election(Support::Supported)
             .with_semaphore(Support::Supported)
+            .with_rwlock(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -293,7 +299,7 @@ impl LockBackend for ZkBackend {
         max_wait: Duration,
     ) -> Result<()> {
         match request.hold {
-            Hold::Exclusive => {
+            Hold::Exclusive | Hold::Read | Hold::Write => {
                 self.wait_on_predecessor(request, contention, max_wait)
                     .await
             }
@@ -343,11 +349,13 @@ impl LockBackend for ZkBackend {
         self.release_lease(lease).await
     }
 
-    /// For a permit, also that the node is among the first `permits` (see `semaphore.rs`).
+    /// For a permit, also that the node is among the first `permits` (see `semaphore.rs`);
+    /// for a read or write lock, that nothing ahead blocks it (see `rwlock.rs`).
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
         match lease.hold() {
             Hold::Exclusive => self.owns(lease).await,
             Hold::Permit { permits } => self.holds_permit(lease, permits).await,
+            Hold::Read | Hold::Write => self.holds_rw(lease).await,
             other => Err(other.unsupported(BACKEND)),
         }
     }

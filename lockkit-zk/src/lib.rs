@@ -10,6 +10,7 @@ mod error;
 mod naming;
 mod operator;
 mod renewal;
+mod rwlock;
 mod semaphore;
 mod session;
 #[cfg(feature = "tls")]

@@ -1,6 +1,8 @@
 //! How the ZooKeeper backend names things: a lock's parent znode, and each acquisition's
 //! node `_c_{uuid}-lock-{sequence}`, as Curator's `InterProcessMutex` does; a semaphore's
-//! parent below the lock's, and its nodes `_c_{uuid}-permits-{n}-lock-{sequence}`.
+//! parent below the lock's, and its nodes `_c_{uuid}-permits-{n}-lock-{sequence}`; a
+//! read-write lock's parent below the lock's too, and its nodes `_c_{uuid}-__READ__{sequence}`
+//! and `_c_{uuid}-__WRIT__{sequence}`, as Curator's `InterProcessReadWriteLock` names them.
 
 use lockkit_core::LockKey;
 use lockkit_core::backend::{Hold, OwnerToken};
@@ -18,13 +20,27 @@ pub(crate) const LOCK_NAME: &str = "-lock-";
 /// no other valid name (they have no `/`) maps to it.
 pub(crate) const SEMAPHORE_DIR: &str = "semaphore";
 
-/// The znode paths of one lock (or semaphore), relative to the chroot.
+/// The child of a lock's parent under which the read-write lock of the same name queues,
+/// for the reasons given for [`SEMAPHORE_DIR`]: no sequential node is named so, and no other
+/// valid name maps to it.
+pub(crate) const RWLOCK_DIR: &str = "rwlock";
+
+/// What follows the owner in the name of a reader's node, as Curator's
+/// `InterProcessReadWriteLock` names it.
+pub(crate) const READ_NAME: &str = "__READ__";
+
+/// What follows the owner in the name of a writer's node, as Curator's
+/// `InterProcessReadWriteLock` names it (Curator tells a writer's node by this alone).
+pub(crate) const WRITE_NAME: &str = "__WRIT__";
+
+/// The znode paths of one lock (or semaphore, or read-write lock), relative to the chroot.
 #[derive(Clone)]
 pub(crate) struct LockPaths {
     pub(crate) namespace: String,
     /// The key's own node, `{namespace}/{name}`: the mutex's parent.
     pub(crate) key: String,
-    /// The parent of the queue: `key` for a mutex, `{key}/semaphore` for a semaphore.
+    /// The parent of the queue: `key` for a mutex, `{key}/semaphore` for a semaphore,
+    /// `{key}/rwlock` for a read-write lock.
     pub(crate) parent: String,
 }
 
@@ -40,11 +56,17 @@ impl LockPaths {
         }
     }
 
-    /// The paths of what `hold` queues for on `key`: its mutex, or its semaphore.
+    /// The paths of what `hold` queues for on `key`: its mutex, its semaphore, or its
+    /// read-write lock.
     pub(crate) fn of(key: &LockKey, hold: Hold) -> Self {
         let mut paths = LockPaths::new(key);
-        if hold != Hold::Exclusive {
-            paths.parent = format!("{}/{SEMAPHORE_DIR}", paths.key);
+        let dir = match hold {
+            Hold::Read | Hold::Write => Some(RWLOCK_DIR),
+            Hold::Exclusive => None,
+            _ => Some(SEMAPHORE_DIR),
+        };
+        if let Some(dir) = dir {
+            paths.parent = format!("{}/{dir}", paths.key);
         }
         paths
     }
@@ -73,15 +95,25 @@ pub(crate) fn own_prefix(owner: &OwnerToken) -> String {
 /// The start of the name of the node of `owner`'s acquisition of `hold`: [`own_prefix`] for
 /// a mutex; `_c_{uuid}-permits-{n}-lock-` for a permit of a semaphore of `n` permits, so
 /// that a listing tells every node's count (see `semaphore.rs`) and the mutex's helpers,
-/// which find a node's sequence after the last `-lock-`, apply unchanged.
+/// which find a node's sequence after the last `-lock-`, apply unchanged;
+/// `_c_{uuid}-__READ__` and `_c_{uuid}-__WRIT__` for a reader and a writer of a read-write
+/// lock (see `rwlock.rs`).
 pub(crate) fn node_prefix(owner: &OwnerToken, hold: Hold) -> String {
     match hold {
         Hold::Permit { permits } => format!(
             "_c_{}-permits-{permits}{LOCK_NAME}",
             uuid_form(&node_id(owner))
         ),
+        Hold::Read => format!("_c_{}-{READ_NAME}", uuid_form(&node_id(owner))),
+        Hold::Write => format!("_c_{}-{WRITE_NAME}", uuid_form(&node_id(owner))),
         _ => own_prefix(owner),
     }
+}
+
+/// Whether a read-write lock's node is a writer's: its name has [`WRITE_NAME`] in it, the
+/// test Curator's `InterProcessReadWriteLock` makes.
+pub(crate) fn is_write_node(name: &str) -> bool {
+    name.contains(WRITE_NAME)
 }
 
 /// The permits count a semaphore node's name records (`None` for a name that is not one).
@@ -116,13 +148,25 @@ pub(crate) fn uuid_form(hex: &str) -> String {
     )
 }
 
-/// The sequence number of a lock node name (the digits after the last `-lock-`, or after
-/// `lock-` at the start for Curator's unprotected names).
+/// Where the sequence number of a node name starts: after the last of `-lock-`,
+/// [`READ_NAME`] and [`WRITE_NAME`] (the names of a read-write lock's nodes have no
+/// `-lock-`, and the other names no `__READ__` or `__WRIT__`), or after `lock-` at the
+/// start for Curator's unprotected mutex names; `None` without either.
+fn sequence_start(name: &str) -> Option<usize> {
+    [LOCK_NAME, READ_NAME, WRITE_NAME]
+        .iter()
+        .filter_map(|marker| name.rfind(marker).map(|i| i + marker.len()))
+        .max()
+        .or_else(|| {
+            name.starts_with(&LOCK_NAME[1..])
+                .then_some(LOCK_NAME.len() - 1)
+        })
+}
+
+/// The sequence number of a lock node name (the digits after the last `-lock-`, `__READ__`
+/// or `__WRIT__`, or after `lock-` at the start for Curator's unprotected names).
 pub(crate) fn sequence_of(name: &str) -> Option<i64> {
-    let digits = match name.rfind(LOCK_NAME) {
-        Some(i) => &name[i + LOCK_NAME.len()..],
-        None => name.strip_prefix(&LOCK_NAME[1..])?,
-    };
+    let digits = &name[sequence_start(name)?..];
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -132,8 +176,7 @@ pub(crate) fn sequence_of(name: &str) -> Option<i64> {
 /// What is shown of a node name (in a lease's handle, a contention, `Debug` output): its
 /// sequence number, which is all a reader needs.
 pub(crate) fn public_name(name: &str) -> String {
-    let start = name.rfind(LOCK_NAME).map_or(0, |i| i + LOCK_NAME.len());
-    name[start..].trim_start_matches("lock-").to_owned()
+    name[sequence_start(name).unwrap_or(0)..].to_owned()
 }
 
 /// The lock nodes among `children`, lowest sequence first.
@@ -222,6 +265,43 @@ mod tests {
         ] {
             assert_eq!(permits_of(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn an_rwlock_queues_below_its_key_with_curators_names() {
+        let owner = OwnerToken::from_hex("00112233445566778899aabbccddeeff").expect("hex");
+        let key = LockKey::new("ns", "job").expect("key");
+        for hold in [Hold::Read, Hold::Write] {
+            let paths = LockPaths::of(&key, hold);
+            assert_eq!(paths.parent, "/ns/job/rwlock");
+            assert_eq!(paths.levels(), ["/ns/job/rwlock", "/ns/job"]);
+        }
+        assert_eq!(sequence_of(RWLOCK_DIR), None);
+        let read = format!("{}0000000007", node_prefix(&owner, Hold::Read));
+        let write = format!("{}0000000008", node_prefix(&owner, Hold::Write));
+        assert_eq!(
+            read,
+            "_c_5947d7c3-3d78-3f94-b3b4-c1a96ebc8991-__READ__0000000007"
+        );
+        assert_eq!(
+            write,
+            "_c_5947d7c3-3d78-3f94-b3b4-c1a96ebc8991-__WRIT__0000000008"
+        );
+        assert_eq!(sequence_of(&read), Some(7));
+        assert_eq!(sequence_of(&write), Some(8));
+        assert_eq!(public_name(&read), "0000000007");
+        assert_eq!(public_name(&write), "0000000008");
+        assert!(!is_write_node(&read));
+        assert!(is_write_node(&write));
+        assert_eq!(permits_of(&read), None);
+        // Curator's unprotected names sort in the same queue.
+        let children = vec![
+            write.clone(),
+            "__READ__0000000003".to_owned(),
+            read.clone(),
+            "__WRIT__".to_owned(),
+        ];
+        assert_eq!(queue(children), ["__READ__0000000003", &read, &write]);
     }
 
     #[test]

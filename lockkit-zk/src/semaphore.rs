@@ -307,7 +307,7 @@ impl ZkBackend {
 }
 
 /// Whether `error` reports the session expired (its nodes are gone with it).
-fn session_expired(error: &Error) -> bool {
+pub(crate) fn session_expired(error: &Error) -> bool {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<zk::Error>())
         .is_some_and(|e| matches!(e, zk::Error::SessionExpired))

@@ -1,5 +1,6 @@
 //! Waiting in the ZooKeeper backend: a contender watches only the node just ahead of its
-//! own, so a release wakes exactly one waiter.
+//! own, so a release wakes exactly one waiter (a read-write lock's reader watches the
+//! nearest writer's node ahead instead, see `rwlock.rs`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,8 +13,9 @@ use crate::error::map;
 use crate::naming::LockPaths;
 
 impl ZkBackend {
-    /// Waits until the node ahead of `request`'s own changes (it is deleted, normally),
-    /// `max_wait` passes, or the session is lost.
+    /// Waits until the node `request`'s own waits for changes (it is deleted, normally),
+    /// `max_wait` passes, or the session is lost: the node ahead of its own for a mutex and
+    /// a writer, the nearest writer's node ahead for a reader.
     pub(crate) async fn wait_on_predecessor(
         &self,
         request: &AcquireRequest,
@@ -34,7 +36,7 @@ impl ZkBackend {
         let (Some(predecessor), Some(_)) = (predecessor, &contention.predecessor) else {
             return Ok(());
         };
-        let path = LockPaths::new(&request.key).child(&predecessor);
+        let path = LockPaths::of(&request.key, request.hold).child(&predecessor);
         let (stat, watcher) = match within(
             self.timeout(),
             "watch the predecessor",

@@ -378,3 +378,127 @@ async fn a_curator_holder_shows_in_inspect_with_its_czxid_and_the_next_token_is_
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The nodes of the read-write lock `key` (Curator's and lockkit's alike), as the leader sees
+/// them.
+async fn rwlock_nodes(admin: &zk::Client, namespace: &str, key: &str) -> Vec<String> {
+    let parent = format!("/{namespace}/{key}/rwlock");
+    match admin.sync(&parent).await {
+        Ok(()) | Err(zk::Error::NoNode) => {}
+        Err(e) => panic!("sync {parent}: {e}"),
+    }
+    match admin.list_children(&parent).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {parent}: {e}"),
+    }
+}
+
+/// The token in a line `{prefix}{token}` of the contender.
+fn token_in(line: &str, prefix: &str) -> u64 {
+    line.strip_prefix(prefix)
+        .and_then(|token| token.parse().ok())
+        .unwrap_or_else(|| panic!("the Curator contender said {line:?}, expected {prefix}TOKEN"))
+}
+
+/// Curator's `InterProcessReadWriteLock` on `/{namespace}/{key}/rwlock` (lockkit's chroot in
+/// the connect string) and lockkit's read-write lock `key` are one lock: while Curator's
+/// writer holds (5 s), lockkit's `try_read` and `try_write` are refused; lockkit's reader
+/// waits, watching Curator's node, and is granted once it is gone, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_writer_keeps_lockkit_readers_and_writers_out() {
+    let Some(config) = test_config() else { return };
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let namespace = format!("lk-curator-rw-{:08x}", rand::random::<u32>());
+    let key = "shared-rw";
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("interop-{namespace}"));
+    let classes = tmp.join("classes");
+    compile(&classpath, &classes);
+    let client = lockkit_client(&config, &namespace).await;
+    let admin = admin(&config, TEST_CHROOT).await;
+    let (connect, path) = curator_target(&config, &namespace, key);
+    let args = [
+        "rwlock".to_owned(),
+        connect,
+        format!("{path}/rwlock"),
+        "write".to_owned(),
+        "5000".to_owned(),
+    ];
+    let mut curator = Curator::start(&classpath, &classes, &args);
+    curator.go();
+    let curator_token = token_in(&curator.next_line(Duration::from_secs(30)), "held ");
+    let rwlock = client.rwlock(key).expect("rwlock");
+    assert!(
+        rwlock.try_read().await.expect("try_read").is_none(),
+        "lockkit read while Curator's writer held"
+    );
+    assert!(
+        rwlock.try_write().await.expect("try_write").is_none(),
+        "lockkit wrote while Curator's writer held"
+    );
+    let read = rwlock
+        .read_timeout(Duration::from_secs(30))
+        .await
+        .expect("lockkit's reader granted after Curator's writer");
+    let nodes = rwlock_nodes(&admin, &namespace, key).await;
+    assert!(
+        !nodes.iter().any(|n| n.contains("__WRIT__")),
+        "lockkit read beside Curator's writer: {nodes:?}"
+    );
+    assert!(read.fencing_token().get() > curator_token);
+    assert!(read.release().await.expect("release"));
+    curator.finish(Duration::from_secs(30)).await;
+    assert_eq!(
+        rwlock_nodes(&admin, &namespace, key).await,
+        Vec::<String>::new()
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// While lockkit's writer holds `key`, Curator's read lock on `/{namespace}/{key}/rwlock`
+/// times out (1.5 s); Curator's next read acquire waits, watching lockkit's node, and is
+/// granted once lockkit releases, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lockkit_writer_keeps_curators_reader_out() {
+    let Some(config) = test_config() else { return };
+    let Some(classpath) = curator_classpath() else {
+        return;
+    };
+    let namespace = format!("lk-curator-rw-{:08x}", rand::random::<u32>());
+    let key = "shared-rw";
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("interop-{namespace}"));
+    let classes = tmp.join("classes");
+    compile(&classpath, &classes);
+    let client = lockkit_client(&config, &namespace).await;
+    let admin = admin(&config, TEST_CHROOT).await;
+    let written = client
+        .rwlock(key)
+        .expect("rwlock")
+        .write_timeout(Duration::from_secs(10))
+        .await
+        .expect("a free write lock");
+    let (connect, path) = curator_target(&config, &namespace, key);
+    let args = [
+        "rwlock".to_owned(),
+        connect,
+        format!("{path}/rwlock"),
+        "read".to_owned(),
+        "1500".to_owned(),
+    ];
+    let mut curator = Curator::start(&classpath, &classes, &args);
+    curator.go();
+    let line = curator.next_line(Duration::from_secs(30));
+    assert_eq!(line, "refused", "Curator read while lockkit's writer held");
+    let token = written.fencing_token().get();
+    assert!(written.release().await.expect("release"));
+    let curator_token = token_in(&curator.next_line(Duration::from_secs(30)), "granted ");
+    assert!(curator_token > token);
+    curator.finish(Duration::from_secs(30)).await;
+    assert_eq!(
+        rwlock_nodes(&admin, &namespace, key).await,
+        Vec::<String>::new()
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -570,7 +570,11 @@ mod tests {
         ]));
         assert_eq!(verdict.overlaps, 1, "{:?}", verdict.violations);
         assert_eq!(verdict.overlap_max, Duration::from_millis(3));
-        assert!(verdict.violations[0].contains("3 holders"), "{:?}", verdict.violations);
+        assert!(
+            verdict.violations[0].contains("3 holders"),
+            "{:?}",
+            verdict.violations
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A Java service that locks with Curator 5's `InterProcessMutex`
+//! A Java service that locks with Curator 5's `InterProcessMutex` (or its
+//! `InterProcessReadWriteLock`)
 //! (`tests/interop/CuratorContender.java`), compiled with `javac` into the test's target
 //! directory and run as its own process: the other side of the interop tests
 //! (`tests/interop_curator.rs`, and the facade's `tests/interop.rs`, which includes this file).
@@ -119,6 +120,16 @@ impl Curator {
                 self.child.try_wait()
             ),
         }
+    }
+
+    /// The next line the contender prints, within `within`.
+    pub fn next_line(&mut self, within: Duration) -> String {
+        self.lines.recv_timeout(within).unwrap_or_else(|e| {
+            panic!(
+                "the Curator contender said nothing within {within:?} ({e}; exit: {:?})",
+                self.child.try_wait()
+            )
+        })
     }
 
     pub fn go(&mut self) {

@@ -1,0 +1,213 @@
+//! Read-write locks on ZooKeeper: one queue of readers' and writers' nodes; a reader holds
+//! while no writer's node is ahead of its own, a writer while its node is first.
+//!
+//! # Decisions
+//! - **Where the queue lives.** The read-write lock `{namespace}/{name}` queues under
+//!   `{chroot}/{namespace}/{name}/rwlock`, a container node below the mutex's parent of the
+//!   same name, beside the semaphore's `…/semaphore`, for the same reasons (see
+//!   `semaphore.rs`): no lock node can be named `rwlock`, so neither the mutex's queue nor
+//!   the semaphore's counts it; it is under the namespace node, where the conformance suite
+//!   looks for leftovers; the janitor removes it, then the key's node, once idle. Not being
+//!   the mutex's queue, it is not inspected, listed or broken as a lock.
+//! - **The nodes** are `EPHEMERAL_SEQUENTIAL`, named as Curator's
+//!   `InterProcessReadWriteLock` names its own: `_c_{uuid}-__READ__{sequence}` for a reader,
+//!   `_c_{uuid}-__WRIT__{sequence}` for a writer (`{uuid}` from the digest of the owner
+//!   token, as for the mutex: a lost reply finds the node again by this prefix, and no name
+//!   shows the token). Their data is empty. Curator sorts all the children of the lock's
+//!   path by what follows the last `__READ__`/`__WRIT__`, the sequence, and tells a writer's
+//!   node by `__WRIT__` in its name, as lockkit does: a Curator `InterProcessReadWriteLock`
+//!   on `/{namespace}/{name}/rwlock` under lockkit's chroot and lockkit's read-write lock
+//!   `name` are one lock (`tests/interop_curator.rs`).
+//! - **The grant.** The nodes ordered by sequence are the queue. A reader holds when no
+//!   writer's node is ahead of its own; a writer when its node is first. A writer's node
+//!   thus blocks every reader queued after it, whether it holds or waits: a stream of
+//!   readers cannot starve it. Both conditions, once true, stay true (nodes are only ever
+//!   added behind, and a node's place only improves by deletions ahead), so a grant decided
+//!   from any listing read after the node's create holds; a node found again (after a wait,
+//!   or a lost reply) is read through the leader (a `sync` first) before a grant, as for the
+//!   mutex.
+//! - **The fencing token** is the node's czxid, as for the mutex and the semaphore. Why a
+//!   write's token is above every earlier grant's of the key: let `W` be granted at `t`, and
+//!   `G` a grant before `t`. `W`'s node exists from its create until after `t`. Had `G`'s
+//!   node been created after `W`'s, it would be behind `W` in the queue from its create on,
+//!   with `W` in every listing `G` read (a listing on `G`'s session follows `G`'s create):
+//!   a writer `G` would not be first, a reader `G` would have a writer ahead, and neither
+//!   would be granted before `t`. So `G`'s node was created before `W`'s (a parent deleted
+//!   and created again in between changes nothing: the server deletes a container only once
+//!   it is empty, so every node of the old parent was created before the new parent). The
+//!   czxid is the zxid of the creating transaction, globally ordered, so `G`'s is lower.
+//!   Readers' tokens are in any order among themselves.
+//! - **Renewal, release, abandon, lost signal** are the mutex's: a node lives while the
+//!   session does, and the acquisition's clean-up deletes what a try, a timeout or a
+//!   dropped acquisition left. **`is_held`** asks, after a `sync`, that the node exist with
+//!   the lease's czxid on the current session, and still meet its grant condition.
+//!
+//! # Waiting without a herd
+//! The core sets no timer on a queue wait ([`WaitStrategy::Queue`]), so a waiter must be
+//! woken whenever its status may have changed. A waiting reader watches the nearest
+//! writer's node ahead of its own; a waiting writer its predecessor (either kind). Both
+//! watches are on the node's existence, and are set after the listing that chose them, so
+//! a node already gone answers at once.
+//!
+//! Why nothing is missed: a reader's status changes only when the last writer's node ahead
+//! of it goes, and that is the nearest one, which it watches; a writer's only when every
+//! node ahead of it has gone, the predecessor among them. A deletion that leaves the waiter
+//! still blocked (a writer further ahead, an abandoned node) wakes it to watch the next one.
+//! A release wakes only the waiters that watch the released node: the writer just behind
+//! it, or the readers queued between it and the next writer, who are all granted together
+//! (Curator does the same). Session expiry and suspension end a wait as for the mutex; a
+//! watch lost with its session fires with the session event.
+//!
+//! [`WaitStrategy::Queue`]: lockkit_core::WaitStrategy::Queue
+
+use lockkit_core::Result;
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Hold, Lease};
+use zookeeper_client as zk;
+
+use crate::acquire::Step;
+use crate::backend::ZkBackend;
+use crate::naming::{LockPaths, is_write_node, node_prefix, public_name, queue};
+use crate::semaphore::session_expired;
+use crate::session::Session;
+
+/// What keeps the node at `index` of `queue` from its grant as `hold`, and what it watches
+/// meanwhile: for a reader the nearest writer's node ahead, for a writer its predecessor.
+/// `None` when it holds.
+fn blocker(queue: &[String], index: usize, hold: Hold) -> Option<&String> {
+    match hold {
+        Hold::Read => queue[..index].iter().rev().find(|n| is_write_node(n)),
+        _ => index.checked_sub(1).map(|i| &queue[i]),
+    }
+}
+
+impl ZkBackend {
+    /// A try without waiting, before it creates a node: contention when a writer's node is
+    /// in the queue (for a reader) or any node is (for a writer), with what a node queued
+    /// now would watch.
+    pub(crate) fn rwlock_taken(hold: Hold, children: Vec<String>) -> Option<Contention> {
+        let queue = queue(children);
+        let index = queue.len();
+        blocker(&queue, index, hold)
+            .map(|node| Contention::new().with_predecessor(public_name(node), None))
+    }
+
+    /// Decides from the queue whether our node `name` holds `request.hold` (see the module
+    /// docs), and records what a waiter watches. `stat` as for the mutex's
+    /// [`evaluate`](ZkBackend::evaluate).
+    pub(crate) async fn evaluate_rw(
+        &self,
+        session: &Session,
+        request: &AcquireRequest,
+        paths: &LockPaths,
+        name: &str,
+        stat: Option<zk::Stat>,
+        children: Vec<String>,
+    ) -> Result<Step> {
+        let token = &request.owner;
+        let own_prefix = node_prefix(token, request.hold);
+        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
+            .await?;
+        let mut queue = queue(children);
+        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
+        let Some(index) = queue.iter().position(|c| c == name) else {
+            self.pending().remove(token);
+            return Ok(Step::Recreate);
+        };
+        let path = paths.child(name);
+        if let Some(watched) = blocker(&queue, index, request.hold) {
+            if let Some(entry) = self.pending().get_mut(token) {
+                entry.predecessor = Some(watched.clone());
+            }
+            let contention = Contention::new().with_predecessor(public_name(watched), None);
+            if !request.wait {
+                self.delete_node(session, &path, "withdraw from the queue")
+                    .await?;
+                self.pending().remove(token);
+            }
+            return Ok(Step::Done(Attempt::Contended(contention)));
+        }
+        let Some(stat) = self.own_stat(session, &path, stat).await? else {
+            self.pending().remove(token);
+            return Ok(Step::Recreate);
+        };
+        self.grant(session, request, name, stat.czxid)
+            .map(Step::Done)
+    }
+
+    /// Whether `lease` holds its read or write lock, as the leader sees it: its node exists
+    /// on the current session with the lease's czxid, and nothing ahead of it blocks it.
+    pub(crate) async fn holds_rw(&self, lease: &Lease) -> Result<bool> {
+        if lease.session_alive() == Some(false) {
+            return Ok(false);
+        }
+        let session = self.session().await;
+        let Some(path) = self.lease_node(&session, lease).await? else {
+            return Ok(false);
+        };
+        let Some(name) = path.rsplit('/').next() else {
+            return Ok(false);
+        };
+        let paths = LockPaths::of(lease.key(), lease.hold());
+        let (children, stat) = match self.queue_via_leader(&session, &paths, name).await {
+            Ok(read) => read,
+            Err(e) if session_expired(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let Some(stat) = stat else {
+            return Ok(false);
+        };
+        if u64::try_from(stat.czxid).ok() != Some(lease.fencing_token().get()) {
+            return Ok(false);
+        }
+        let own_prefix = node_prefix(lease.owner(), lease.hold());
+        let mut queue = queue(children);
+        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
+        Ok(queue
+            .iter()
+            .position(|c| c == name)
+            .is_some_and(|index| blocker(&queue, index, lease.hold()).is_none()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(kind: &str, sequence: usize) -> String {
+        format!("_c_{sequence}-{kind}{sequence:010}")
+    }
+
+    /// W1 R2 R3 W4 R5: the readers ahead of W4 wait for W1 only, W4 for R3 (its
+    /// predecessor), R5 for W4.
+    #[test]
+    fn a_reader_watches_the_nearest_writer_ahead_and_a_writer_its_predecessor() {
+        let queue = vec![
+            node("__WRIT__", 1),
+            node("__READ__", 2),
+            node("__READ__", 3),
+            node("__WRIT__", 4),
+            node("__READ__", 5),
+        ];
+        assert_eq!(blocker(&queue, 0, Hold::Write), None);
+        assert_eq!(blocker(&queue, 1, Hold::Read), Some(&queue[0]));
+        assert_eq!(blocker(&queue, 2, Hold::Read), Some(&queue[0]));
+        assert_eq!(blocker(&queue, 3, Hold::Write), Some(&queue[2]));
+        assert_eq!(blocker(&queue, 4, Hold::Read), Some(&queue[3]));
+        // With W1 gone, R2 and R3 hold together; W4 still waits for R3.
+        let queue = queue[1..].to_vec();
+        assert_eq!(blocker(&queue, 0, Hold::Read), None);
+        assert_eq!(blocker(&queue, 1, Hold::Read), None);
+        assert_eq!(blocker(&queue, 2, Hold::Write), Some(&queue[1]));
+    }
+
+    #[test]
+    fn a_try_is_refused_by_a_writer_for_a_reader_and_by_anyone_for_a_writer() {
+        let readers = vec![node("__READ__", 1), node("__READ__", 2)];
+        assert!(ZkBackend::rwlock_taken(Hold::Read, readers.clone()).is_none());
+        assert!(ZkBackend::rwlock_taken(Hold::Write, readers.clone()).is_some());
+        assert!(ZkBackend::rwlock_taken(Hold::Write, Vec::new()).is_none());
+        let mut queued = readers;
+        queued.push(node("__WRIT__", 3));
+        assert!(ZkBackend::rwlock_taken(Hold::Read, queued).is_some());
+    }
+}
