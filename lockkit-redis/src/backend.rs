@@ -39,6 +39,9 @@ use crate::semaphore;
 /// - **semaphores**: the holders of a key's semaphore are a ZSET of owner digests scored by
 ///   their expiry (server clock), beside a HASH of their tokens and the agreed permits; one
 ///   script per operation, as for the mutex (`semaphore.rs`).
+/// - **read-write locks**: the semaphore's holders structure with a writer mark, and the
+///   waiting writers in a ZSET of records that expire one TTL after their writer's last
+///   attempt and keep new readers out (`rwlock.rs`).
 ///
 /// See the crate documentation for what each tier guarantees and what breaks it.
 #[derive(Clone)]
@@ -353,7 +356,7 @@ impl RedisBackend {
 }
 
 /// What a release script found, from [`RedisBackend::release_keys_on`] (or
-/// `release_permit_on`).
+/// `release_permit_on`, `release_rw_on`).
 pub(crate) enum Released {
     /// The lock was the caller's, and is released.
     Ours,
@@ -387,12 +390,14 @@ impl LockBackend for RedisBackend {
         Capabilities::new(FencingGuarantee::BestEffort, wait)
             .with_election(Support::Supported)
             .with_semaphore(Support::Supported)
+            .with_rwlock(Support::Supported)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         match request.hold {
             Hold::Exclusive => {}
             Hold::Permit { permits } => return self.try_acquire_permit(request, permits).await,
+            Hold::Read | Hold::Write => return self.try_acquire_rw(request).await,
             other => return Err(other.unsupported(BACKEND)),
         }
         let keys = Keys::of(&request.key);
@@ -480,6 +485,10 @@ impl LockBackend for RedisBackend {
                 .release_permit_on(&request.key, request.owner.digest_hex(), pick)
                 .await
                 .map(drop),
+            Hold::Read | Hold::Write => self
+                .release_rw_on(&request.key, request.owner.digest_hex(), pick)
+                .await
+                .map(drop),
             _ => self
                 .release_keys_on(&Keys::of(&request.key), request.owner.expose_hex(), pick)
                 .await
@@ -510,6 +519,10 @@ impl LockBackend for RedisBackend {
                 self.release_permit(lease.key(), lease.owner().digest_hex())
                     .await
             }
+            Hold::Read | Hold::Write => {
+                self.release_rw(lease.key(), lease.owner().digest_hex())
+                    .await
+            }
             _ => {
                 self.release_keys(&Keys::of(lease.key()), lease.owner().expose_hex())
                     .await
@@ -535,8 +548,10 @@ impl LockBackend for RedisBackend {
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        if let Hold::Permit { .. } = lease.hold() {
-            return self.holds_permit(lease).await;
+        match lease.hold() {
+            Hold::Permit { .. } => return self.holds_permit(lease).await,
+            Hold::Read | Hold::Write => return self.holds_rw(lease).await,
+            _ => {}
         }
         Ok(self
             .holder(lease.key())

@@ -11,6 +11,7 @@ mod lanes;
 mod listing;
 mod notify;
 mod redlock;
+mod rwlock;
 mod scripts;
 mod semaphore;
 

@@ -33,6 +33,16 @@ const SEMAPHORE_HOLDS_LUA: &str = concat!(
     include_str!("../scripts/semaphore_prelude.lua"),
     include_str!("../scripts/semaphore_holds.lua")
 );
+const RWLOCK_ACQUIRE_LUA: &str = concat!(
+    include_str!("../scripts/semaphore_prelude.lua"),
+    include_str!("../scripts/rwlock_prelude.lua"),
+    include_str!("../scripts/rwlock_acquire.lua")
+);
+const RWLOCK_RELEASE_LUA: &str = concat!(
+    include_str!("../scripts/semaphore_prelude.lua"),
+    include_str!("../scripts/rwlock_prelude.lua"),
+    include_str!("../scripts/rwlock_release.lua")
+);
 
 /// Takes a free lock and returns its fencing token, or the holder's remaining TTL.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
@@ -59,9 +69,18 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<Script> =
 /// Semaphores: extends a held permit, and the semaphore's keys with it.
 pub(crate) static SEMAPHORE_RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(SEMAPHORE_RENEW_LUA));
-/// Semaphores: whether a grant still holds its permit.
+/// Semaphores: whether a grant still holds its permit (read-write locks use it too).
 pub(crate) static SEMAPHORE_HOLDS: LazyLock<Script> =
     LazyLock::new(|| Script::new(SEMAPHORE_HOLDS_LUA));
+/// Read-write locks: takes a read or the write lock if the holders and waiting writers let
+/// it (expired ones removed first), or records a waiting writer and says when the first of
+/// what keeps it out expires. Renewal and `is_held` are the semaphore's scripts.
+pub(crate) static RWLOCK_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RWLOCK_ACQUIRE_LUA));
+/// Read-write locks: gives a grant back and drops a waiting writer's record, plus the
+/// notifications of those it concerns.
+pub(crate) static RWLOCK_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RWLOCK_RELEASE_LUA));
 
 /// One pipeline of `SCRIPT LOAD`s of every script, so that the first calls need no
 /// `NOSCRIPT` round trip.
@@ -79,6 +98,8 @@ pub(crate) fn load_all() -> redis::Pipeline {
         SEMAPHORE_RELEASE_LUA,
         SEMAPHORE_RENEW_LUA,
         SEMAPHORE_HOLDS_LUA,
+        RWLOCK_ACQUIRE_LUA,
+        RWLOCK_RELEASE_LUA,
     ] {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
@@ -87,8 +108,9 @@ pub(crate) fn load_all() -> redis::Pipeline {
 
 /// One pipeline of compare-and-`PEXPIRE` calls, one per lease, each also keeping the lock's
 /// fence counter alive for at least `fence_ttl` (and, `with_values`, its election value with
-/// the lock); a permit's lease gets the semaphore's renewal in its place. A failed call gives
-/// an error reply in its place instead of failing the pipeline.
+/// the lock); a permit's lease gets the semaphore's renewal in its place, a read or write
+/// lock's the same script on the rwlock's keys. A failed call gives an error reply in its
+/// place instead of failing the pipeline (see [`primary_moved`] for the replies that fail it).
 pub(crate) fn renew_pipeline(
     leases: &[Lease],
     fence_ttl: Duration,
@@ -97,9 +119,16 @@ pub(crate) fn renew_pipeline(
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for lease in leases {
-        if let Hold::Permit { .. } = lease.hold() {
-            crate::semaphore::push_renewal(&mut pipe, lease, fence_ttl);
-            continue;
+        match lease.hold() {
+            Hold::Permit { .. } => {
+                crate::semaphore::push_renewal(&mut pipe, lease, fence_ttl);
+                continue;
+            }
+            Hold::Read | Hold::Write => {
+                crate::rwlock::push_renewal(&mut pipe, lease, fence_ttl);
+                continue;
+            }
+            _ => {}
         }
         let keys = Keys::of(lease.key());
         pipe.cmd("EVALSHA")

@@ -53,6 +53,7 @@ impl PermitKeys {
 pub(crate) fn channel_of(key: &LockKey, hold: Hold) -> String {
     match hold {
         Hold::Permit { .. } => PermitKeys::of(key).channel,
+        Hold::Read | Hold::Write => crate::rwlock::RwKeys::of(key).channel(hold).to_owned(),
         _ => scripts::Keys::of(key).channel,
     }
 }
@@ -60,13 +61,26 @@ pub(crate) fn channel_of(key: &LockKey, hold: Hold) -> String {
 /// Adds a permit's renewal to a renewal pipeline (see [`scripts::renew_pipeline`]).
 pub(crate) fn push_renewal(pipe: &mut redis::Pipeline, lease: &Lease, fence_ttl: Duration) {
     let keys = PermitKeys::of(lease.key());
+    push_holder_renewal(
+        pipe,
+        [&keys.holders, &keys.tokens, &keys.permits, &keys.fence],
+        lease,
+        fence_ttl,
+    );
+}
+
+/// Adds the semaphore's renew script for `lease` on `keys` (holders, tokens, the key that
+/// lives with them, fence counter) to a renewal pipeline; the read-write locks use it too.
+pub(crate) fn push_holder_renewal(
+    pipe: &mut redis::Pipeline,
+    keys: [&str; 4],
+    lease: &Lease,
+    fence_ttl: Duration,
+) {
     pipe.cmd("EVALSHA")
         .arg(scripts::SEMAPHORE_RENEW.get_hash())
         .arg(4)
-        .arg(keys.holders)
-        .arg(keys.tokens)
-        .arg(keys.permits)
-        .arg(keys.fence)
+        .arg(&keys[..])
         .arg(lease.owner().digest_hex())
         .arg(millis(lease.ttl()))
         .arg(millis(fence_ttl));
@@ -242,14 +256,27 @@ impl RedisBackend {
 
     /// Whether `lease` still holds its permit: its owner is a live holder with its token.
     pub(crate) async fn holds_permit(&self, lease: &Lease) -> Result<bool> {
-        let keys = &PermitKeys::of(lease.key());
+        let keys = PermitKeys::of(lease.key());
+        self.holds_in(&keys.holders, &keys.tokens, lease, "checking a permit")
+            .await
+    }
+
+    /// The semaphore's holds script on `holders` and `tokens` (a semaphore's, or a
+    /// read-write lock's): whether `lease`'s owner is a live holder with its token.
+    pub(crate) async fn holds_in(
+        &self,
+        holders: &str,
+        tokens: &str,
+        lease: &Lease,
+        what: &str,
+    ) -> Result<bool> {
         let (owner, token) = (&lease.owner().digest_hex(), lease.fencing_token().get());
         let held: i64 = self
             .primary
-            .request("checking a permit", |mut con| async move {
+            .request(what, |mut con| async move {
                 scripts::SEMAPHORE_HOLDS
-                    .key(&keys.holders)
-                    .key(&keys.tokens)
+                    .key(holders)
+                    .key(tokens)
                     .arg(owner)
                     .arg(token)
                     .invoke_async(&mut con)
@@ -262,7 +289,7 @@ impl RedisBackend {
             _ => Err(Error::new(
                 ErrorKind::Backend,
                 BACKEND,
-                "the semaphore's holds script gave an unexpected reply",
+                "the holds script gave an unexpected reply",
             )),
         }
     }

@@ -1,8 +1,9 @@
 //! A Sentinel failover keeps a semaphore's bound when its holders reached the replica: the
 //! promoted replica has the holders (scores, tokens and TTLs as the primary wrote them),
 //! refuses a permit too many, and the holders renew there without losing their permits (nor
-//! a mutex its lock), once the old primary takes no more writes (the test demotes it at
-//! once: the Sentinel takes ~10 s, the split-brain window the crate documents).
+//! a mutex its lock, nor a read-write lock's writer its grant), once the old primary takes
+//! no more writes (the test demotes it at once: the Sentinel takes ~10 s, the split-brain
+//! window the crate documents).
 //!
 //! The renewals must follow the failover by themselves: a renewal pipeline answered
 //! `READONLY` by the demoted primary now makes the backend ask the Sentinels, as any other
@@ -210,18 +211,21 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
     let (a, b, c) = (client().await, client().await, client().await);
     let first = a.semaphore("pool", 2).unwrap().acquire().await.unwrap();
     let second = b.semaphore("pool", 2).unwrap().acquire().await.unwrap();
-    // A mutex held over the failover too: its renewals take the same way.
+    // A mutex and a read-write lock's writer held over the failover too: their renewals
+    // take the same way.
     let locked = a.mutex("pool").unwrap().lock().await.unwrap();
+    let written = b.rwlock("pool").unwrap().write().await.unwrap();
     let holders = format!("{}:sem:holders", common::lock_key(&a.key("pool").unwrap()));
+    let writers = format!("{}:rw:holders", common::lock_key(&a.key("pool").unwrap()));
     let lock_key = common::lock_key(&a.key("pool").unwrap());
-    until("the holders and the lock on the replica", || async {
+    until("the holders and the locks on the replica", || async {
         let mut con = common::connect(&r).await.unwrap();
         let locked: bool = redis::cmd("EXISTS")
             .arg(&lock_key)
             .query_async(&mut con)
             .await
             .unwrap();
-        zcard(&r, &holders).await == 2 && locked
+        zcard(&r, &holders).await == 2 && locked && zcard(&r, &writers).await == 1
     })
     .await;
 
@@ -279,6 +283,12 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
             );
         }
         assert!(zcard(&r, &holders).await <= 2, "more holders than permits");
+        if let Ok(Some(read)) = c.rwlock("pool").unwrap().try_read().await {
+            panic!(
+                "a reader was granted beside the writer after the failover (token {}): the writer's renewals did not reach the new primary",
+                read.fencing_token()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(!locked.is_lost(), "the mutex was lost over the failover");
@@ -287,6 +297,15 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
         "the new primary does not have the lock"
     );
     assert!(locked.release().await.unwrap());
+    assert!(
+        !written.is_lost(),
+        "the write lock was lost over the failover"
+    );
+    assert!(
+        written.is_held().await.unwrap(),
+        "the new primary does not have the write lock"
+    );
+    assert!(written.release().await.unwrap());
     assert!(
         !first.is_lost(),
         "a holder lost its permit over the failover"

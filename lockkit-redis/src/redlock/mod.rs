@@ -50,6 +50,16 @@ const NO_ELECTIONS: &str = "Redlock's nodes are independent and share no order o
 /// a consensus backend does.
 const NO_SEMAPHORES: &str = "a majority per node does not bound the holders: with 3 nodes and 2 permits, A granted on nodes 1+2, B on 2+3 and C on 1+3 each hold a majority while no node has more than 2 holders; use single Redis, Sentinel, etcd or ZooKeeper for semaphores";
 
+/// Why Redlock refuses read-write locks ([`Capabilities::rwlock`]).
+///
+/// Exclusion alone could hold: a reader's majority and a writer's majority share a node,
+/// which would refuse one of them. What lockkit does not do is keep the rest consistent
+/// across N independent nodes: the waiting-writer records that keep new readers out (a
+/// writer recorded on a minority does not stop a reader granted by another majority) and
+/// the fencing counters (a write token above every earlier grant's needs one order of the
+/// grants, which independent nodes do not have).
+const NO_RWLOCKS: &str = "Redlock does not keep the waiting-writer records and the fencing counters of N independent nodes consistent (a reader's and a writer's majorities do intersect, but a writer recorded on some nodes need not stop readers on others, and a write token above every earlier grant's needs one order of grants); use single Redis, Sentinel, etcd or ZooKeeper for read-write locks";
+
 /// Redlock over N independent Redis servers (tier `quorum`).
 ///
 /// # Algorithm
@@ -392,18 +402,21 @@ impl LockBackend for RedlockBackend {
             .with_min_ttl(self.config.node_timeout * 4)
             .with_election(Support::Unsupported(NO_ELECTIONS))
             .with_semaphore(Support::Unsupported(NO_SEMAPHORES))
+            .with_rwlock(Support::Unsupported(NO_RWLOCKS))
     }
 
     /// One attempt; see `attempt.rs` for what it waits for and what it leaves in flight.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        if request.hold != Hold::Exclusive {
+        let refusal = match request.hold {
+            Hold::Exclusive => None,
+            Hold::Read | Hold::Write => Some(NO_RWLOCKS),
+            _ => Some(NO_SEMAPHORES),
+        };
+        if let Some(reason) = refusal {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 BACKEND,
-                format!(
-                    "{:?} holds are not supported: {NO_SEMAPHORES}",
-                    request.hold
-                ),
+                format!("{:?} holds are not supported: {reason}", request.hold),
             ));
         }
         self.attempt(request).await
