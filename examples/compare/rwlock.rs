@@ -67,7 +67,7 @@ pub(crate) async fn read_write(
             let (mut reads, mut writes) = (Vec::new(), Vec::new());
             for i in 0..iterations {
                 let asked = Instant::now();
-                if (worker * iterations + i) % WRITE_EVERY == 0 {
+                if (worker * iterations + i).is_multiple_of(WRITE_EVERY) {
                     let guard = rwlock.write_timeout(Duration::from_secs(60)).await?;
                     writes.push(asked.elapsed());
                     let writers = inside.writers.fetch_add(1, Ordering::SeqCst) + 1;

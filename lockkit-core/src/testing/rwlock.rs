@@ -76,7 +76,7 @@ pub(super) async fn readers_share_and_a_writer_excludes_everyone(h: &dyn Harness
             let (inside, patience) = (inside.clone(), patience(h));
             tasks.spawn(async move {
                 for round in 0..ROUNDS {
-                    if (c + t + round) % 3 == 0 {
+                    if (c + t + round).is_multiple_of(3) {
                         let guard = table.write_timeout(patience).await?;
                         let token = guard.fencing_token().get();
                         let writers = inside.writers.fetch_add(1, Ordering::SeqCst) + 1;
