@@ -1,6 +1,42 @@
-//! The methods every grant type built on a [`MutexGuard`](crate::MutexGuard) has: a
-//! [`Permit`](crate::Permit), a [`ReadGuard`](crate::ReadGuard), a
-//! [`WriteGuard`](crate::WriteGuard). One macro, so that the three cannot drift apart.
+//! What the primitives share, written once so that they cannot drift apart: the options
+//! methods of a [`Mutex`](crate::Mutex), a [`Semaphore`](crate::Semaphore) and an
+//! [`RwLock`](crate::RwLock), and the methods every grant type built on a
+//! [`MutexGuard`](crate::MutexGuard) has (a [`Permit`](crate::Permit), a
+//! [`ReadGuard`](crate::ReadGuard), a [`WriteGuard`](crate::WriteGuard)).
+
+/// Gives `$name`, a primitive with an `options: LockOptions` field, its `options`,
+/// `with_ttl` and `with_options`, with `$what` ("mutex") in their docs.
+macro_rules! option_methods {
+    ($name:ident, $what:literal) => {
+        impl $name {
+            #[doc = concat!("The options this ", $what, "'s acquisitions use.")]
+            pub fn options(&self) -> &$crate::LockOptions {
+                &self.options
+            }
+
+            #[doc = concat!("Uses a different TTL for this ", $what, "'s grants.")]
+            ///
+            /// # Errors
+            /// [`ErrorKind::InvalidConfig`]($crate::ErrorKind::InvalidConfig) for a TTL
+            /// outside what [`LockOptions::validate`]($crate::LockOptions::validate) accepts.
+            pub fn with_ttl(self, ttl: ::std::time::Duration) -> $crate::Result<Self> {
+                let options = self.options.clone().with_ttl(ttl);
+                self.with_options(options)
+            }
+
+            #[doc = concat!("Uses different options for this ", $what, ".")]
+            ///
+            /// # Errors
+            /// [`ErrorKind::InvalidConfig`]($crate::ErrorKind::InvalidConfig) saying which
+            /// option is wrong ([`LockOptions::validate`]($crate::LockOptions::validate)).
+            pub fn with_options(mut self, options: $crate::LockOptions) -> $crate::Result<Self> {
+                options.validate()?;
+                self.options = options;
+                Ok(self)
+            }
+        }
+    };
+}
 
 /// Gives the newtype `$name(MutexGuard)` the guard's methods, with `$what` ("the permit",
 /// "the read lock") in their docs.
@@ -90,4 +126,4 @@ macro_rules! grant_methods {
     };
 }
 
-pub(crate) use grant_methods;
+pub(crate) use {grant_methods, option_methods};

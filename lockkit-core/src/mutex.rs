@@ -96,30 +96,6 @@ impl Mutex {
         self
     }
 
-    /// Uses a different TTL for this mutex.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] for a TTL outside what [`LockOptions::validate`] accepts.
-    pub fn with_ttl(self, ttl: Duration) -> Result<Self> {
-        let options = self.options.clone().with_ttl(ttl);
-        self.with_options(options)
-    }
-
-    /// Uses different options for this mutex.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] saying which option is wrong ([`LockOptions::validate`]).
-    pub fn with_options(mut self, options: LockOptions) -> Result<Self> {
-        options.validate()?;
-        self.options = options;
-        Ok(self)
-    }
-
-    /// The options this mutex's acquisitions use.
-    pub fn options(&self) -> &LockOptions {
-        &self.options
-    }
-
     /// Takes the lock, waiting for as long as the options' `wait_timeout` allows (forever by
     /// default).
     ///
@@ -516,6 +492,8 @@ impl Acquisition<'_> {
 fn deadline_after(timeout: Duration) -> Option<Instant> {
     Instant::now().checked_add(timeout)
 }
+
+crate::held::option_methods!(Mutex, "mutex");
 
 impl fmt::Debug for Mutex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

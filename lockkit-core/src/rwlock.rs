@@ -87,30 +87,6 @@ impl RwLock {
         &self.key
     }
 
-    /// The options this lock's acquisitions use.
-    pub fn options(&self) -> &LockOptions {
-        &self.options
-    }
-
-    /// Uses a different TTL for this lock's grants.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] for a TTL outside what [`LockOptions::validate`] accepts.
-    pub fn with_ttl(self, ttl: Duration) -> Result<Self> {
-        let options = self.options.clone().with_ttl(ttl);
-        self.with_options(options)
-    }
-
-    /// Uses different options for this lock.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] saying which option is wrong ([`LockOptions::validate`]).
-    pub fn with_options(mut self, options: LockOptions) -> Result<Self> {
-        options.validate()?;
-        self.options = options;
-        Ok(self)
-    }
-
     /// Takes a read lock, waiting for as long as the options' `wait_timeout` allows (forever
     /// by default): while a writer holds the lock or waits for it.
     ///
@@ -183,6 +159,8 @@ impl RwLock {
         acquire(&self.client, &self.key, &self.options, hold, wait).await
     }
 }
+
+crate::held::option_methods!(RwLock, "read-write lock");
 
 impl fmt::Debug for RwLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -95,30 +95,6 @@ impl Semaphore {
         self.permits
     }
 
-    /// The options this semaphore's acquisitions use.
-    pub fn options(&self) -> &LockOptions {
-        &self.options
-    }
-
-    /// Uses a different TTL for this semaphore's permits.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] for a TTL outside what [`LockOptions::validate`] accepts.
-    pub fn with_ttl(self, ttl: Duration) -> Result<Self> {
-        let options = self.options.clone().with_ttl(ttl);
-        self.with_options(options)
-    }
-
-    /// Uses different options for this semaphore.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] saying which option is wrong ([`LockOptions::validate`]).
-    pub fn with_options(mut self, options: LockOptions) -> Result<Self> {
-        options.validate()?;
-        self.options = options;
-        Ok(self)
-    }
-
     /// Takes a permit, waiting for as long as the options' `wait_timeout` allows (forever by
     /// default).
     ///
@@ -160,6 +136,8 @@ impl Semaphore {
         acquire(&self.client, &self.key, &self.options, hold, wait).await
     }
 }
+
+crate::held::option_methods!(Semaphore, "semaphore");
 
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -67,7 +67,6 @@ use zookeeper_client as zk;
 use crate::acquire::Step;
 use crate::backend::ZkBackend;
 use crate::naming::{LockPaths, is_write_node, node_prefix, public_name, queue};
-use crate::semaphore::session_expired;
 use crate::session::Session;
 
 /// What keeps the node at `index` of `queue` from its grant as `hold`, and what it watches
@@ -137,35 +136,10 @@ impl ZkBackend {
     /// Whether `lease` holds its read or write lock, as the leader sees it: its node exists
     /// on the current session with the lease's czxid, and nothing ahead of it blocks it.
     pub(crate) async fn holds_rw(&self, lease: &Lease) -> Result<bool> {
-        if lease.session_alive() == Some(false) {
-            return Ok(false);
-        }
-        let session = self.session().await;
-        let Some(path) = self.lease_node(&session, lease).await? else {
-            return Ok(false);
-        };
-        let Some(name) = path.rsplit('/').next() else {
-            return Ok(false);
-        };
-        let paths = LockPaths::of(lease.key(), lease.hold());
-        let (children, stat) = match self.queue_via_leader(&session, &paths, name).await {
-            Ok(read) => read,
-            Err(e) if session_expired(&e) => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        let Some(stat) = stat else {
-            return Ok(false);
-        };
-        if u64::try_from(stat.czxid).ok() != Some(lease.fencing_token().get()) {
-            return Ok(false);
-        }
-        let own_prefix = node_prefix(lease.owner(), lease.hold());
-        let mut queue = queue(children);
-        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
-        Ok(queue
-            .iter()
-            .position(|c| c == name)
-            .is_some_and(|index| blocker(&queue, index, lease.hold()).is_none()))
+        Ok(self
+            .place_in_queue(lease)
+            .await?
+            .is_some_and(|(queue, index)| blocker(&queue, index, lease.hold()).is_none()))
     }
 }
 

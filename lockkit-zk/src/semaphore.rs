@@ -274,27 +274,41 @@ impl ZkBackend {
     /// Whether `lease` holds a permit, as the leader sees it: its node exists on the current
     /// session with the lease's czxid, among the first `permits` of the queue.
     pub(crate) async fn holds_permit(&self, lease: &Lease, permits: u32) -> Result<bool> {
+        Ok(self
+            .place_in_queue(lease)
+            .await?
+            .is_some_and(|(_, index)| index < permits as usize))
+    }
+
+    /// The queue of `lease`'s node (a semaphore's or a read-write lock's) as the leader sees
+    /// it, with the node's index in it: `None` when the node is not on the current session
+    /// with the lease's czxid. The other nodes of the lease's owner (strays of lost replies)
+    /// are left out, as the grant leaves them out.
+    pub(crate) async fn place_in_queue(
+        &self,
+        lease: &Lease,
+    ) -> Result<Option<(Vec<String>, usize)>> {
         if lease.session_alive() == Some(false) {
-            return Ok(false);
+            return Ok(None);
         }
         let session = self.session().await;
         let Some(path) = self.lease_node(&session, lease).await? else {
-            return Ok(false);
+            return Ok(None);
         };
         let Some(name) = path.rsplit('/').next() else {
-            return Ok(false);
+            return Ok(None);
         };
         let paths = LockPaths::of(lease.key(), lease.hold());
         let (children, stat) = match self.queue_via_leader(&session, &paths, name).await {
             Ok(read) => read,
-            Err(e) if session_expired(&e) => return Ok(false),
+            Err(e) if session_expired(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
         let Some(stat) = stat else {
-            return Ok(false);
+            return Ok(None);
         };
         if u64::try_from(stat.czxid).ok() != Some(lease.fencing_token().get()) {
-            return Ok(false);
+            return Ok(None);
         }
         let own_prefix = node_prefix(lease.owner(), lease.hold());
         let mut queue = queue(children);
@@ -302,7 +316,7 @@ impl ZkBackend {
         Ok(queue
             .iter()
             .position(|c| c == name)
-            .is_some_and(|index| index < permits as usize))
+            .map(|index| (queue, index)))
     }
 }
 
