@@ -274,7 +274,14 @@ impl Acquisition<'_> {
                     self.failing_since = None;
                     self.last_error = None;
                     if matches!(self.wait, Wait::No) {
-                        self.give_up("contended").await;
+                        // A try makes this one attempt (an error ends it, with a clean-up): an
+                        // answer that says it left nothing needs no clean-up round trip.
+                        if contention.nothing_left {
+                            self.pending.armed = false;
+                            self.record("contended");
+                        } else {
+                            self.give_up("contended").await;
+                        }
                         return Ok(None);
                     }
                     if self.remaining() == Some(Duration::ZERO) {
@@ -478,6 +485,11 @@ impl Acquisition<'_> {
     /// Removes what the attempts left on the server and records the outcome.
     async fn give_up(&mut self, outcome: &'static str) {
         self.pending.abandon().await;
+        self.record(outcome);
+    }
+
+    /// Records how the acquisition ended.
+    fn record(&self, outcome: &'static str) {
         metrics::acquired(
             self.pending.backend.as_ref(),
             outcome,

@@ -428,10 +428,12 @@ impl LockBackend for RedisBackend {
         match reply {
             AcquireReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
             AcquireReply::Contended(remaining) => {
+                // The script writes only when it grants.
                 let contention = match marker {
                     Some(marker) => Contention::new().with_marker(marker),
                     None => Contention::new(),
-                };
+                }
+                .with_nothing_left();
                 Ok(Attempt::Contended(match remaining {
                     Some(remaining) => contention.with_retry_after(remaining),
                     None => contention,

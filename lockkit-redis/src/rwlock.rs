@@ -244,8 +244,12 @@ impl RedisBackend {
                 Ok(Attempt::Granted(Grant::new(token, request.ttl)))
             }
             RwReply::Blocked(blocked_for) => {
-                let contention =
+                let mut contention =
                     Contention::new().with_retry_after(retry_after(request, blocked_for));
+                // Only a writer that waits leaves something when refused: its record.
+                if !(request.hold == Hold::Write && request.wait) {
+                    contention = contention.with_nothing_left();
+                }
                 Ok(Attempt::Contended(match marker {
                     Some(marker) => contention.with_marker(marker),
                     None => contention,

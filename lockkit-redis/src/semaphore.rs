@@ -200,7 +200,10 @@ impl RedisBackend {
         match reply {
             PermitReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
             PermitReply::Full(first_expiry) => {
-                let contention = Contention::new().with_retry_after(first_expiry);
+                // A full semaphore's script adds nothing of ours.
+                let contention = Contention::new()
+                    .with_retry_after(first_expiry)
+                    .with_nothing_left();
                 Ok(Attempt::Contended(match marker {
                     Some(marker) => contention.with_marker(marker),
                     None => contention,

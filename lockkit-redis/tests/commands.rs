@@ -1,6 +1,6 @@
 //! Round trips against a single Redis node, counted by the server: exactly two commands per
-//! uncontended acquire+release, and one pipelined renewal batch per tick however many locks
-//! are held.
+//! uncontended acquire+release, one per contended try (no clean-up after an answer that left
+//! nothing), and one pipelined renewal batch per tick however many locks are held.
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
@@ -80,6 +80,64 @@ async fn uncontended_acquire_and_release_take_exactly_two_commands() {
         "commands other than the two scripts: {others:?}"
     );
     assert_eq!(delta.get("info").copied(), Some(1), "commands: {delta:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_try_takes_exactly_one_command() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut raw = harness.servers().await.expect("raw connection").remove(0);
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let client = || async {
+        LockClient::with_options(
+            harness.backend().await.expect("connect"),
+            &namespace,
+            LockOptions::default().with_ttl(Duration::from_secs(60)),
+        )
+        .expect("client")
+    };
+    let (holder, contender) = (client().await, client().await);
+    let locked = holder.mutex("k").unwrap().lock().await.unwrap();
+    let permit = holder.semaphore("k", 1).unwrap().acquire().await.unwrap();
+    let reading = holder.rwlock("k").unwrap().read().await.unwrap();
+    let (mutex, semaphore, rwlock) = (
+        contender.mutex("k").unwrap(),
+        contender.semaphore("k", 1).unwrap(),
+        contender.rwlock("k").unwrap(),
+    );
+    // Warm up: the contender's scripts loaded, its connection open.
+    assert!(mutex.try_lock().await.unwrap().is_none());
+    assert!(semaphore.try_acquire().await.unwrap().is_none());
+    assert!(rwlock.try_write().await.unwrap().is_none());
+
+    let tries = 100;
+    let before = common::command_calls(&mut raw).await;
+    for _ in 0..tries {
+        assert!(mutex.try_lock().await.unwrap().is_none());
+        assert!(semaphore.try_acquire().await.unwrap().is_none());
+        assert!(rwlock.try_write().await.unwrap().is_none());
+    }
+    let after = common::command_calls(&mut raw).await;
+    let delta = delta(&before, &after);
+    assert_eq!(
+        delta.get("evalsha").copied(),
+        Some(3 * tries),
+        "commands: {delta:?}"
+    );
+    let others: Vec<_> = delta
+        .iter()
+        .filter(|(name, _)| name.as_str() != "evalsha" && name.as_str() != "info")
+        .filter(|(name, _)| !INSIDE_SCRIPTS.contains(&name.as_str()))
+        .filter(|(name, _)| {
+            !["zrangebyscore", "zrange", "zscore", "hget", "zcard"].contains(&name.as_str())
+        })
+        .collect();
+    assert!(others.is_empty(), "commands besides the tries: {others:?}");
+    assert!(locked.release().await.unwrap());
+    assert!(permit.release().await.unwrap());
+    assert!(reading.release().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -205,6 +205,12 @@ pub struct Contention {
     /// A marker the backend took just before sending the attempt (for example how many
     /// notifications it had received), so its wait can tell whether a change came in since.
     pub marker: Option<u64>,
+    /// The server's answer says that this attempt left nothing of the acquisition there (no
+    /// grant, no queue entry, no waiting record). A `try_lock` (one attempt; an error ends it,
+    /// with a clean-up) that gets such an answer sends no clean-up ([`LockBackend::abandon`]).
+    /// Set it only when the answer proves it: a queueing backend that removed its entry in
+    /// the attempt may, and a Redis script that writes only when it grants does.
+    pub nothing_left: bool,
 }
 
 impl Contention {
@@ -231,6 +237,13 @@ impl Contention {
         self.revision = revision;
         self
     }
+    /// Says that the attempt left nothing on the server (see [`Contention::nothing_left`]).
+    #[must_use]
+    pub fn with_nothing_left(mut self) -> Self {
+        self.nothing_left = true;
+        self
+    }
+
     /// Sets the marker taken before the attempt.
     #[must_use]
     pub fn with_marker(mut self, marker: u64) -> Self {

@@ -190,9 +190,11 @@ impl LockBackend for MemoryBackend {
                 Some(holder) if holder.owner == request.owner => {
                     Attempt::Granted(Grant::new(holder.fencing_token, holder.expires_at - now))
                 }
-                Some(holder) => {
-                    Attempt::Contended(Contention::new().with_retry_after(holder.expires_at - now))
-                }
+                Some(holder) => Attempt::Contended(
+                    Contention::new()
+                        .with_retry_after(holder.expires_at - now)
+                        .with_nothing_left(),
+                ),
                 None => {
                     let fencing_token = self.next_token();
                     slot.holder = Some(Holder {

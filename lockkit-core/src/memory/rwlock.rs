@@ -114,12 +114,15 @@ impl MemoryBackend {
                     Attempt::Granted(Grant::new(fencing_token, request.ttl))
                 }
                 Some(until) => {
+                    let contention = Contention::new().with_retry_after(until - now);
                     if request.hold == Hold::Write && request.wait {
                         slot.waiting_writers.retain(|(w, _)| *w != request.owner);
                         slot.waiting_writers
                             .push((request.owner.clone(), now + request.ttl));
+                        Attempt::Contended(contention)
+                    } else {
+                        Attempt::Contended(contention.with_nothing_left())
                     }
-                    Attempt::Contended(Contention::new().with_retry_after(until - now))
                 }
             }
         })

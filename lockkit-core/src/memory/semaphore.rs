@@ -107,7 +107,7 @@ impl MemoryBackend {
                 return Ok(Attempt::Granted(Grant::new(fencing_token, request.ttl)));
             }
             let first_expiry = slot.holders.iter().map(|h| h.expires_at - now).min();
-            let contention = Contention::new();
+            let contention = Contention::new().with_nothing_left();
             Ok(Attempt::Contended(match first_expiry {
                 Some(left) => contention.with_retry_after(left),
                 None => contention,
