@@ -7,7 +7,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lockkit_core::backend::lease_of;
 use lockkit_core::testing::Recording;
@@ -67,22 +67,6 @@ impl Held {
     }
 }
 
-/// Waits until `count` keys are under the namespace.
-async fn until_keys(admin: &EtcdBackend, ns: &str, count: usize) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let keys = support::keys_under(admin, ns).await.expect("list keys");
-        if keys.len() == count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {count} keys under {ns}, found {keys:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Queues waiter `index` on `lock` for a read or a write (after the ones before it: its key
 /// is the `keys`-th under the namespace) and sends its lock on `granted` once it has it.
 async fn queue_waiter(
@@ -105,7 +89,7 @@ async fn queue_waiter(
         let held = held.unwrap_or_else(|e| panic!("waiter {index}: {}", e.display_chain()));
         let _ = granted.send((index, held));
     });
-    until_keys(admin, ns, keys).await;
+    support::until_keys(admin, ns, keys, PATIENCE).await;
 }
 
 /// The next grants, which must be those of the waiters `expected` (in any order), and then
@@ -318,12 +302,12 @@ async fn a_dropped_waiting_acquisition_leaves_no_key() {
     let reader = waiter.rwlock("drop").unwrap();
     let writer = waiter.rwlock("drop").unwrap();
     let reading = tokio::spawn(async move { reader.read().await.map(drop) });
-    until_keys(&admin, &ns, 2).await;
+    support::until_keys(&admin, &ns, 2, PATIENCE).await;
     let writing = tokio::spawn(async move { writer.write().await.map(drop) });
-    until_keys(&admin, &ns, 3).await;
+    support::until_keys(&admin, &ns, 3, PATIENCE).await;
     reading.abort();
     writing.abort();
-    until_keys(&admin, &ns, 1).await;
+    support::until_keys(&admin, &ns, 1, PATIENCE).await;
     let other = client(&config, &ns).await;
     assert!(written.release().await.expect("release"));
     let read = other.rwlock("drop").unwrap().try_read().await;
@@ -362,7 +346,7 @@ async fn a_write_token_is_above_every_earlier_token() {
         }
         let lock = lock.clone();
         let writing = tokio::spawn(async move { lock.write_timeout(PATIENCE).await });
-        until_keys(&admin, &ns, 3).await;
+        support::until_keys(&admin, &ns, 3, PATIENCE).await;
         let probe = readers[0].rwlock("token").unwrap();
         assert!(probe.try_read().await.expect("try_read").is_none());
         highest = reads.iter().map(ReadGuard::fencing_token).max().unwrap();

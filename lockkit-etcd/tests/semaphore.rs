@@ -52,22 +52,6 @@ async fn recorded_client(config: &EtcdConfig, ns: &str) -> (LockClient, Arc<Reco
     (client_of(recording.clone(), ns, QUEUE_TTL).await, recording)
 }
 
-/// Waits until `count` keys are under the namespace (the semaphore's holders and waiters).
-async fn until_keys(admin: &EtcdBackend, ns: &str, count: usize) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let keys = support::keys_under(admin, ns).await.expect("list keys");
-        if keys.len() == count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {count} keys under {ns}, found {keys:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Queues waiter `index` on `semaphore` (after the ones before it: its key is the
 /// `keys`-th under the namespace) and sends its permit on `granted` once it has one.
 async fn queue_waiter(
@@ -86,7 +70,7 @@ async fn queue_waiter(
             .unwrap_or_else(|e| panic!("waiter {index}: {}", e.display_chain()));
         let _ = granted.send((index, permit));
     });
-    until_keys(admin, ns, keys).await;
+    support::until_keys(admin, ns, keys, PATIENCE).await;
 }
 
 /// The next grant, which must be waiter `expected`'s.

@@ -6,12 +6,10 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit_core::{FencingToken, LockClient, LockOptions, ReadGuard, WriteGuard};
-use lockkit_zk::{ZkBackend, ZkConfig};
-use support::{TEST_CHROOT, admin, test_config, znodes_under};
+use lockkit_core::{FencingToken, LockClient, ReadGuard, WriteGuard};
+use support::{TEST_CHROOT, admin, children_via_leader, test_config, watched_client, znodes_under};
 use tokio::sync::mpsc;
 use zookeeper_client as zk;
 
@@ -21,33 +19,11 @@ fn namespace() -> String {
     format!("lk-zk-rw-{:08x}", rand::random::<u32>())
 }
 
-fn options() -> LockOptions {
-    // Only a watch can wake a waiter: the polling cap is far beyond the test.
-    LockOptions::default()
-        .with_ttl(Duration::from_secs(2))
-        .with_backoff(Duration::from_millis(1), Duration::from_secs(600))
-}
-
-async fn client(config: &ZkConfig, ns: &str) -> (ZkBackend, LockClient) {
-    let backend = ZkBackend::connect(config.clone()).await.expect("connect");
-    let client =
-        LockClient::with_options(Arc::new(backend.clone()), ns, options()).expect("client");
-    (backend, client)
-}
-
 /// The nodes of the rwlock `name`, in queue order, as the leader sees them (the admin's
 /// server may lag behind the clients').
 async fn rw_nodes(admin: &zk::Client, ns: &str, name: &str) -> Vec<String> {
     let parent = format!("/{ns}/{name}/rwlock");
-    match admin.sync(&parent).await {
-        Ok(()) | Err(zk::Error::NoNode) => {}
-        Err(e) => panic!("sync {parent}: {e}"),
-    }
-    let mut nodes = match admin.list_children(&parent).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(e) => panic!("list {parent}: {e}"),
-    };
+    let mut nodes = children_via_leader(admin, &parent).await;
     nodes.sort_by_key(|n| n[n.len().saturating_sub(10)..].to_owned());
     nodes
 }
@@ -175,9 +151,9 @@ async fn readers_share_and_a_writer_excludes_them() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, first) = client(&config, &ns).await;
-    let (_, second) = client(&config, &ns).await;
-    let (_, writer) = client(&config, &ns).await;
+    let (_, first) = watched_client(&config, &ns).await;
+    let (_, second) = watched_client(&config, &ns).await;
+    let (_, writer) = watched_client(&config, &ns).await;
     let one = read(&first, "share").await.expect("a free read lock");
     let two = read(&second, "share")
         .await
@@ -223,8 +199,8 @@ async fn a_queued_writer_blocks_a_later_reader() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
-    let (_, waiters) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
+    let (_, waiters) = watched_client(&config, &ns).await;
     let first = read(&holder, "turn").await.expect("a free read lock");
     let (granted, mut grants) = mpsc::unbounded_channel();
     queue_waiter(&admin, &waiters, &ns, "turn", "writer", true, 2, &granted).await;
@@ -263,8 +239,8 @@ async fn a_mixed_queue_is_granted_in_order_each_release_waking_only_whom_it_unbl
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
-    let (backend, waiters) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
+    let (backend, waiters) = watched_client(&config, &ns).await;
     let w1 = write(&holder, "mix").await.expect("a free write lock");
     let (granted, mut grants) = mpsc::unbounded_channel();
     let queue = [("R2", false), ("R3", false), ("W4", true), ("R5", false)];
@@ -333,8 +309,8 @@ async fn refused_tries_leave_no_node() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
-    let (_, other) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
+    let (_, other) = watched_client(&config, &ns).await;
     let rwlock = other.rwlock("try").expect("rwlock");
     let written = holder.rwlock("try").expect("rwlock");
     let written = written.try_write().await;
@@ -375,8 +351,8 @@ async fn a_dropped_waiting_acquisition_leaves_no_node() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
-    let (_, contender) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
+    let (_, contender) = watched_client(&config, &ns).await;
     let read = read(&holder, "drop").await.expect("a free read lock");
     let holder_node = rw_nodes(&admin, &ns, "drop").await;
     let rwlock = contender.rwlock("drop").expect("rwlock");
@@ -411,9 +387,9 @@ async fn a_reader_whose_session_expires_loses_its_lock() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (expiring_backend, expiring) = client(&config, &ns).await;
-    let (_, steady) = client(&config, &ns).await;
-    let (_, writer) = client(&config, &ns).await;
+    let (expiring_backend, expiring) = watched_client(&config, &ns).await;
+    let (_, steady) = watched_client(&config, &ns).await;
+    let (_, writer) = watched_client(&config, &ns).await;
     let old = read(&expiring, "expiry").await.expect("a free read lock");
     let kept = read(&steady, "expiry").await.expect("a second reader");
     let (granted, mut grants) = mpsc::unbounded_channel();
@@ -453,8 +429,8 @@ async fn nodes_are_named_as_curators_under_their_own_parent_and_nothing_remains(
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
-    let (_, waiters) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
+    let (_, waiters) = watched_client(&config, &ns).await;
     let read = read(&holder, "layout").await.expect("a free read lock");
     let (granted, mut grants) = mpsc::unbounded_channel();
     queue_waiter(&admin, &waiters, &ns, "layout", "writer", true, 2, &granted).await;

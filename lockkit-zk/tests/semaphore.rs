@@ -10,9 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockkit_core::testing::Recording;
-use lockkit_core::{LockClient, LockOptions, Permit};
-use lockkit_zk::{ZkBackend, ZkConfig};
-use support::{TEST_CHROOT, admin, test_config, znodes_under};
+use lockkit_core::{LockClient, Permit};
+use lockkit_zk::ZkBackend;
+use support::{
+    TEST_CHROOT, admin, children_via_leader, test_config, watch_only_options, watched_client,
+    znodes_under,
+};
 use tokio::sync::mpsc;
 use zookeeper_client as zk;
 
@@ -20,33 +23,11 @@ fn namespace() -> String {
     format!("lk-zk-sem-{:08x}", rand::random::<u32>())
 }
 
-fn options() -> LockOptions {
-    // Only a watch can wake a waiter: the polling cap is far beyond the test.
-    LockOptions::default()
-        .with_ttl(Duration::from_secs(2))
-        .with_backoff(Duration::from_millis(1), Duration::from_secs(600))
-}
-
-async fn client(config: &ZkConfig, ns: &str) -> (ZkBackend, LockClient) {
-    let backend = ZkBackend::connect(config.clone()).await.expect("connect");
-    let client =
-        LockClient::with_options(Arc::new(backend.clone()), ns, options()).expect("client");
-    (backend, client)
-}
-
 /// The permit nodes of the semaphore `name`, in queue order, as the leader sees them (the
 /// admin's server may lag behind the clients').
 async fn permit_nodes(admin: &zk::Client, ns: &str, name: &str) -> Vec<String> {
     let parent = format!("/{ns}/{name}/semaphore");
-    match admin.sync(&parent).await {
-        Ok(()) | Err(zk::Error::NoNode) => {}
-        Err(e) => panic!("sync {parent}: {e}"),
-    }
-    let mut nodes = match admin.list_children(&parent).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(e) => panic!("list {parent}: {e}"),
-    };
+    let mut nodes = children_via_leader(admin, &parent).await;
     nodes.retain(|n| n.contains("-permits-"));
     nodes.sort_by_key(|n| n.rsplit('-').next().map(str::to_owned));
     nodes
@@ -129,8 +110,8 @@ async fn waiters_are_granted_in_queue_order() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holders) = client(&config, &ns).await;
-    let (_, waiters) = client(&config, &ns).await;
+    let (_, holders) = watched_client(&config, &ns).await;
+    let (_, waiters) = watched_client(&config, &ns).await;
     let semaphore = holders.semaphore("order", 2).expect("semaphore");
     let mut held = VecDeque::new();
     for _ in 0..2 {
@@ -177,10 +158,11 @@ async fn a_release_wakes_only_the_waiters_whose_place_changed() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
     let backend = ZkBackend::connect(config.clone()).await.expect("connect");
     let recording = Arc::new(Recording::new(Arc::new(backend.clone())));
-    let waiters = LockClient::with_options(recording.clone(), &ns, options()).expect("client");
+    let waiters =
+        LockClient::with_options(recording.clone(), &ns, watch_only_options()).expect("client");
     let semaphore = holder.semaphore("herd", 2).expect("semaphore");
     let first = semaphore.acquire_timeout(Duration::from_secs(10)).await;
     let second = semaphore.acquire_timeout(Duration::from_secs(10)).await;
@@ -251,9 +233,9 @@ async fn a_holder_whose_session_expires_frees_its_permit() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (expiring_backend, expiring) = client(&config, &ns).await;
-    let (_, steady) = client(&config, &ns).await;
-    let (_, waiter) = client(&config, &ns).await;
+    let (expiring_backend, expiring) = watched_client(&config, &ns).await;
+    let (_, steady) = watched_client(&config, &ns).await;
+    let (_, waiter) = watched_client(&config, &ns).await;
     let patience = Duration::from_secs(15);
     let old = expiring.semaphore("expiry", 2).expect("semaphore");
     let old = old.acquire_timeout(patience).await.expect("a free permit");
@@ -304,8 +286,8 @@ async fn a_cancelled_acquisition_leaves_no_node() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
-    let (_, contender) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
+    let (_, contender) = watched_client(&config, &ns).await;
     let held = holder.semaphore("cancel", 1).expect("semaphore");
     let held = held
         .acquire_timeout(Duration::from_secs(10))
@@ -339,7 +321,7 @@ async fn held_permits_are_not_inspected_listed_or_broken_as_the_lock() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, client) = client(&config, &ns).await;
+    let (_, client) = watched_client(&config, &ns).await;
     let semaphore = client.semaphore("apart", 2).expect("semaphore");
     let first = semaphore.acquire_timeout(Duration::from_secs(10)).await;
     let second = semaphore.acquire_timeout(Duration::from_secs(10)).await;
@@ -365,8 +347,8 @@ async fn a_count_is_checked_against_the_nodes_ahead_only() {
     let Some(config) = test_config() else { return };
     let admin = admin(&config, TEST_CHROOT).await;
     let ns = namespace();
-    let (_, holder) = client(&config, &ns).await;
-    let (_, other) = client(&config, &ns).await;
+    let (_, holder) = watched_client(&config, &ns).await;
+    let (_, other) = watched_client(&config, &ns).await;
     let held = holder.semaphore("ahead", 1).expect("semaphore");
     let held = held
         .acquire_timeout(Duration::from_secs(10))

@@ -81,3 +81,25 @@ pub async fn expect_no_keys(backend: &EtcdBackend, namespace: &str, patience: st
 pub fn namespace(what: &str) -> String {
     format!("{what}-{:08x}", rand::random::<u32>())
 }
+
+/// Waits until exactly `count` keys are under `namespace` (holders and waiters of a queue),
+/// for at most `patience`.
+pub async fn until_keys(
+    admin: &EtcdBackend,
+    namespace: &str,
+    count: usize,
+    patience: std::time::Duration,
+) {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let keys = keys_under(admin, namespace).await.expect("list keys");
+        if keys.len() == count {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "expected {count} keys under {namespace}, found {keys:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

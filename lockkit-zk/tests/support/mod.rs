@@ -79,3 +79,46 @@ pub(crate) async fn znodes_under(
     }
     Ok(found)
 }
+
+/// Options under which only a watch can wake a waiter: the polling cap is far beyond any
+/// test. TTL 2 s.
+#[allow(dead_code)] // for the queue tests (semaphore, rwlock) only
+pub(crate) fn watch_only_options() -> lockkit_core::LockOptions {
+    lockkit_core::LockOptions::default()
+        .with_ttl(Duration::from_secs(2))
+        .with_backoff(Duration::from_millis(1), Duration::from_secs(600))
+}
+
+/// A backend of its own (its own session) and a client on it in `namespace`, with
+/// [`watch_only_options`].
+#[allow(dead_code)] // for the queue tests (semaphore, rwlock) only
+pub(crate) async fn watched_client(
+    config: &ZkConfig,
+    namespace: &str,
+) -> (lockkit_zk::ZkBackend, lockkit_core::LockClient) {
+    let backend = lockkit_zk::ZkBackend::connect(config.clone())
+        .await
+        .expect("connect");
+    let client = lockkit_core::LockClient::with_options(
+        std::sync::Arc::new(backend.clone()),
+        namespace,
+        watch_only_options(),
+    )
+    .expect("client");
+    (backend, client)
+}
+
+/// The children of `parent` as the leader sees them (the admin's server may lag behind the
+/// clients'); none when `parent` does not exist.
+#[allow(dead_code)] // for the queue tests (semaphore, rwlock) only
+pub(crate) async fn children_via_leader(admin: &zk::Client, parent: &str) -> Vec<String> {
+    match admin.sync(parent).await {
+        Ok(()) | Err(zk::Error::NoNode) => {}
+        Err(e) => panic!("sync {parent}: {e}"),
+    }
+    match admin.list_children(parent).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {parent}: {e}"),
+    }
+}
