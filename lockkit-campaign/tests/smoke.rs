@@ -165,12 +165,7 @@ fn etcd() {
             Scenario::ElectionPartition,
             Scenario::ElectionServerCrash,
             Scenario::SemaphorePartition,
-            // Not semaphore-server-crash, until its known bug is fixed: a rehearsal of
-            // 2026-12-03 saw a waiter granted 2 ms after the leader's crash with under 1 ms
-            // of validity left (its session's keep-alives had failed for 2 s); its lost
-            // signal fired 1 ms later, nothing overlapped. The core accepts any grant with
-            // validity left; it needs a floor (confirm by renewal, or refuse). The full
-            // campaign (`compose/campaign.sh`) still runs the row.
+            Scenario::SemaphoreServerCrash,
             Scenario::RwLockPartition,
             Scenario::RwLockServerCrash,
         ],

@@ -221,6 +221,18 @@ pub(crate) async fn acquire(
     run.run().instrument(span).await
 }
 
+/// The least validity a grant is handed out with: a tenth of its TTL.
+///
+/// A grant that arrives with less (its attempt waited behind a failover, or the process was
+/// descheduled) is confirmed by a renewal first, and given back if the renewal cannot do
+/// better. Handing it out as it came would give the caller a guard whose lost signal fires
+/// before the caller's first step under it: a lock it never really had (once seen with 0.3 ms
+/// left, granted right after an etcd leader's crash). With a tenth, the renewal scheduler
+/// (due after a third of a grant's validity) still has most of that tenth for a renewal.
+fn validity_floor(ttl: Duration) -> Duration {
+    ttl / 10
+}
+
 /// One acquisition in progress: the attempt loop and its bookkeeping.
 struct Acquisition<'a> {
     options: &'a LockOptions,
@@ -311,12 +323,13 @@ impl Acquisition<'_> {
             .map(|deadline| deadline.saturating_duration_since(Instant::now()))
     }
 
-    /// Turns a grant into a guard, unless it has no validity left.
+    /// Turns a grant into a guard, unless less than [`validity_floor`] of it is left.
     fn accept(&mut self, grant: Grant, sent_at: Instant) -> Option<MutexGuard> {
         let request = &self.pending.request;
         let drift = clock_drift(request.ttl, self.options.clock_drift_factor);
+        let floor = validity_floor(request.ttl);
         let valid_until = validity_deadline(sent_at, grant.valid_for, drift)
-            .filter(|deadline| *deadline > Instant::now())?;
+            .filter(|deadline| deadline.saturating_duration_since(Instant::now()) >= floor)?;
         let mut lease = Lease::new(
             request.key.clone(),
             request.owner.clone(),
@@ -352,8 +365,9 @@ impl Acquisition<'_> {
         Some(MutexGuard::new(held))
     }
 
-    /// A grant whose validity, counted from its attempt's send time, was gone when it arrived
-    /// (a backend queueing requests under load) is still ours on the server: a renewal sent
+    /// A grant whose validity, counted from its attempt's send time, was (nearly) gone when it
+    /// arrived (a backend queueing requests under load, a wait that ended as a server came
+    /// back) is still ours on the server: a renewal sent
     /// now gets a validity counted from now. Giving it back instead would send a queueing
     /// waiter to the end of the queue, and under the same load every grantee after it too.
     async fn confirm(&mut self, grant: Grant) -> Option<MutexGuard> {
