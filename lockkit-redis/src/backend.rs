@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage,
+    OwnerToken, Renewal,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, Result, Support, Tier,
@@ -23,6 +24,30 @@ use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
 use crate::semaphore;
 
+/// How long a waiter for a mutex may be overtaken: a waiter that has waited this long
+/// reserves the lock, and the next release keeps it for that waiter (and wakes that one).
+///
+/// Without it a free lock goes to whoever asks first, which is fast (a releaser that asks
+/// again at once keeps the lock without a hand-over) but unbounded: W2 of `examples/compare`
+/// (8 workers on one key) saw waits of 171 ms. With it, a wait is bounded by this plus one
+/// hand-over per waiter ahead in the reservation's line, while most grants still go to the
+/// first to ask. One waiter at a time holds the reservation; it lives one TTL unless its
+/// waiter's next attempt renews it, and a waiter that gives up (a cancelled or timed-out
+/// acquisition) deletes it, so a crashed waiter keeps a free lock from others for at most
+/// its TTL, as a crashed holder does. A `try_lock` never reserves, and is refused a lock
+/// reserved for another. Redlock does not reserve: one reservation would need a majority.
+pub(crate) const OVERTAKEN_AFTER: Duration = Duration::from_millis(10);
+
+/// The reservation argument of the acquire script for `request`: `'1'` once it has waited
+/// [`OVERTAKEN_AFTER`].
+fn reserving(request: &AcquireRequest) -> &'static str {
+    if request.wait && request.since.elapsed() >= OVERTAKEN_AFTER {
+        "1"
+    } else {
+        ""
+    }
+}
+
 /// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
 /// `replicated`).
 ///
@@ -35,7 +60,9 @@ use crate::semaphore;
 ///   pipeline.
 /// - **waiting**: every waiter of this backend listens on one shared pub/sub connection and
 ///   retries on a release or when the holder's TTL runs out; polling when pub/sub is off
-///   ([`RedisConfig::notifications`]) or refused.
+///   ([`RedisConfig::notifications`]) or refused. A free lock goes to whoever asks first,
+///   until a waiter has waited [`OVERTAKEN_AFTER`]: it then reserves the lock, which is kept
+///   for it alone when it is next free.
 /// - **semaphores**: the holders of a key's semaphore are a ZSET of owner digests scored by
 ///   their expiry (server clock), beside a HASH of their tokens and the agreed permits; one
 ///   script per operation, as for the mutex (`semaphore.rs`).
@@ -147,12 +174,16 @@ impl RedisBackend {
         let mut invocation = redis::cmd("EVALSHA");
         invocation
             .arg(scripts::ACQUIRE.get_hash())
-            .arg(2)
+            .arg(3)
             .arg(&keys.lock)
             .arg(&keys.fence)
+            .arg(&keys.reservation)
             .arg(request.owner.expose_hex())
             .arg(millis(request.ttl))
-            .arg(millis(self.config.fence_ttl));
+            .arg(millis(self.config.fence_ttl))
+            .arg("")
+            .arg(request.owner.digest_hex())
+            .arg(reserving(request));
         let (reply, acked) = self
             .invoke_replicated(&invocation, "the acquire script")
             .await?;
@@ -161,7 +192,7 @@ impl RedisBackend {
         {
             return Ok(reply);
         }
-        if let Err(e) = self.release_keys(keys, request.owner.expose_hex()).await {
+        if let Err(e) = self.release_keys(keys, &request.owner).await {
             tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
         }
         Err(self.unreplicated(acked))
@@ -226,9 +257,9 @@ impl RedisBackend {
     /// finds the lock gone cannot tell whether its first send released it (the reply was
     /// lost) or the lock was gone before: that is an error saying so, not "not ours", which
     /// would report a lock lost that was released.
-    async fn release_keys(&self, keys: &Keys, owner_hex: String) -> Result<bool> {
+    async fn release_keys(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
         let released = self
-            .release_keys_on(keys, owner_hex, |epoch| &epoch.connection)
+            .release_keys_on(keys, owner, |epoch| &epoch.connection)
             .await?;
         RedisBackend::verdict(released)
     }
@@ -246,25 +277,28 @@ impl RedisBackend {
         }
     }
 
-    /// The release script for `owner_hex`, on the connection `pick` chooses.
+    /// The release script for `owner` (its lock, or its reservation of a wait it gives up),
+    /// on the connection `pick` chooses.
     async fn release_keys_on(
         &self,
         keys: &Keys,
-        owner_hex: String,
+        owner: &OwnerToken,
         pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
     ) -> Result<Released> {
-        let (lock, value, channel, owner_hex) =
-            (&keys.lock, &keys.value, &keys.channel, &owner_hex);
+        let (owner_hex, digest) = (&owner.expose_hex(), &owner.digest_hex());
         let sends = &AtomicUsize::new(0);
         let released: i64 = self
             .primary
             .request_on("releasing", pick, |mut con| async move {
                 sends.fetch_add(1, Ordering::SeqCst);
                 scripts::RELEASE
-                    .key(lock)
-                    .key(value)
+                    .key(&keys.lock)
+                    .key(&keys.value)
+                    .key(&keys.reservation)
                     .arg(owner_hex)
-                    .arg(channel)
+                    .arg(&keys.channel)
+                    .arg("")
+                    .arg(digest)
                     .invoke_async(&mut con)
                     .await
             })
@@ -408,17 +442,22 @@ impl LockBackend for RedisBackend {
         let reply = if self.config.min_replicas > 0 {
             self.acquire_replicated(&keys, request).await?
         } else {
-            let (lock, fence) = (&keys.lock, &keys.fence);
-            let owner = &request.owner.expose_hex();
+            let keys = &keys;
+            let (owner, digest) = (&request.owner.expose_hex(), &request.owner.digest_hex());
             let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
+            let reserving = reserving(request);
             self.primary
                 .request("acquiring", |mut con| async move {
                     scripts::ACQUIRE
-                        .key(lock)
-                        .key(fence)
+                        .key(&keys.lock)
+                        .key(&keys.fence)
+                        .key(&keys.reservation)
                         .arg(owner)
                         .arg(ttl)
                         .arg(fence_ttl)
+                        .arg("")
+                        .arg(digest)
+                        .arg(reserving)
                         .invoke_async::<Value>(&mut con)
                         .await
                 })
@@ -450,7 +489,13 @@ impl LockBackend for RedisBackend {
     ) -> Result<()> {
         let channel = semaphore::channel_of(&request.key, request.hold);
         let epoch = self.primary.epoch();
-        let mut subscription = match epoch.notifier.subscribe(&channel, contention.marker).await {
+        let name = (matches!(request.hold, Hold::Exclusive) && !reserving(request).is_empty())
+            .then(|| request.owner.digest_hex());
+        let mut subscription = match epoch
+            .notifier
+            .subscribe(&channel, contention.marker, name)
+            .await
+        {
             Ok(subscription) => subscription,
             Err(e) => {
                 self.poll_for_a_while(&e);
@@ -492,7 +537,7 @@ impl LockBackend for RedisBackend {
                 .await
                 .map(drop),
             _ => self
-                .release_keys_on(&Keys::of(&request.key), request.owner.expose_hex(), pick)
+                .release_keys_on(&Keys::of(&request.key), &request.owner, pick)
                 .await
                 .map(drop),
         }
@@ -526,7 +571,7 @@ impl LockBackend for RedisBackend {
                     .await
             }
             _ => {
-                self.release_keys(&Keys::of(lease.key()), lease.owner().expose_hex())
+                self.release_keys(&Keys::of(lease.key()), lease.owner())
                     .await
             }
         }
@@ -601,6 +646,7 @@ impl LockBackend for RedisBackend {
                 scripts::FORCE_RELEASE
                     .key(&keys.lock)
                     .key(&keys.value)
+                    .key(&keys.reservation)
                     .arg(&keys.channel)
                     .invoke_async(&mut con)
                     .await

@@ -3,7 +3,8 @@
 //!
 //! A release wakes ONE waiter of the key in this process (it retries at once; the others
 //! would only lose the race to it), or stores a wake-up for the next waiter when none is
-//! waiting at that moment. Every channel also records when it last changed on a
+//! waiting at that moment. A release of a lock reserved for a waiter names it (its owner
+//! digest) in the message, and that waiter wakes too, if it is in this process. Every channel also records when it last changed on a
 //! notifier-wide sequence, so a waiter that took a [`Notifier::marker`] before its attempt
 //! knows without asking the server whether a release came in since.
 
@@ -93,6 +94,15 @@ struct Inner {
     disconnections: AtomicU64,
 }
 
+impl Channel {
+    /// What a release naming `name` notifies, registered.
+    fn answer(&mut self, name: String) -> (String, Arc<Notify>) {
+        let waiter = Arc::new(Notify::new());
+        self.named.insert(name.clone(), waiter.clone());
+        (name, waiter)
+    }
+}
+
 struct Channel {
     releases: Arc<Notify>,
     /// Election observers: every one is woken by a release or a proclamation.
@@ -100,6 +110,8 @@ struct Channel {
     /// The [`Inner::sequence`] value of the channel's last change.
     changed_at: u64,
     waiters: usize,
+    /// Waiters that a release naming them wakes, by owner digest.
+    named: HashMap<String, Arc<Notify>>,
     /// The server confirmed the subscription, on the pub/sub connection that is up now
     /// (false again from a disconnection until the subscription is renewed).
     confirmed: bool,
@@ -115,6 +127,8 @@ pub(crate) struct Subscription {
     changed_since: bool,
     /// Counted among the channel's waiters (false after a failed subscribe).
     joined: bool,
+    /// The name this waiter answers to, and what a release naming it notifies.
+    named: Option<(String, Arc<Notify>)>,
 }
 
 impl Notifier {
@@ -140,7 +154,7 @@ impl Notifier {
 
     /// Wakes every waiter (this connection stops being the one releases are published on).
     pub(crate) fn wake_all(&self) {
-        self.inner.wake(None);
+        self.inner.wake(None, None);
     }
 
     /// Hands a wake-up to another waiter of `channel`: called when an acquisition ends
@@ -167,7 +181,10 @@ impl Notifier {
     /// Subscribes to `channel` (or joins its subscription) and returns once the server has
     /// confirmed it: every release published after this returns is seen.
     /// [`Subscription::changed_since_marker`] says whether the channel changed after `marker`
-    /// (always true for a new subscription, or without a marker).
+    /// (always true for a new subscription, or without a marker). With a `name` (an owner
+    /// digest: a waiter that may hold the lock's reservation), a release naming it wakes this
+    /// waiter, whichever waiter it would wake otherwise; the name is known from the moment
+    /// the marker is compared, so no such release falls between the two.
     ///
     /// # Errors
     /// When the pub/sub connection cannot be opened or the server refuses the subscription;
@@ -176,19 +193,20 @@ impl Notifier {
         &self,
         channel: &str,
         marker: Option<u64>,
+        name: Option<String>,
     ) -> Result<Subscription> {
-        if let Some(subscription) = self.inner.join(channel, marker) {
+        if let Some(subscription) = self.inner.join(channel, marker, name.as_ref()) {
             return Ok(subscription);
         }
         let _changes = self.inner.changes.lock().await;
-        if let Some(subscription) = self.inner.join(channel, marker) {
+        if let Some(subscription) = self.inner.join(channel, marker, name.as_ref()) {
             return Ok(subscription);
         }
         // The channel is registered before SUBSCRIBE is sent: a release published right after
         // the confirmation must find it when its push is dispatched. A channel that lost its
         // subscription with a disconnection keeps its entry (its waiters hold its `releases`)
         // and is subscribed again.
-        let (releases, observers) = {
+        let (releases, observers, named) = {
             let mut channels = self.inner.channels();
             let changed_at = self.inner.next();
             let entry = channels
@@ -198,10 +216,12 @@ impl Notifier {
                     observers: Arc::new(Notify::new()),
                     changed_at,
                     waiters: 0,
+                    named: HashMap::new(),
                     confirmed: false,
                 });
             entry.waiters += 1;
-            (entry.releases.clone(), entry.observers.clone())
+            let named = name.map(|name| entry.answer(name));
+            (entry.releases.clone(), entry.observers.clone(), named)
         };
         let mut subscription = Subscription {
             inner: self.inner.clone(),
@@ -210,6 +230,7 @@ impl Notifier {
             observers,
             changed_since: true,
             joined: true,
+            named,
         };
         match self.inner.send_subscribe(channel).await {
             Ok(()) => Ok(subscription),
@@ -272,10 +293,16 @@ impl Inner {
         self.sequence.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    fn join(self: &Arc<Self>, channel: &str, marker: Option<u64>) -> Option<Subscription> {
+    fn join(
+        self: &Arc<Self>,
+        channel: &str,
+        marker: Option<u64>,
+        name: Option<&String>,
+    ) -> Option<Subscription> {
         let mut channels = self.channels();
         let entry = channels.get_mut(channel).filter(|entry| entry.confirmed)?;
         entry.waiters += 1;
+        let named = name.map(|name| entry.answer(name.clone()));
         Some(Subscription {
             inner: self.clone(),
             channel: channel.to_owned(),
@@ -283,6 +310,7 @@ impl Inner {
             observers: entry.observers.clone(),
             changed_since: marker.is_none_or(|marker| entry.changed_at > marker),
             joined: true,
+            named,
         })
     }
 
@@ -373,7 +401,7 @@ impl Inner {
                 entry.confirmed = false;
             }
         }
-        self.wake(None);
+        self.wake(None, None);
         if !self.recovering.swap(true, Ordering::SeqCst) {
             lockkit_core::backend::runtime::spawn(recover(Arc::downgrade(self)));
         }
@@ -400,17 +428,26 @@ impl Inner {
             .collect()
     }
 
-    /// Wakes one waiter of `channel` after a release, or every waiter of every channel
-    /// (after a disconnection, when releases may have been missed); and every election
-    /// observer of them.
-    fn wake(&self, channel: Option<&str>) {
+    /// Wakes one waiter of `channel` after a release (and the waiter it names, if any), or
+    /// every waiter of every channel (after a disconnection, when releases may have been
+    /// missed); and every election observer of them.
+    fn wake(&self, channel: Option<&str>, named: Option<&str>) {
         let mut channels = self.channels();
         let changed_at = self.next();
         match channel {
             Some(channel) => {
                 if let Some(entry) = channels.get_mut(channel) {
                     entry.changed_at = changed_at;
-                    entry.releases.notify_one();
+                    // The lock is kept for the waiter named (here or in another process):
+                    // another would only be refused.
+                    match named {
+                        Some(name) => {
+                            if let Some(waiter) = entry.named.get(name) {
+                                waiter.notify_one();
+                            }
+                        }
+                        None => entry.releases.notify_one(),
+                    }
                     entry.observers.notify_waiters();
                 }
             }
@@ -418,6 +455,9 @@ impl Inner {
                 for entry in channels.values_mut() {
                     entry.changed_at = changed_at;
                     entry.observers.notify_waiters();
+                    for waiter in entry.named.values() {
+                        waiter.notify_one();
+                    }
                     entry.releases.notify_waiters();
                     // And one for a waiter that is between its attempt and its wait.
                     entry.releases.notify_one();
@@ -437,12 +477,16 @@ async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedRe
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
                 {
-                    // A proclamation changes no holder: it is for observers only.
-                    if matches!(push.data.get(1), Some(Value::BulkString(m)) if m == PROCLAIMED.as_bytes())
-                    {
-                        inner.proclaimed(channel);
-                    } else {
-                        inner.wake(Some(channel));
+                    // A proclamation changes no holder: it is for observers only. A release's
+                    // message is empty, or names the waiter the lock is reserved for.
+                    match push.data.get(1) {
+                        Some(Value::BulkString(m)) if m == PROCLAIMED.as_bytes() => {
+                            inner.proclaimed(channel);
+                        }
+                        Some(Value::BulkString(m)) if !m.is_empty() => {
+                            inner.wake(Some(channel), std::str::from_utf8(m).ok());
+                        }
+                        _ => inner.wake(Some(channel), None),
                     }
                 }
             }
@@ -524,15 +568,35 @@ impl Subscription {
         &self.observers
     }
 
-    /// Waits until this waiter is the one woken by a release on the channel (or by a
-    /// disconnection of the pub/sub connection, after which a release may have been missed).
+    /// Waits until this waiter is the one woken by a release on the channel, or is named by
+    /// one (or by a disconnection of the pub/sub connection, after which a release may have
+    /// been missed).
     pub(crate) async fn released(&mut self) {
-        self.releases.notified().await;
+        match &self.named {
+            Some((_, named)) => {
+                tokio::select! {
+                    () = self.releases.notified() => {}
+                    () = named.notified() => {}
+                }
+            }
+            None => self.releases.notified().await,
+        }
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        if let Some((name, waiter)) = self.named.take() {
+            let mut channels = self.inner.channels();
+            if let Some(entry) = channels.get_mut(&self.channel)
+                && entry
+                    .named
+                    .get(&name)
+                    .is_some_and(|named| Arc::ptr_eq(named, &waiter))
+            {
+                entry.named.remove(&name);
+            }
+        }
         if self.joined {
             self.inner.leave(&self.channel);
         }

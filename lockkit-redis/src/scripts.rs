@@ -176,12 +176,14 @@ pub(crate) fn renewed(reply: &Value) -> Option<bool> {
 /// election's value key `{namespace/name}:value`: all carry the same hash tag (the first
 /// `{...}`; a `}` in the name only ends the tag earlier, in all), so they live in one Redis
 /// Cluster slot and one script may touch them together. `/` cannot occur in a namespace or
-/// name, so no two locks share keys.
+/// name, so no two locks share keys. The reservation key `{namespace/name}:next` names the
+/// waiter a free lock is kept for (see [`OVERTAKEN_AFTER`](crate::backend::OVERTAKEN_AFTER)).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
     pub(crate) fence: String,
     pub(crate) value: String,
+    pub(crate) reservation: String,
     pub(crate) channel: String,
 }
 
@@ -191,6 +193,7 @@ impl Keys {
         Keys {
             fence: format!("{lock}:fence"),
             value: format!("{lock}:value"),
+            reservation: format!("{lock}:next"),
             channel: format!("lockkit:released:{lock}"),
             lock,
         }

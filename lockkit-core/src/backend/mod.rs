@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::capabilities::{Capabilities, Tier};
 use crate::error::Result;
@@ -118,6 +118,9 @@ pub struct AcquireRequest {
     pub wait: bool,
     /// What the acquisition holds once granted.
     pub hold: Hold,
+    /// When the acquisition began: a backend that bounds how long a waiter can be overtaken
+    /// (Redis's reservation for a waiter that waited too long) reads the wait from it.
+    pub since: Instant,
 }
 
 impl AcquireRequest {
@@ -129,6 +132,7 @@ impl AcquireRequest {
             ttl,
             wait,
             hold: Hold::Exclusive,
+            since: Instant::now(),
         }
     }
 

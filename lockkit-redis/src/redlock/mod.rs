@@ -439,7 +439,8 @@ impl LockBackend for RedlockBackend {
         for node in self.nodes.iter().filter(|node| node.refusal.allows()) {
             let subscribing = tokio::time::timeout(
                 self.config.node_timeout,
-                node.notifier.subscribe(&keys.channel, contention.marker),
+                node.notifier
+                    .subscribe(&keys.channel, contention.marker, None),
             );
             match subscribing.await {
                 Ok(Ok(subscribed)) => {
