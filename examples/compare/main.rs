@@ -322,6 +322,7 @@ async fn run_tier(
             .await
             .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
         let w2 = contended(
+            (name != "memory").then_some(url),
             &locks,
             floor.as_ref(),
             peer.as_ref(),

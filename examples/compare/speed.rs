@@ -193,8 +193,10 @@ async fn timed_cycles(mutex: &Mutex, n: usize, samples: &mut Vec<Duration>) -> l
 
 /// W2: lockkit, its raw floor and its peer (when the backend has them) in turn in each
 /// round, each round starting with the next of them, so that drift and order hit them alike.
-/// Each keeps its own shared value across its rounds.
+/// Each keeps its own shared value across its rounds. `url` gives each lockkit worker its own
+/// client, as each peer worker has (`None`: the memory tier, one client for all).
 pub(crate) async fn contended(
+    url: Option<&str>,
     locks: &LockClient,
     floor: Option<&ContendedFloor>,
     peer: Option<&Peer>,
@@ -211,6 +213,13 @@ pub(crate) async fn contended(
             contenders.push(floor.contender().await.map_err(floor_error)?);
         }
     }
+    let mut clients = Vec::new();
+    for _ in 0..workers {
+        clients.push(match url {
+            Some(url) => lockkit::connect(&lockkit::LockkitConfig::from_url(url)?).await?,
+            None => locks.clone(),
+        });
+    }
     let mut peer_clients = Vec::new();
     if let Some(peer) = peer {
         let key = format!("{{peer/w2-{:08x}}}", rand::random::<u32>());
@@ -222,7 +231,7 @@ pub(crate) async fn contended(
     for round in 0..ROUNDS {
         for turn in 0..3 {
             match (round + turn) % 3 {
-                0 => lockkit_round(locks, workers, iterations, &mut ours).await?,
+                0 => lockkit_round(&clients, iterations, &mut ours).await?,
                 1 if floor.is_some() => {
                     contenders = workers_round(contenders, iterations, &mut theirs)
                         .await
@@ -239,6 +248,11 @@ pub(crate) async fn contended(
     }
     for contender in contenders {
         contender.clean_up().await;
+    }
+    if url.is_some() {
+        for client in clients {
+            client.close().await;
+        }
     }
     let expected = (ROUNDS * workers * iterations) as u64;
     let lockkit = ours.report("lockkit", expected);
@@ -317,9 +331,9 @@ async fn increment(shared: &AtomicU64) {
     shared.store(seen + 1, Ordering::SeqCst);
 }
 
+/// A round of lockkit's workers, one per client of `clients`.
 async fn lockkit_round(
-    locks: &LockClient,
-    workers: usize,
+    clients: &[LockClient],
     iterations: usize,
     side: &mut Side,
 ) -> lockkit::Result<()> {
@@ -327,7 +341,7 @@ async fn lockkit_round(
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let key = crate::run_key("w2-counter");
-    for _ in 0..workers {
+    for locks in clients {
         let (locks, shared, key) = (locks.clone(), side.shared.clone(), key.clone());
         tasks.spawn(async move {
             let mutex = locks.mutex(&key)?;
