@@ -3,9 +3,9 @@
 -- ARGV[1] owner token (hex), ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms (the counter
 -- lives at least as long as the lock; renewals keep it alive with the lock),
 -- ARGV[4] the token to propose, or '' for the server clock in microseconds,
--- ARGV[5] (with KEYS[3]) the owner's digest, ARGV[6] (with KEYS[3]) '1' if this waiter has
--- waited long enough to be overtaken no more: it reserves the lock, which is then free for
--- it alone (the reservation lives one TTL unless its waiter's next attempt renews it).
+-- ARGV[5] (with KEYS[3]) the owner's digest if this waiter has waited long enough to be
+-- overtaken no more, else '': such a waiter reserves the lock, which is then free for it
+-- alone (the reservation lives one TTL unless its waiter's next attempt renews it).
 -- Returns {1, fencing token} when granted (also to a retry of the same owner whose reply was
 -- lost), {0, remaining TTL of the holder (or of the reservation) in ms} when contended.
 local held = redis.call('GET', KEYS[1])
@@ -18,7 +18,7 @@ if held then
     end
     return {1, tonumber(string.sub(held, #ARGV[1] + 2))}
   end
-  if ARGV[6] == '1' and (not reserved or reserved == ARGV[5]) then
+  if KEYS[3] and ARGV[5] ~= '' and (not reserved or reserved == ARGV[5]) then
     redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[2])
   end
   return {0, redis.call('PTTL', KEYS[1])}

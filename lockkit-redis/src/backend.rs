@@ -38,14 +38,13 @@ use crate::semaphore;
 /// reserved for another. Redlock does not reserve: one reservation would need a majority.
 pub(crate) const OVERTAKEN_AFTER: Duration = Duration::from_millis(10);
 
-/// The reservation argument of the acquire script for `request`: `'1'` once it has waited
-/// [`OVERTAKEN_AFTER`].
-fn reserving(request: &AcquireRequest) -> &'static str {
-    if request.wait && request.since.elapsed() >= OVERTAKEN_AFTER {
-        "1"
-    } else {
-        ""
-    }
+/// The name `request` reserves the lock under (its owner digest) once it has waited
+/// [`OVERTAKEN_AFTER`] for a mutex; `None` before, and for a `try_lock`.
+fn reserving(request: &AcquireRequest) -> Option<String> {
+    (request.wait
+        && matches!(request.hold, Hold::Exclusive)
+        && request.since.elapsed() >= OVERTAKEN_AFTER)
+        .then(|| request.owner.digest_hex())
 }
 
 /// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
@@ -61,8 +60,8 @@ fn reserving(request: &AcquireRequest) -> &'static str {
 /// - **waiting**: every waiter of this backend listens on one shared pub/sub connection and
 ///   retries on a release or when the holder's TTL runs out; polling when pub/sub is off
 ///   ([`RedisConfig::notifications`]) or refused. A free lock goes to whoever asks first,
-///   until a waiter has waited [`OVERTAKEN_AFTER`]: it then reserves the lock, which is kept
-///   for it alone when it is next free.
+///   until a waiter has waited 10 ms: it then reserves the lock, which is kept for it alone
+///   when it is next free (see the crate documentation).
 /// - **semaphores**: the holders of a key's semaphore are a ZSET of owner digests scored by
 ///   their expiry (server clock), beside a HASH of their tokens and the agreed permits; one
 ///   script per operation, as for the mutex (`semaphore.rs`).
@@ -182,8 +181,7 @@ impl RedisBackend {
             .arg(millis(request.ttl))
             .arg(millis(self.config.fence_ttl))
             .arg("")
-            .arg(request.owner.digest_hex())
-            .arg(reserving(request));
+            .arg(reserving(request).unwrap_or_default());
         let (reply, acked) = self
             .invoke_replicated(&invocation, "the acquire script")
             .await?;
@@ -443,9 +441,9 @@ impl LockBackend for RedisBackend {
             self.acquire_replicated(&keys, request).await?
         } else {
             let keys = &keys;
-            let (owner, digest) = (&request.owner.expose_hex(), &request.owner.digest_hex());
+            let owner = &request.owner.expose_hex();
             let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
-            let reserving = reserving(request);
+            let reserving = &reserving(request).unwrap_or_default();
             self.primary
                 .request("acquiring", |mut con| async move {
                     scripts::ACQUIRE
@@ -456,7 +454,6 @@ impl LockBackend for RedisBackend {
                         .arg(ttl)
                         .arg(fence_ttl)
                         .arg("")
-                        .arg(digest)
                         .arg(reserving)
                         .invoke_async::<Value>(&mut con)
                         .await
@@ -489,8 +486,7 @@ impl LockBackend for RedisBackend {
     ) -> Result<()> {
         let channel = semaphore::channel_of(&request.key, request.hold);
         let epoch = self.primary.epoch();
-        let name = (matches!(request.hold, Hold::Exclusive) && !reserving(request).is_empty())
-            .then(|| request.owner.digest_hex());
+        let name = reserving(request);
         let mut subscription = match epoch
             .notifier
             .subscribe(&channel, contention.marker, name)

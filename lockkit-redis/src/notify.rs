@@ -3,10 +3,39 @@
 //!
 //! A release wakes ONE waiter of the key in this process (it retries at once; the others
 //! would only lose the race to it), or stores a wake-up for the next waiter when none is
-//! waiting at that moment. A release of a lock reserved for a waiter names it (its owner
-//! digest) in the message, and that waiter wakes too, if it is in this process. Every channel also records when it last changed on a
-//! notifier-wide sequence, so a waiter that took a [`Notifier::marker`] before its attempt
-//! knows without asking the server whether a release came in since.
+//! waiting at that moment. A release of a lock reserved for a waiter (see
+//! `OVERTAKEN_AFTER` in `backend.rs`) names it, by owner digest, in its message: that waiter
+//! wakes instead, if it is in this process, and no other does (the lock is kept for it).
+//! Every channel also records when it last changed on a notifier-wide sequence, so a waiter
+//! that took a [`Notifier::marker`] before its attempt knows without asking the server
+//! whether a release came in since.
+//!
+//! # Where a contended hand-over's time goes (measured 2026-12-04)
+//!
+//! W2 of `examples/compare` (8 workers × 250 increments under one lock, release build, the
+//! compose servers on this project's 2-core machine), each worker with its own client as
+//! issue 15 defines it: 3,187–3,544 increments/s against rslock's 4,664–5,089 and the raw
+//! floor's 7,286–7,541 (the same scripts, retried on the release message, all on the caller's
+//! runtime). With the 8 workers on one client: 4,932–5,357/s against rslock's 4,278–5,633.
+//! - **Not the number of requests.** The server's `INFO commandstats` counted ~10 scripts per
+//!   increment: the grant, the release and a retry of the one waiter each other client wakes.
+//!   Reserving on every wait (no overtaking at all) halved that to ~5 and left throughput
+//!   where it was (3,008–3,204/s), with longer waits (88 ms).
+//! - **Thread crossings.** `perf record -a -g` over the run: the caller's workers 32% of the
+//!   machine, redis-server 26%, lockkit's runtime thread 25%, idle 15%; on lockkit's thread
+//!   the time is waking other threads and switching (`try_to_wake_up`, `eventfd_write`,
+//!   `finish_task_switch`), on the callers' spread over allocation and formatting. A
+//!   hand-over crosses threads about five times: the push is read on lockkit's thread, wakes
+//!   the waiter's task on the caller's runtime, whose attempt goes back to the connection's
+//!   driver on lockkit's thread and its reply forth again, and the holder's release is
+//!   spawned onto lockkit's runtime (so that a cancelled caller cannot stop it) and answers
+//!   back. rslock and the floor drive their connections on the caller's runtime.
+//! - **Tried, not kept:** a two-thread lockkit runtime (no change: 2,916–3,192/s); the whole
+//!   acquisition run on lockkit's runtime (3,544/s on Redis, but Redlock fell from 1,059 to
+//!   737/s and the memory tier's W2 halved).
+//! - **Next:** a release that grants the lock to the waiter it names (the woken waiter then
+//!   holds it: one attempt and two crossings fewer per hand-over), and the acquire and
+//!   release requests driven where their caller runs while renewals stay on lockkit's thread.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
