@@ -4,7 +4,8 @@
 //! same client crate.
 //!
 //! W2 ([`ContendedFloor`]): a contended lock written by hand over the same protocol and client
-//! crate, doing the same workload. There is no single "same server work" for waiting, so each
+//! crate, doing the same workload, each worker with its own client (connections, session),
+//! as each lockkit and rslock worker has. There is no single "same server work" for waiting, so each
 //! floor is the best waiting a careful hand-written client does with that protocol, not the
 //! simplest one:
 //! - Redis (single, and the Sentinel primary directly): lockkit-redis's own `acquire.lua` and
@@ -301,8 +302,8 @@ pub(crate) const REDLOCK_RETRY: (Duration, Duration) =
 /// The holder's TTL in the contended floors, as lockkit's default.
 const CONTENDED_TTL_MS: u64 = 10_000;
 
-/// The W2 floor of one backend: what its workers share (see the module docs for the choice of
-/// lock per backend).
+/// The W2 floor of one backend: its lock and servers, and a client to set up and clean up
+/// with (see the module docs for the choice of lock per backend).
 pub(crate) enum ContendedFloor {
     /// `acquire.lua` / `release.lua`, waiting on the release channel, on one Redis server.
     Redis {
@@ -313,19 +314,18 @@ pub(crate) enum ContendedFloor {
     /// The same scripts on every Redlock node, retried after a random pause.
     Redlock {
         nodes: Vec<ConnectionManager>,
+        hosts: Vec<String>,
         key: String,
     },
     /// zookeeper-client's lock recipe under one parent node.
     Zk {
         client: zookeeper_client::Client,
+        hosts: String,
         dir: String,
     },
     /// etcd's `Lock` / `Unlock` RPCs.
     #[cfg(feature = "etcd")]
-    Etcd {
-        client: Box<lockkit::etcd::etcd_client::Client>,
-        name: String,
-    },
+    Etcd { hosts: Vec<String>, name: String },
 }
 
 /// One W2 floor worker: its connections, and the lock it holds.
@@ -384,17 +384,20 @@ impl ContendedFloor {
                 })
             }
             "redlock-5" => {
+                let hosts = url_hosts(url)?;
                 let mut nodes = Vec::new();
-                for host in url_hosts(url)? {
-                    nodes.push(redis_at(&host).await?);
+                for host in &hosts {
+                    nodes.push(redis_at(host).await?);
                 }
                 Some(ContendedFloor::Redlock {
                     nodes,
+                    hosts,
                     key: format!("{{floor/w2-{run}}}"),
                 })
             }
             "zk-3" => {
-                let client = zookeeper_client::Client::connect(&url_hosts(url)?.join(",")).await?;
+                let hosts = url_hosts(url)?.join(",");
+                let client = zookeeper_client::Client::connect(&hosts).await?;
                 let dir = format!("/lockkit-floor-w2-{run}");
                 client
                     .create(
@@ -404,53 +407,57 @@ impl ContendedFloor {
                             .with_acls(zookeeper_client::Acls::anyone_all()),
                     )
                     .await?;
-                Some(ContendedFloor::Zk { client, dir })
+                Some(ContendedFloor::Zk { client, hosts, dir })
             }
             #[cfg(feature = "etcd")]
-            "etcd-3" => {
-                let client =
-                    lockkit::etcd::etcd_client::Client::connect(url_hosts(url)?, None).await?;
-                Some(ContendedFloor::Etcd {
-                    client: Box::new(client),
-                    name: format!("lockkit-floor/w2-{run}"),
-                })
-            }
+            "etcd-3" => Some(ContendedFloor::Etcd {
+                hosts: url_hosts(url)?,
+                name: format!("lockkit-floor/w2-{run}"),
+            }),
             _ => None,
         })
     }
 
-    /// A worker, with what it needs set up before it is timed (a subscription, a lease).
+    /// A worker with its own client, and what it needs set up before it is timed (a
+    /// subscription, a lease).
     pub(crate) async fn contender(&self) -> Result<Contender, BoxError> {
         Ok(match self {
-            ContendedFloor::Redis { con, host, key } => {
+            ContendedFloor::Redis { host, key, .. } => {
                 let mut pubsub = redis::Client::open(format!("redis://{host}"))?
                     .get_async_pubsub()
                     .await?;
                 pubsub.subscribe(release_channel(key)).await?;
                 Contender::Redis {
-                    con: con.clone(),
+                    con: redis_at(host).await?,
                     releases: pubsub.into_on_message(),
                     key: key.clone(),
                     held: None,
                 }
             }
-            ContendedFloor::Redlock { nodes, key } => Contender::Redlock {
-                nodes: nodes.clone(),
-                key: key.clone(),
-                held: None,
-            },
-            ContendedFloor::Zk { client, dir } => Contender::Zk {
-                client: client.clone(),
+            ContendedFloor::Redlock { hosts, key, .. } => {
+                let mut nodes = Vec::new();
+                for host in hosts {
+                    nodes.push(redis_at(host).await?);
+                }
+                Contender::Redlock {
+                    nodes,
+                    key: key.clone(),
+                    held: None,
+                }
+            }
+            ContendedFloor::Zk { hosts, dir, .. } => Contender::Zk {
+                client: zookeeper_client::Client::connect(hosts).await?,
                 dir: dir.clone(),
                 held: None,
             },
             #[cfg(feature = "etcd")]
-            ContendedFloor::Etcd { client, name } => {
-                let mut client = client.clone();
+            ContendedFloor::Etcd { hosts, name } => {
+                let mut client =
+                    lockkit::etcd::etcd_client::Client::connect(hosts.clone(), None).await?;
                 // Long enough for the whole run without keep-alives; revoked at the end.
                 let lease = client.lease_grant(300, None).await?.id();
                 Contender::Etcd {
-                    client,
+                    client: Box::new(client),
                     name: name.clone(),
                     lease,
                     held: None,
@@ -463,8 +470,8 @@ impl ContendedFloor {
     pub(crate) async fn clean_up(self) {
         match self {
             ContendedFloor::Redis { con, key, .. } => delete_keys(&[con], &key).await,
-            ContendedFloor::Redlock { nodes, key } => delete_keys(&nodes, &key).await,
-            ContendedFloor::Zk { client, dir } => {
+            ContendedFloor::Redlock { nodes, key, .. } => delete_keys(&nodes, &key).await,
+            ContendedFloor::Zk { client, dir, .. } => {
                 // The last releases are deletes in the background: wait for them a little.
                 for _ in 0..20 {
                     match client.delete(&dir, None).await {
