@@ -9,8 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use lockkit_core::{LockClient, LockKey, LockOptions};
+use lockkit_core::{LockClient, LockKey, LockOptions, MutexGuard, Result};
 use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
 
 /// Long enough that a holder never expires during a test, short enough that a waiter's
 /// attempts (at least one per `backoff_max`) come often.
@@ -50,6 +51,27 @@ async fn setup() -> Option<Setup> {
     })
 }
 
+impl Setup {
+    /// The holder's guard, and the waiter's acquisition queued behind it, once the waiter has
+    /// reserved the lock.
+    async fn reserved_behind_a_holder(&mut self) -> (MutexGuard, JoinHandle<Result<MutexGuard>>) {
+        let held = self.holder.mutex("k").unwrap().lock().await.unwrap();
+        let mutex = self.waiter.mutex("k").unwrap();
+        let waiting =
+            tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(20)).await });
+        until_reservation(&mut self.raw, &self.reservation, true).await;
+        (held, waiting)
+    }
+
+    /// Whether a third client's `try_lock` gets the lock now (given back at once).
+    async fn free_for_others(&self) -> bool {
+        match self.other.mutex("k").unwrap().try_lock().await.unwrap() {
+            Some(guard) => guard.release().await.unwrap(),
+            None => false,
+        }
+    }
+}
+
 /// Waits (up to 10 s) until the reservation key exists, or, with `present` false, is gone.
 async fn until_reservation(raw: &mut MultiplexedConnection, key: &str, present: bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -80,28 +102,18 @@ async fn a_release_keeps_the_lock_for_the_waiter_that_reserved_it() {
     let Some(mut s) = setup().await else {
         return;
     };
-    let held = s.holder.mutex("k").unwrap().lock().await.unwrap();
-    let mutex = s.waiter.mutex("k").unwrap();
-    let waiting = tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(20)).await });
-    until_reservation(&mut s.raw, &s.reservation, true).await;
+    let (held, waiting) = s.reserved_behind_a_holder().await;
     assert!(held.release().await.unwrap());
     // Asked right after the release, before the waiter (woken by a message) can ask.
-    let barging = s.other.mutex("k").unwrap().try_lock().await.unwrap();
     assert!(
-        barging.is_none(),
+        !s.free_for_others().await,
         "a try_lock took the lock reserved for the waiter"
     );
     let guard = waiting.await.unwrap().expect("the waiter's grant");
     until_reservation(&mut s.raw, &s.reservation, false).await;
     assert!(guard.release().await.unwrap());
     assert!(
-        s.other
-            .mutex("k")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some(),
+        s.free_for_others().await,
         "the lock is free for anyone after the reserved grant"
     );
 }
@@ -111,23 +123,14 @@ async fn a_waiter_that_gives_up_takes_its_reservation_with_it() {
     let Some(mut s) = setup().await else {
         return;
     };
-    let held = s.holder.mutex("k").unwrap().lock().await.unwrap();
-    let mutex = s.waiter.mutex("k").unwrap();
-    let waiting = tokio::spawn(async move { mutex.lock().await });
-    until_reservation(&mut s.raw, &s.reservation, true).await;
+    let (held, waiting) = s.reserved_behind_a_holder().await;
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
     // Its clean-up runs in the background.
     until_reservation(&mut s.raw, &s.reservation, false).await;
     assert!(held.release().await.unwrap());
     assert!(
-        s.other
-            .mutex("k")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some(),
+        s.free_for_others().await,
         "the lock stayed kept for a waiter that left"
     );
 }
@@ -148,13 +151,7 @@ async fn a_reservation_of_a_vanished_waiter_keeps_the_lock_only_until_it_expires
         .await
         .unwrap();
     assert!(
-        s.other
-            .mutex("k")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none(),
+        !s.free_for_others().await,
         "a try_lock took a lock reserved for another"
     );
     let guard = s
