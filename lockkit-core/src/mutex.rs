@@ -221,7 +221,9 @@ pub(crate) async fn acquire(
     run.run().instrument(span).await
 }
 
-/// The least validity a grant is handed out with: a tenth of its TTL.
+/// The least validity a grant is handed out with: a tenth of the validity `promised` (the
+/// TTL, or less where the backend trusts a grant for less: ZooKeeper, for part of its session
+/// timeout), counted from the attempt's send time.
 ///
 /// A grant that arrives with less (its attempt waited behind a failover, or the process was
 /// descheduled) is confirmed by a renewal first, and given back if the renewal cannot do
@@ -229,8 +231,8 @@ pub(crate) async fn acquire(
 /// before the caller's first step under it: a lock it never really had (once seen with 0.3 ms
 /// left, granted right after an etcd leader's crash). With a tenth, the renewal scheduler
 /// (due after a third of a grant's validity) still has most of that tenth for a renewal.
-fn validity_floor(ttl: Duration) -> Duration {
-    ttl / 10
+fn validity_floor(promised: Duration) -> Duration {
+    promised / 10
 }
 
 /// One acquisition in progress: the attempt loop and its bookkeeping.
@@ -327,7 +329,7 @@ impl Acquisition<'_> {
     fn accept(&mut self, grant: Grant, sent_at: Instant) -> Option<MutexGuard> {
         let request = &self.pending.request;
         let drift = clock_drift(request.ttl, self.options.clock_drift_factor);
-        let floor = validity_floor(request.ttl);
+        let floor = validity_floor(request.ttl.min(grant.valid_for));
         let valid_until = validity_deadline(sent_at, grant.valid_for, drift)
             .filter(|deadline| deadline.saturating_duration_since(Instant::now()) >= floor)?;
         let mut lease = Lease::new(

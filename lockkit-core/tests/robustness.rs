@@ -26,9 +26,12 @@ enum Twist {
     Deaf,
     /// Declares a queue (`WaitStrategy::Queue`), woken by the release like a watch.
     Queueing,
-    /// Its grants arrive valid for only this long (the attempt queued behind thousands of
-    /// others, or behind a failover), while a renewal sent afterwards answers in time.
-    Late(Duration),
+    /// Its grants arrive with no validity left (the attempt queued behind thousands of
+    /// others), while a renewal sent afterwards answers in time.
+    Late,
+    /// Its attempts answer a grant for the full TTL only after this long (an attempt that
+    /// waited behind a failover), while a renewal answers at once.
+    Slow(Duration),
     /// Its releases take this long to reach the server (a slow link at shutdown).
     SlowRelease(Duration),
 }
@@ -83,8 +86,12 @@ impl LockBackend for Twisted {
                 (Twist::Deaf, Attempt::Contended(_)) => {
                     Attempt::Contended(Contention::new().with_retry_after(Duration::from_secs(60)))
                 }
-                (Twist::Late(valid_for), Attempt::Granted(grant)) => {
-                    Attempt::Granted(Grant::new(grant.fencing_token, valid_for))
+                (Twist::Late, Attempt::Granted(grant)) => {
+                    Attempt::Granted(Grant::new(grant.fencing_token, Duration::from_millis(1)))
+                }
+                (Twist::Slow(delay), attempt) => {
+                    tokio::time::sleep(delay).await;
+                    attempt
                 }
                 (_, attempt) => attempt,
             },
@@ -298,25 +305,41 @@ async fn a_queue_waiter_does_not_re_read_the_queue_every_backoff_max() {
 
 #[tokio::test]
 async fn a_grant_that_arrives_too_late_is_confirmed_by_a_renewal_not_given_back() {
-    // Gone on arrival (1 ms, less than the drift), and nearly gone: a twentieth of the 10 s
-    // TTL, under the floor of a tenth, would give a guard lost before its holder's first step.
-    for valid_for in [Duration::from_millis(1), Duration::from_millis(500)] {
-        let backend = Twisted::new(Twist::Late(valid_for));
-        let guard = locks(backend.clone(), LockOptions::default())
-            .mutex("late")
-            .unwrap()
-            .lock_timeout(Duration::from_secs(5))
-            .await
-            .expect("the renewal confirmed the grant");
-        assert_eq!(backend.abandoned.load(Ordering::SeqCst), 0);
-        assert!(
-            guard.remaining() > Duration::from_secs(5),
-            "granted valid for {valid_for:?}, handed out with {:?} left instead of the renewal's validity",
-            guard.remaining()
-        );
-        assert!(guard.is_held().await.unwrap());
-        assert!(guard.release().await.unwrap());
-    }
+    let backend = Twisted::new(Twist::Late);
+    let guard = locks(backend.clone(), LockOptions::default())
+        .mutex("late")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(5))
+        .await
+        .expect("the renewal confirmed the grant");
+    assert_eq!(backend.abandoned.load(Ordering::SeqCst), 0);
+    assert!(
+        guard.remaining() > Duration::from_secs(5),
+        "valid from the renewal"
+    );
+    assert!(guard.is_held().await.unwrap());
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_grant_that_arrives_nearly_expired_is_confirmed_by_a_renewal() {
+    // 950 ms of a 1 s TTL gone on the way: under the floor of a tenth, the guard would be lost
+    // before its holder's first step.
+    let backend = Twisted::new(Twist::Slow(Duration::from_millis(950)));
+    let options = LockOptions::default().with_ttl(Duration::from_secs(1));
+    let guard = locks(backend.clone(), options)
+        .mutex("slow")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(5))
+        .await
+        .expect("the renewal confirmed the grant");
+    assert_eq!(backend.abandoned.load(Ordering::SeqCst), 0);
+    assert!(
+        guard.remaining() > Duration::from_millis(500),
+        "handed out with {:?} left instead of the renewal's validity",
+        guard.remaining()
+    );
+    assert!(guard.release().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
