@@ -14,9 +14,10 @@
 //!
 //! W2 of `examples/compare` (8 workers × 250 increments under one lock, release build, the
 //! compose servers on this project's 2-core machine), each worker with its own client as
-//! issue 15 defines it: 3,187–3,544 increments/s against rslock's 4,664–5,089 and the raw
-//! floor's 7,286–7,541 (the same scripts, retried on the release message, all on the caller's
-//! runtime). With the 8 workers on one client: 4,932–5,357/s against rslock's 4,278–5,633.
+//! issue 15 defines it: 3,187–3,487 increments/s over six runs against rslock's
+//! 4,126–5,661, and the raw floor's 6,168–7,413 in the two runs where its workers had their
+//! own connections too (the same scripts, retried on the release message, all on the
+//! caller's runtime). With the 8 workers on one client: 4,932–5,357/s against rslock's 4,278–5,633.
 //! - **Not the number of requests.** The server's `INFO commandstats` counted ~10 scripts per
 //!   increment: the grant, the release and a retry of the one waiter each other client wakes.
 //!   Reserving on every wait (no overtaking at all) halved that to ~5 and left throughput
@@ -457,7 +458,7 @@ impl Inner {
             .collect()
     }
 
-    /// Wakes one waiter of `channel` after a release (and the waiter it names, if any), or
+    /// Wakes one waiter of `channel` after a release (or only the waiter it names, if any), or
     /// every waiter of every channel (after a disconnection, when releases may have been
     /// missed); and every election observer of them.
     fn wake(&self, channel: Option<&str>, named: Option<&str>) {
