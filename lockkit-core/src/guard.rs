@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::metrics;
@@ -165,9 +165,12 @@ impl MutexGuard {
     /// Backend failures; the lock then expires with its TTL.
     ///
     /// # Cancel safety
-    /// The release runs on lockkit's runtime, so dropping this future (a timeout around it or
-    /// around [`Mutex::with_lock`](crate::Mutex::with_lock)) does not stop it: it finishes in
-    /// the background, as when the guard is dropped.
+    /// The release runs in the caller's task, on the connections the caller's runtime drives
+    /// (no hop to another thread on the hand-over path of a contended lock). If this future
+    /// is dropped before the backend answered (a timeout around it or around
+    /// [`Mutex::with_lock`](crate::Mutex::with_lock)), the release is sent again in the
+    /// background on lockkit's runtime, as when the guard is dropped: a release is
+    /// compare-and-delete by owner, so a second one finds nothing of a first that landed.
     pub async fn release(mut self) -> Result<bool> {
         let Some(held) = self.held.take() else {
             return Ok(false);
@@ -175,23 +178,37 @@ impl MutexGuard {
         if !held.drop_holder() {
             return Ok(!held.is_lost());
         }
-        let backend = held.backend.name();
-        let background = held.background.clone();
-        let (answer, outcome) = tokio::sync::oneshot::channel();
-        background.spawn(async move {
-            let result = release_now(&held).await;
-            if let Err(Err(e)) = answer.send(result) {
-                tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "release failed after its caller stopped waiting; the lock expires with its TTL");
-            }
-        });
-        outcome.await.unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorKind::Backend,
-                backend,
-                "the release task on lockkit's runtime ended without an answer",
-            ))
-        })
+        let mut unfinished = UnfinishedRelease(Some(held));
+        let Some(held) = &unfinished.0 else {
+            return Ok(false);
+        };
+        let answer = release_now(held).await;
+        unfinished.0 = None;
+        answer
     }
+}
+
+/// A release in the caller's task: dropped before its answer, it is finished in the
+/// background.
+struct UnfinishedRelease(Option<Arc<HeldLease>>);
+
+impl Drop for UnfinishedRelease {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            release_in_background(held, "release failed after its caller stopped waiting");
+        }
+    }
+}
+
+/// Releases `held` on lockkit's runtime, counted by its client's background work; a failure
+/// is logged with `context` (the lock then expires with its TTL).
+fn release_in_background(held: Arc<HeldLease>, context: &'static str) {
+    let background = held.background.clone();
+    background.spawn(async move {
+        if let Err(e) = release_now(&held).await {
+            tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "{context}; the lock expires with its TTL");
+        }
+    });
 }
 
 async fn release_now(held: &HeldLease) -> Result<bool> {
@@ -211,12 +228,7 @@ impl Drop for MutexGuard {
         if let Some(held) = self.held.take()
             && held.drop_holder()
         {
-            let background = held.background.clone();
-            background.spawn(async move {
-                if let Err(e) = release_now(&held).await {
-                    tracing::warn!(key = %held.lease.key(), error = %e.display_chain(), "background release failed; the lock expires with its TTL");
-                }
-            });
+            release_in_background(held, "background release failed");
         }
     }
 }
