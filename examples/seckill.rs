@@ -284,7 +284,7 @@ async fn main() -> Result<(), BoxError> {
     .await?;
 
     let mut strategies = vec![Strategy::Naive];
-    for (target, url) in targets::server_tiers() {
+    for (target, url) in targets::server_tiers(None).unwrap_or_default() {
         strategies.push(Strategy::Locked(target, url));
     }
     strategies.extend([Strategy::Lua, Strategy::DecrCompensate, Strategy::QuotaList]);

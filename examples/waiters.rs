@@ -258,7 +258,8 @@ async fn run(
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let settings = settings()?;
-    let tiers: BTreeMap<_, _> = targets::server_tiers()
+    let tiers: BTreeMap<_, _> = targets::server_tiers(None)
+        .unwrap_or_default()
         .into_iter()
         .filter(|(name, _)| settings.tiers.iter().any(|t| t == name))
         .collect();

@@ -1,11 +1,12 @@
 //! The comparison suite: the same workloads on every tier this build can reach, side by side.
 //!
 //! ```sh
-//! cargo run --release --example compare -- [--quick] [--speed-only] [--json FILE] [--svg FILE]
+//! cargo run --release --example compare -- [--quick] [--speed-only] [--tiers A,B] [--json FILE] [--svg FILE]
 //! ```
 //!
 //! `--speed-only` runs W1, W2, W7 and W8 alone: no child processes, no server killed. `--quick`
-//! runs W1 and W2 at a tenth of their size. The Markdown tables go to stdout (W1; W2 with a
+//! runs W1 and W2 at a tenth of their size. `--tiers redis,zk-3` runs those tiers alone (the
+//! names of the table's first column). The Markdown tables go to stdout (W1; W2 with a
 //! row per contender and lockkit's ratios to each; W3-W5); `--json` writes every number
 //! (each W2 round too), `--svg` the chart (`chart.rs`: W1 p50, W2 throughput, W2 max wait
 //! and W3 recovery per tier, lockkit beside its floor and peer).
@@ -146,7 +147,7 @@ impl TierReport {
 /// Says what is wrong with the command line and what it accepts, and exits with status 2.
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "compare: {problem}\nusage: compare [--quick] [--speed-only] [--json FILE] [--svg FILE]"
+        "compare: {problem}\nusage: compare [--quick] [--speed-only] [--tiers A,B] [--json FILE] [--svg FILE]"
     );
     std::process::exit(2)
 }
@@ -178,11 +179,18 @@ async fn main() -> lockkit::Result<()> {
         };
     }
     let (mut quick, mut speed_only, mut svg_path, mut json_path) = (false, false, None, None);
+    let mut only: Option<Vec<String>> = None;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--speed-only" => speed_only = true,
+            "--tiers" => {
+                let Some(names) = rest.next() else {
+                    usage("--tiers needs a comma-separated list of tiers");
+                };
+                only = Some(names.split(',').map(str::to_owned).collect());
+            }
             "--svg" | "--json" => {
                 let Some(path) = rest.next() else {
                     usage(&format!("{arg} needs a file"));
@@ -215,8 +223,14 @@ async fn main() -> lockkit::Result<()> {
         }
     };
 
-    let mut targets = vec![("memory", "memory://".to_owned())];
-    targets.extend(targets::server_tiers());
+    let mut targets = Vec::new();
+    if only
+        .as_ref()
+        .is_none_or(|only| only.iter().any(|o| o == "memory"))
+    {
+        targets.push(("memory", "memory://".to_owned()));
+    }
+    targets.extend(targets::server_tiers(only.as_deref()).unwrap_or_else(|e| usage(&e)));
     // The other Redis tiers run W1 in the same rounds as single-node Redis, so that their
     // ratio to it is not the drift between two runs.
     // If it cannot be reached, its own row says so.

@@ -20,12 +20,27 @@ const SERVER_TIERS: [(&str, &str, BackendKind); 5] = [
     ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
 ];
 
-/// `(name, url)` of every server tier compiled in and reachable. A tier whose servers are
-/// missing is reported (a failure under `LOCKKIT_REQUIRE_BACKENDS=1`) and left out.
-pub(crate) fn server_tiers() -> Vec<(&'static str, String)> {
-    SERVER_TIERS
+/// `(name, url)` of every server tier compiled in and reachable, or of those among them that
+/// `only` names (`memory` may be among those names: it has no servers). A tier whose servers
+/// are missing is reported (a failure under `LOCKKIT_REQUIRE_BACKENDS=1`) and left out.
+///
+/// # Errors
+/// A name in `only` that is no tier's, with the list of names.
+pub(crate) fn server_tiers(only: Option<&[String]>) -> Result<Vec<(&'static str, String)>, String> {
+    if let Some(unknown) = only.into_iter().flatten().find(|name| {
+        name.as_str() != "memory" && !SERVER_TIERS.iter().any(|(tier, ..)| tier == name)
+    }) {
+        let names: Vec<&str> = SERVER_TIERS.iter().map(|(tier, ..)| *tier).collect();
+        return Err(format!(
+            "unknown tier {unknown:?}: the tiers are memory, {}",
+            names.join(", ")
+        ));
+    }
+    Ok(SERVER_TIERS
         .into_iter()
-        .filter(|(_, _, kind)| kind.is_compiled_in())
+        .filter(|(name, _, kind)| {
+            only.is_none_or(|only| only.iter().any(|o| o == name)) && kind.is_compiled_in()
+        })
         .filter_map(|(name, var, _)| {
             let url = lockkit_core::testing::endpoint(var);
             if url.is_none() {
@@ -33,5 +48,5 @@ pub(crate) fn server_tiers() -> Vec<(&'static str, String)> {
             }
             url.map(|url| (name, url))
         })
-        .collect()
+        .collect())
 }

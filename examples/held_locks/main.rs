@@ -276,7 +276,8 @@ async fn run(tier: &'static str, url: &str, args: &Args) -> Result<Row> {
 #[tokio::main]
 async fn main() {
     let args = parse_args();
-    let tiers: Vec<_> = targets::server_tiers()
+    let tiers: Vec<_> = targets::server_tiers(None)
+        .unwrap_or_default()
         .into_iter()
         .filter(|(name, _)| args.tiers.is_empty() || args.tiers.iter().any(|t| t == name))
         .collect();
