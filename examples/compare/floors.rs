@@ -54,10 +54,18 @@ pub(crate) enum Floor {
     Etcd(Box<lockkit::etcd::etcd_client::Client>, String, i64),
 }
 
-static ACQUIRE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lockkit-redis/scripts/acquire.lua")));
-static RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lockkit-redis/scripts/release.lua")));
+static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
+        include_str!("../../lockkit-redis/scripts/acquire.lua")
+    ))
+});
+static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
+        include_str!("../../lockkit-redis/scripts/release.lua")
+    ))
+});
 
 impl Floor {
     /// What the floor does, for the table.

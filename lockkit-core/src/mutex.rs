@@ -302,8 +302,16 @@ impl Acquisition<'_> {
                         self.give_up("timeout").await;
                         return Ok(None);
                     }
-                    if let Err(e) = self.wait_for_change(&contention).await {
-                        self.absorb(e).await?;
+                    match self.wait_for_change(&contention).await {
+                        // Handed over by the server after the attempt that queued us was
+                        // sent: valid from then, as if that attempt had been granted.
+                        Ok(Some(grant)) => {
+                            if let Some(guard) = self.accept(grant, sent_at) {
+                                return Ok(Some(guard));
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => self.absorb(e).await?,
                     }
                 }
                 Err(e) => self.absorb(e).await?,
@@ -409,8 +417,9 @@ impl Acquisition<'_> {
         }
     }
 
-    /// Waits until the lock may be free, by the backend's notification or by polling.
-    async fn wait_for_change(&mut self, contention: &Contention) -> Result<()> {
+    /// Waits until the lock may be free, by the backend's notification or by polling; with
+    /// the grant, when the backend handed the lock over during the wait.
+    async fn wait_for_change(&mut self, contention: &Contention) -> Result<Option<Grant>> {
         let backend = self.pending.backend.clone();
         let strategy = backend.capabilities().wait;
         let holder_gone_by = contention
@@ -445,7 +454,7 @@ impl Acquisition<'_> {
                 // Polling is the core's backoff alone: the backend is not asked to wait.
                 WaitStrategy::Poll => {
                     tokio::time::sleep(pause).await;
-                    Ok(())
+                    Ok(None)
                 }
                 _ => backend.wait_for_change(request, contention, pause).await,
             }
@@ -457,7 +466,7 @@ impl Acquisition<'_> {
         let outcome = match self.deadline() {
             Some(deadline) => tokio::time::timeout_at(deadline.into(), waiting)
                 .await
-                .unwrap_or(Ok(())),
+                .unwrap_or(Ok(None)),
             None => waiting.await,
         };
         self.waited += wait_started.elapsed();

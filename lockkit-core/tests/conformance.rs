@@ -113,7 +113,7 @@ impl LockBackend for Slow {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
         self.memory
             .wait_for_change(request, contention, max_wait)
             .await

@@ -102,17 +102,19 @@ impl LockBackend for Twisted {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
         match self.twist {
             // Sleeps `max_wait` and hears nothing, as the trait's default does.
-            Twist::Deaf => tokio::time::sleep(max_wait).await,
+            Twist::Deaf => {
+                tokio::time::sleep(max_wait).await;
+                Ok(None)
+            }
             _ => {
                 self.memory
                     .wait_for_change(request, contention, max_wait)
-                    .await?
+                    .await
             }
         }
-        Ok(())
     }
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
         self.abandoned.fetch_add(1, Ordering::SeqCst);

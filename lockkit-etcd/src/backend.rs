@@ -15,8 +15,8 @@ use etcd_client::{
 };
 use lockkit_core::backend::cleanup::Acquisitions;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, CancellationToken, Contention, Hold, Lease, LockBackend, LockPage,
-    OwnerToken, Renewal, lease_of, runtime,
+    AcquireRequest, Attempt, CancellationToken, Contention, Grant, Hold, Lease, LockBackend,
+    LockPage, OwnerToken, Renewal, lease_of, runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, Leader, LockInfo, LockKey, MutexGuard,
@@ -507,8 +507,10 @@ impl LockBackend for EtcdBackend {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
-        self.wait_for(request, contention, max_wait).await
+    ) -> Result<Option<Grant>> {
+        self.wait_for(request, contention, max_wait)
+            .await
+            .map(|()| None)
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {

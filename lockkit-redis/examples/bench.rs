@@ -23,10 +23,18 @@ use lockkit_core::{LockClient, LockOptions};
 use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use redis::Script;
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../scripts/mutex_prelude.lua"),
+        include_str!("../scripts/acquire.lua")
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../scripts/mutex_prelude.lua"),
+        include_str!("../scripts/release.lua")
+    ))
+});
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

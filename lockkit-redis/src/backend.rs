@@ -11,8 +11,8 @@ use lockkit_core::backend::{
     OwnerToken, Renewal,
 };
 use lockkit_core::{
-    Capabilities, Error, ErrorKind, FencingGuarantee, LockInfo, LockKey, Result, Support, Tier,
-    WaitStrategy,
+    Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
+    Support, Tier, WaitStrategy,
 };
 use redis::Value;
 
@@ -24,29 +24,6 @@ use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
 use crate::semaphore;
 
-/// How long a waiter for a mutex may be overtaken: a waiter that has waited this long
-/// reserves the lock, and the next release keeps it for that waiter (and wakes that one).
-///
-/// Without it a free lock goes to whoever asks first, which is fast (a releaser that asks
-/// again at once keeps the lock without a hand-over) but unbounded: W2 of `examples/compare`
-/// (8 workers on one key) saw waits of 171 ms. With it, a wait is bounded by this plus one
-/// hand-over per waiter ahead in the reservation's line, while most grants still go to the
-/// first to ask. One waiter at a time holds the reservation; it lives one TTL unless its
-/// waiter's next attempt renews it, and a waiter that gives up (a cancelled or timed-out
-/// acquisition) deletes it, so a crashed waiter keeps a free lock from others for at most
-/// its TTL, as a crashed holder does. A `try_lock` never reserves, and is refused a lock
-/// reserved for another. Redlock does not reserve: one reservation would need a majority.
-pub(crate) const OVERTAKEN_AFTER: Duration = Duration::from_millis(10);
-
-/// The name `request` reserves the lock under (its owner digest) once it has waited
-/// [`OVERTAKEN_AFTER`] for a mutex; `None` before, and for a `try_lock`.
-fn reserving(request: &AcquireRequest) -> Option<String> {
-    (request.wait
-        && matches!(request.hold, Hold::Exclusive)
-        && request.since.elapsed() >= OVERTAKEN_AFTER)
-        .then(|| request.owner.digest_hex())
-}
-
 /// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
 /// `replicated`).
 ///
@@ -57,11 +34,15 @@ fn reserving(request: &AcquireRequest) -> Option<String> {
 ///   notification.
 /// - **renewal**: Lua compare-and-`PEXPIRE`; the leases due at one tick go out as one
 ///   pipeline.
-/// - **waiting**: every waiter of this backend listens on one shared pub/sub connection and
-///   retries on a release or when the holder's TTL runs out; polling when pub/sub is off
-///   ([`RedisConfig::notifications`]) or refused. A free lock goes to whoever asks first,
-///   until a waiter has waited 10 ms: it then reserves the lock, which is kept for it alone
-///   when it is next free (see the crate documentation).
+/// - **waiting**: a mutex waiter queues on the server (first come, first served), in the
+///   same script as its attempt; the release script hands the lock to the first live waiter
+///   and announces it on that waiter's inbox channel, on the one pub/sub connection every
+///   waiter of this backend shares, so the woken waiter holds the lock without another
+///   request. Each attempt renews the waiter's entry for one TTL; a waiter that gives up
+///   takes its entry with it, and one that vanished loses its turn when its entry lapses
+///   (a grant handed to it lapses with the entry). Polling when pub/sub is off
+///   ([`RedisConfig::notifications`]) or refused (the queue then hands over to a poller, who
+///   finds the lock its own at its next attempt).
 /// - **semaphores**: the holders of a key's semaphore are a ZSET of owner digests scored by
 ///   their expiry (server clock), beside a HASH of their tokens and the agreed permits; one
 ///   script per operation, as for the mutex (`semaphore.rs`).
@@ -173,15 +154,9 @@ impl RedisBackend {
         let mut invocation = redis::cmd("EVALSHA");
         invocation
             .arg(scripts::ACQUIRE.get_hash())
-            .arg(3)
-            .arg(&keys.lock)
-            .arg(&keys.fence)
-            .arg(&keys.reservation)
-            .arg(request.owner.expose_hex())
-            .arg(millis(request.ttl))
-            .arg(millis(self.config.fence_ttl))
-            .arg("")
-            .arg(reserving(request).unwrap_or_default());
+            .arg(4)
+            .arg(&keys.acquire()[..])
+            .arg(&self.acquire_args(request)[..]);
         let (reply, acked) = self
             .invoke_replicated(&invocation, "the acquire script")
             .await?;
@@ -194,6 +169,32 @@ impl RedisBackend {
             tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
         }
         Err(self.unreplicated(acked))
+    }
+
+    /// The arguments of the acquire script for `request` (its keys are [`Keys::acquire`]): a
+    /// request that will wait queues, its hand-over announced on this epoch's inbox (unless
+    /// its waiters poll).
+    fn acquire_args(&self, request: &AcquireRequest) -> [String; 8] {
+        let (queue, digest, inbox) = if request.wait {
+            let inbox = if self.notifies() {
+                self.primary.epoch().notifier.inbox().name().to_owned()
+            } else {
+                String::new()
+            };
+            ("1".to_owned(), request.owner.digest_hex(), inbox)
+        } else {
+            (String::new(), String::new(), String::new())
+        };
+        [
+            request.owner.expose_hex(),
+            millis(request.ttl).to_string(),
+            millis(self.config.fence_ttl).to_string(),
+            String::new(),
+            queue,
+            digest,
+            inbox,
+            String::new(),
+        ]
     }
 
     /// A script's `invocation` and `WAIT min_replicas replica_timeout` in one pipeline, on
@@ -275,15 +276,17 @@ impl RedisBackend {
         }
     }
 
-    /// The release script for `owner` (its lock, or its reservation of a wait it gives up),
-    /// on the connection `pick` chooses.
+    /// The release script for `owner` (its lock, handed over to the next waiter if one is
+    /// queued, and its own queue entry of a wait it gives up), on the connection `pick`
+    /// chooses.
     async fn release_keys_on(
         &self,
         keys: &Keys,
         owner: &OwnerToken,
         pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
     ) -> Result<Released> {
-        let (owner_hex, digest) = (&owner.expose_hex(), &owner.digest_hex());
+        let owner_hex = &owner.expose_hex();
+        let fence_ttl = millis(self.config.fence_ttl);
         let sends = &AtomicUsize::new(0);
         let released: i64 = self
             .primary
@@ -292,11 +295,13 @@ impl RedisBackend {
                 scripts::RELEASE
                     .key(&keys.lock)
                     .key(&keys.value)
-                    .key(&keys.reservation)
+                    .key(&keys.fence)
+                    .key(&keys.queue)
+                    .key(&keys.entries)
                     .arg(owner_hex)
                     .arg(&keys.channel)
                     .arg("")
-                    .arg(digest)
+                    .arg(fence_ttl)
                     .invoke_async(&mut con)
                     .await
             })
@@ -373,6 +378,50 @@ impl RedisBackend {
             .collect()
     }
 
+    /// The wait of a queued mutex waiter: until the lock is handed over to it (announced on
+    /// the inbox), or `max_wait`, or the holder's remaining TTL (a holder that expires hands
+    /// over at the next attempt of any waiter), at most a third of the waiter's TTL so that
+    /// its attempts keep its queue entry alive.
+    async fn wait_for_handover(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<Option<Grant>> {
+        let notifier = &self.primary.epoch().notifier;
+        let handover = notifier.inbox().expect(&request.owner.digest_hex());
+        let subscription = match notifier
+            .subscribe(notifier.inbox().name(), contention.marker)
+            .await
+        {
+            Ok(subscription) => subscription,
+            Err(e) => {
+                self.poll_for_a_while(&e);
+                return Ok(None);
+            }
+        };
+        // The inbox was not subscribed when the attempt was sent (or lost its subscription
+        // since): the lock may have been handed over unannounced. Look at once.
+        if subscription.changed_since_marker() {
+            return Ok(None);
+        }
+        let max_wait = max_wait
+            .min(contention.retry_after.unwrap_or(max_wait))
+            .min(request.ttl / 3);
+        let _ = tokio::time::timeout(max_wait, handover.arrived()).await;
+        drop(subscription);
+        let token = handover.tokens().first().map(|(_, token)| *token);
+        match token {
+            // With min_replicas, a grant counts once replicas acknowledged it: the next
+            // attempt finds the lock ours and waits for them.
+            Some(token) if self.config.min_replicas == 0 => {
+                notifier.inbox().forget(&request.owner.digest_hex());
+                Ok(Some(Grant::new(FencingToken(token), request.ttl)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Whether waiters are woken by release notifications now (configured, and the server
     /// did not refuse them lately).
     fn notifies(&self) -> bool {
@@ -433,43 +482,50 @@ impl LockBackend for RedisBackend {
             other => return Err(other.unsupported(BACKEND)),
         }
         let keys = Keys::of(&request.key);
-        let marker = request
-            .wait
-            .then(|| self.primary.epoch().notifier.marker(&keys.channel))
-            .flatten();
+        // Registered before the attempt that may queue it, so that no hand-over announced
+        // from then on is missed; the marker tells the wait whether the inbox was subscribed.
+        let epoch = request.wait.then(|| self.primary.epoch());
+        let notifier = epoch.as_ref().map(|epoch| &epoch.notifier);
+        let (marker, digest) = match notifier {
+            Some(notifier) => {
+                let digest = request.owner.digest_hex();
+                notifier.inbox().expect(&digest);
+                (notifier.marker(notifier.inbox().name()), Some(digest))
+            }
+            None => (None, None),
+        };
         let reply = if self.config.min_replicas > 0 {
             self.acquire_replicated(&keys, request).await?
         } else {
-            let keys = &keys;
-            let owner = &request.owner.expose_hex();
-            let (ttl, fence_ttl) = (millis(request.ttl), millis(self.config.fence_ttl));
-            let reserving = &reserving(request).unwrap_or_default();
+            let (script_keys, args) = (&keys.acquire(), &self.acquire_args(request));
             self.primary
                 .request("acquiring", |mut con| async move {
-                    scripts::ACQUIRE
-                        .key(&keys.lock)
-                        .key(&keys.fence)
-                        .key(&keys.reservation)
-                        .arg(owner)
-                        .arg(ttl)
-                        .arg(fence_ttl)
-                        .arg("")
-                        .arg(reserving)
-                        .invoke_async::<Value>(&mut con)
-                        .await
+                    let mut invocation = scripts::ACQUIRE.prepare_invoke();
+                    invocation.key(&script_keys[..]).arg(&args[..]);
+                    invocation.invoke_async::<Value>(&mut con).await
                 })
                 .await
                 .and_then(|value| scripts::acquire_reply(BACKEND, &value))?
         };
         match reply {
-            AcquireReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
+            AcquireReply::Granted(token) => {
+                if let (Some(notifier), Some(digest)) = (notifier, &digest) {
+                    notifier.inbox().forget(digest);
+                }
+                Ok(Attempt::Granted(Grant::new(token, request.ttl)))
+            }
             AcquireReply::Contended(remaining) => {
-                // The script writes only when it grants.
                 let contention = match marker {
                     Some(marker) => Contention::new().with_marker(marker),
                     None => Contention::new(),
-                }
-                .with_nothing_left();
+                };
+                // The script writes nothing for a try that does not get the lock; a waiter's
+                // attempt queued it.
+                let contention = if request.wait {
+                    contention
+                } else {
+                    contention.with_nothing_left()
+                };
                 Ok(Attempt::Contended(match remaining {
                     Some(remaining) => contention.with_retry_after(remaining),
                     None => contention,
@@ -483,19 +539,17 @@ impl LockBackend for RedisBackend {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
+        if request.hold == Hold::Exclusive {
+            return self.wait_for_handover(request, contention, max_wait).await;
+        }
         let channel = semaphore::channel_of(&request.key, request.hold);
         let epoch = self.primary.epoch();
-        let name = reserving(request);
-        let mut subscription = match epoch
-            .notifier
-            .subscribe(&channel, contention.marker, name)
-            .await
-        {
+        let mut subscription = match epoch.notifier.subscribe(&channel, contention.marker).await {
             Ok(subscription) => subscription,
             Err(e) => {
                 self.poll_for_a_while(&e);
-                return Ok(());
+                return Ok(None);
             }
         };
         // A release between the attempt and the subscription published nothing we saw: try
@@ -503,17 +557,21 @@ impl LockBackend for RedisBackend {
         // Subscribed since before the attempt with nothing received since, the holder the
         // attempt saw still holds, and its release will be seen.
         if subscription.changed_since_marker() {
-            return Ok(());
+            return Ok(None);
         }
         let remaining = contention.retry_after.unwrap_or(max_wait);
         let _ = tokio::time::timeout(max_wait.min(remaining), subscription.released()).await;
-        Ok(())
+        Ok(None)
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        // This acquisition may have taken the wake-up of a release: another waiter retries.
-        let channel = semaphore::channel_of(&request.key, request.hold);
-        self.primary.epoch().notifier.pass_on(&channel);
+        let notifier = &self.primary.epoch().notifier;
+        if request.hold == Hold::Exclusive {
+            notifier.inbox().forget(&request.owner.digest_hex());
+        } else {
+            // This acquisition may have taken the wake-up of a release: another waiter retries.
+            notifier.pass_on(&semaphore::channel_of(&request.key, request.hold));
+        }
         // An attempt with min_replicas went out on the replication connection, where it may
         // still wait behind other tasks' WAITs: the clean-up follows it there, so the server
         // runs it after the attempt, never before (a grant nobody holds, for a TTL).
@@ -636,14 +694,19 @@ impl LockBackend for RedisBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let keys = &Keys::of(key);
+        let fence_ttl = millis(self.config.fence_ttl);
         let reply: Value = self
             .primary
             .request("breaking the lock", |mut con| async move {
                 scripts::FORCE_RELEASE
                     .key(&keys.lock)
                     .key(&keys.value)
-                    .key(&keys.reservation)
+                    .key(&keys.fence)
+                    .key(&keys.queue)
+                    .key(&keys.entries)
                     .arg(&keys.channel)
+                    .arg("")
+                    .arg(fence_ttl)
                     .invoke_async(&mut con)
                     .await
             })

@@ -129,7 +129,7 @@ impl RedisBackend {
             .primary
             .epoch()
             .notifier
-            .subscribe(&keys.channel, None, None)
+            .subscribe(&keys.channel, None)
             .await
         {
             Ok(subscription) => subscription,

@@ -1,14 +1,23 @@
-//! Release notifications: every waiter of a backend listens through ONE shared pub/sub
-//! connection, subscribed to the release channel of each key that has waiters.
+//! Release notifications and hand-overs: every waiter of a backend listens through ONE shared
+//! pub/sub connection.
 //!
-//! A release wakes ONE waiter of the key in this process (it retries at once; the others
-//! would only lose the race to it), or stores a wake-up for the next waiter when none is
-//! waiting at that moment. A release of a lock reserved for a waiter (see
-//! `OVERTAKEN_AFTER` in `backend.rs`) names it, by owner digest, in its message: that waiter
-//! wakes instead, if it is in this process, and no other does (the lock is kept for it).
-//! Every channel also records when it last changed on a notifier-wide sequence, so a waiter
-//! that took a [`Notifier::marker`] before its attempt knows without asking the server
-//! whether a release came in since.
+//! - **Hand-overs** (mutex waiters of Redis and Sentinel): a waiter queues on the server, and
+//!   the release that ends the holder's grant gives the lock to the first live waiter in the
+//!   queue and announces it on that waiter's *inbox*, a channel of its notifier's own
+//!   (`lockkit:inbox:` and 128 random bits), as `digest:token`. The notifier hands the token
+//!   to the waiter registered under that owner digest ([`Notifier::expect`]), which then holds
+//!   the lock without another request. One message per hand-over, to one connection,
+//!   however many processes wait.
+//! - **Release channels** (semaphores, read-write locks, Redlock, election observers): a
+//!   notifier subscribes to the release channel of each key that has waiters. A release
+//!   wakes ONE waiter of the key in this process (it retries at once; the others would only
+//!   lose the race to it), or stores a wake-up for the next waiter when none is waiting at
+//!   that moment; observers are all woken.
+//!
+//! Every channel records when it last changed on a notifier-wide sequence (a release; for
+//! the inbox, only a (re)subscription or a disconnection), so a waiter that took a
+//! [`Notifier::marker`] before its attempt knows without asking the server whether something
+//! may have come in unseen since.
 //!
 //! # Where a contended hand-over's time goes (measured 2026-12-04)
 //!
@@ -110,6 +119,10 @@ pub(crate) struct Notifier {
 struct Inner {
     dialer: Dialer,
     info: ConnectionInfo,
+    /// Where the hand-overs to this notifier's waiters are announced (shared by the
+    /// notifiers of one Redlock backend), and this notifier's server among those.
+    inbox: Arc<Inbox>,
+    node: usize,
     connection: OnceCell<ConnectionManager>,
     channels: StdMutex<HashMap<String, Channel>>,
     /// Counts changes of any channel: releases, (re)subscriptions, disconnections (shared
@@ -124,12 +137,109 @@ struct Inner {
     disconnections: AtomicU64,
 }
 
-impl Channel {
-    /// What a release naming `name` notifies, registered.
-    fn answer(&mut self, name: String) -> (String, Arc<Notify>) {
-        let waiter = Arc::new(Notify::new());
-        self.named.insert(name.clone(), waiter.clone());
-        (name, waiter)
+/// The inbox of a backend's waiters: the channel the grants handed over to them are
+/// announced on (the same name on every server of a Redlock backend), and the waiters that
+/// expect one.
+pub(crate) struct Inbox {
+    name: String,
+    /// The queued waiters, by owner digest.
+    expecting: StdMutex<HashMap<String, Arc<Handover>>>,
+}
+
+impl Inbox {
+    /// A new inbox, named `lockkit:inbox:` and 128 random bits.
+    pub(crate) fn new() -> Self {
+        Inbox {
+            name: format!("lockkit:inbox:{:032x}", rand::random::<u128>()),
+            expecting: StdMutex::default(),
+        }
+    }
+
+    /// The channel name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Registers the queued waiter `digest` (an owner digest), before the attempt that may
+    /// queue it: a grant announced from then on is kept for it. Registering again returns
+    /// the same [`Handover`].
+    pub(crate) fn expect(&self, digest: &str) -> Arc<Handover> {
+        let mut expecting = self.expecting();
+        if let Some(handover) = expecting.get(digest) {
+            return handover.clone();
+        }
+        let handover = Arc::new(Handover::default());
+        expecting.insert(digest.to_owned(), handover.clone());
+        handover
+    }
+
+    /// Unregisters the waiter `digest`: it holds the lock, or gave up.
+    pub(crate) fn forget(&self, digest: &str) {
+        self.expecting().remove(digest);
+    }
+
+    fn expecting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Handover>>> {
+        self.expecting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A grant announced by server `node` (`digest:token`): handed to the waiter `digest`, if
+    /// it is still registered (one that gave up released the lock on the server, or will).
+    fn announced(&self, node: usize, message: &[u8]) {
+        let Some((digest, token)) = std::str::from_utf8(message)
+            .ok()
+            .and_then(|m| m.split_once(':'))
+            .and_then(|(digest, token)| Some((digest, token.parse::<u64>().ok()?)))
+        else {
+            tracing::debug!("ignoring a malformed hand-over announcement");
+            return;
+        };
+        if let Some(handover) = self.expecting().get(digest) {
+            let mut tokens = handover.tokens();
+            if !tokens.iter().any(|(from, _)| *from == node) {
+                tokens.push((node, token));
+            }
+            drop(tokens);
+            handover.arrived.notify_one();
+        }
+    }
+
+    /// Wakes every registered waiter: announcements may have been lost.
+    fn wake_all(&self) {
+        for handover in self.expecting().values() {
+            handover.arrived.notify_one();
+        }
+    }
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("expecting", &self.expecting().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a queued waiter learns that the lock was handed over to it.
+#[derive(Default)]
+pub(crate) struct Handover {
+    arrived: Notify,
+    /// The servers that announced the grant, with its fencing token on each.
+    tokens: StdMutex<Vec<(usize, u64)>>,
+}
+
+impl Handover {
+    /// Waits until a server announces the grant, or a disconnection of a pub/sub connection
+    /// may have lost an announcement (then [`Handover::tokens`] may have nothing new: look at
+    /// the lock).
+    pub(crate) async fn arrived(&self) {
+        self.arrived.notified().await;
+    }
+
+    /// The servers that announced the grant so far (their index), with its token on each.
+    pub(crate) fn tokens(&self) -> std::sync::MutexGuard<'_, Vec<(usize, u64)>> {
+        self.tokens.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -140,8 +250,6 @@ struct Channel {
     /// The [`Inner::sequence`] value of the channel's last change.
     changed_at: u64,
     waiters: usize,
-    /// Waiters that a release naming them wakes, by owner digest.
-    named: HashMap<String, Arc<Notify>>,
     /// The server confirmed the subscription, on the pub/sub connection that is up now
     /// (false again from a disconnection until the subscription is renewed).
     confirmed: bool,
@@ -157,21 +265,29 @@ pub(crate) struct Subscription {
     changed_since: bool,
     /// Counted among the channel's waiters (false after a failed subscribe).
     joined: bool,
-    /// The name this waiter answers to, and what a release naming it notifies.
-    named: Option<(String, Arc<Notify>)>,
 }
 
 impl Notifier {
     pub(crate) fn new(dialer: Dialer, info: ConnectionInfo) -> Self {
-        Notifier::sharing(dialer, info, Arc::default())
+        Notifier::sharing(dialer, info, Arc::default(), Arc::new(Inbox::new()), 0)
     }
 
-    /// A notifier whose changes count on `sequence`, shared with other notifiers.
-    pub(crate) fn sharing(dialer: Dialer, info: ConnectionInfo, sequence: Arc<AtomicU64>) -> Self {
+    /// A notifier whose changes count on `sequence` and whose hand-overs go to `inbox`, both
+    /// shared with other notifiers: those of the other servers of a Redlock backend, this
+    /// one being server `node` among them.
+    pub(crate) fn sharing(
+        dialer: Dialer,
+        info: ConnectionInfo,
+        sequence: Arc<AtomicU64>,
+        inbox: Arc<Inbox>,
+        node: usize,
+    ) -> Self {
         Notifier {
             inner: Arc::new(Inner {
                 dialer,
                 info,
+                inbox,
+                node,
                 connection: OnceCell::new(),
                 channels: StdMutex::new(HashMap::new()),
                 sequence,
@@ -184,7 +300,12 @@ impl Notifier {
 
     /// Wakes every waiter (this connection stops being the one releases are published on).
     pub(crate) fn wake_all(&self) {
-        self.inner.wake(None, None);
+        self.inner.wake(None);
+    }
+
+    /// Where the hand-overs to this notifier's waiters are announced.
+    pub(crate) fn inbox(&self) -> &Inbox {
+        &self.inner.inbox
     }
 
     /// Hands a wake-up to another waiter of `channel`: called when an acquisition ends
@@ -209,12 +330,9 @@ impl Notifier {
     }
 
     /// Subscribes to `channel` (or joins its subscription) and returns once the server has
-    /// confirmed it: every release published after this returns is seen.
+    /// confirmed it: every message published after this returns is seen.
     /// [`Subscription::changed_since_marker`] says whether the channel changed after `marker`
-    /// (always true for a new subscription, or without a marker). With a `name` (an owner
-    /// digest: a waiter that may hold the lock's reservation), a release naming it wakes this
-    /// waiter, whichever waiter it would wake otherwise; the name is known from the moment
-    /// the marker is compared, so no such release falls between the two.
+    /// (always true for a new subscription, or without a marker).
     ///
     /// # Errors
     /// When the pub/sub connection cannot be opened or the server refuses the subscription;
@@ -223,20 +341,19 @@ impl Notifier {
         &self,
         channel: &str,
         marker: Option<u64>,
-        name: Option<String>,
     ) -> Result<Subscription> {
-        if let Some(subscription) = self.inner.join(channel, marker, name.as_ref()) {
+        if let Some(subscription) = self.inner.join(channel, marker) {
             return Ok(subscription);
         }
         let _changes = self.inner.changes.lock().await;
-        if let Some(subscription) = self.inner.join(channel, marker, name.as_ref()) {
+        if let Some(subscription) = self.inner.join(channel, marker) {
             return Ok(subscription);
         }
         // The channel is registered before SUBSCRIBE is sent: a release published right after
         // the confirmation must find it when its push is dispatched. A channel that lost its
         // subscription with a disconnection keeps its entry (its waiters hold its `releases`)
         // and is subscribed again.
-        let (releases, observers, named) = {
+        let (releases, observers) = {
             let mut channels = self.inner.channels();
             let changed_at = self.inner.next();
             let entry = channels
@@ -246,12 +363,10 @@ impl Notifier {
                     observers: Arc::new(Notify::new()),
                     changed_at,
                     waiters: 0,
-                    named: HashMap::new(),
                     confirmed: false,
                 });
             entry.waiters += 1;
-            let named = name.map(|name| entry.answer(name));
-            (entry.releases.clone(), entry.observers.clone(), named)
+            (entry.releases.clone(), entry.observers.clone())
         };
         let mut subscription = Subscription {
             inner: self.inner.clone(),
@@ -260,7 +375,6 @@ impl Notifier {
             observers,
             changed_since: true,
             joined: true,
-            named,
         };
         match self.inner.send_subscribe(channel).await {
             Ok(()) => Ok(subscription),
@@ -323,16 +437,10 @@ impl Inner {
         self.sequence.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    fn join(
-        self: &Arc<Self>,
-        channel: &str,
-        marker: Option<u64>,
-        name: Option<&String>,
-    ) -> Option<Subscription> {
+    fn join(self: &Arc<Self>, channel: &str, marker: Option<u64>) -> Option<Subscription> {
         let mut channels = self.channels();
         let entry = channels.get_mut(channel).filter(|entry| entry.confirmed)?;
         entry.waiters += 1;
-        let named = name.map(|name| entry.answer(name.clone()));
         Some(Subscription {
             inner: self.clone(),
             channel: channel.to_owned(),
@@ -340,7 +448,6 @@ impl Inner {
             observers: entry.observers.clone(),
             changed_since: marker.is_none_or(|marker| entry.changed_at > marker),
             joined: true,
-            named,
         })
     }
 
@@ -431,7 +538,7 @@ impl Inner {
                 entry.confirmed = false;
             }
         }
-        self.wake(None, None);
+        self.wake(None);
         if !self.recovering.swap(true, Ordering::SeqCst) {
             lockkit_core::backend::runtime::spawn(recover(Arc::downgrade(self)));
         }
@@ -458,26 +565,17 @@ impl Inner {
             .collect()
     }
 
-    /// Wakes one waiter of `channel` after a release (or only the waiter it names, if any), or
-    /// every waiter of every channel (after a disconnection, when releases may have been
-    /// missed); and every election observer of them.
-    fn wake(&self, channel: Option<&str>, named: Option<&str>) {
+    /// Wakes one waiter of `channel` after a release, or every waiter of every channel and
+    /// every queued waiter (after a disconnection, when messages may have been missed); and
+    /// every election observer of them.
+    fn wake(&self, channel: Option<&str>) {
         let mut channels = self.channels();
         let changed_at = self.next();
         match channel {
             Some(channel) => {
                 if let Some(entry) = channels.get_mut(channel) {
                     entry.changed_at = changed_at;
-                    // The lock is kept for the waiter named (here or in another process):
-                    // another would only be refused.
-                    match named {
-                        Some(name) => {
-                            if let Some(waiter) = entry.named.get(name) {
-                                waiter.notify_one();
-                            }
-                        }
-                        None => entry.releases.notify_one(),
-                    }
+                    entry.releases.notify_one();
                     entry.observers.notify_waiters();
                 }
             }
@@ -485,13 +583,12 @@ impl Inner {
                 for entry in channels.values_mut() {
                     entry.changed_at = changed_at;
                     entry.observers.notify_waiters();
-                    for waiter in entry.named.values() {
-                        waiter.notify_one();
-                    }
                     entry.releases.notify_waiters();
                     // And one for a waiter that is between its attempt and its wait.
                     entry.releases.notify_one();
                 }
+                drop(channels);
+                self.inbox.wake_all();
             }
         }
     }
@@ -507,16 +604,15 @@ async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedRe
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
                 {
-                    // A proclamation changes no holder: it is for observers only. A release's
-                    // message is empty, or names the waiter the lock is reserved for.
+                    // A proclamation changes no holder: it is for observers only.
                     match push.data.get(1) {
+                        Some(Value::BulkString(m)) if channel == inner.inbox.name => {
+                            inner.inbox.announced(inner.node, m);
+                        }
                         Some(Value::BulkString(m)) if m == PROCLAIMED.as_bytes() => {
                             inner.proclaimed(channel);
                         }
-                        Some(Value::BulkString(m)) if !m.is_empty() => {
-                            inner.wake(Some(channel), std::str::from_utf8(m).ok());
-                        }
-                        _ => inner.wake(Some(channel), None),
+                        _ => inner.wake(Some(channel)),
                     }
                 }
             }
@@ -598,35 +694,15 @@ impl Subscription {
         &self.observers
     }
 
-    /// Waits until this waiter is the one woken by a release on the channel, or is named by
-    /// one (or by a disconnection of the pub/sub connection, after which a release may have
-    /// been missed).
+    /// Waits until this waiter is the one woken by a release on the channel (or by a
+    /// disconnection of the pub/sub connection, after which a release may have been missed).
     pub(crate) async fn released(&mut self) {
-        match &self.named {
-            Some((_, named)) => {
-                tokio::select! {
-                    () = self.releases.notified() => {}
-                    () = named.notified() => {}
-                }
-            }
-            None => self.releases.notified().await,
-        }
+        self.releases.notified().await;
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        if let Some((name, waiter)) = self.named.take() {
-            let mut channels = self.inner.channels();
-            if let Some(entry) = channels.get_mut(&self.channel)
-                && entry
-                    .named
-                    .get(&name)
-                    .is_some_and(|named| Arc::ptr_eq(named, &waiter))
-            {
-                entry.named.remove(&name);
-            }
-        }
         if self.joined {
             self.inner.leave(&self.channel);
         }

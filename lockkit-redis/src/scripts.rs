@@ -10,12 +10,21 @@ use redis::{Script, Value};
 
 use crate::error::unexpected;
 
-const ACQUIRE_LUA: &str = include_str!("../scripts/acquire.lua");
-const RELEASE_LUA: &str = include_str!("../scripts/release.lua");
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("../scripts/mutex_prelude.lua"),
+    include_str!("../scripts/acquire.lua")
+);
+const RELEASE_LUA: &str = concat!(
+    include_str!("../scripts/mutex_prelude.lua"),
+    include_str!("../scripts/release.lua")
+);
 const RENEW_LUA: &str = include_str!("../scripts/renew.lua");
 const INSPECT_LUA: &str = include_str!("../scripts/inspect.lua");
 const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
-const FORCE_RELEASE_LUA: &str = include_str!("../scripts/force_release.lua");
+const FORCE_RELEASE_LUA: &str = concat!(
+    include_str!("../scripts/mutex_prelude.lua"),
+    include_str!("../scripts/force_release.lua")
+);
 const PROCLAIM_LUA: &str = include_str!("../scripts/proclaim.lua");
 const SEMAPHORE_ACQUIRE_LUA: &str = concat!(
     include_str!("../scripts/semaphore_prelude.lua"),
@@ -44,9 +53,11 @@ const RWLOCK_RELEASE_LUA: &str = concat!(
     include_str!("../scripts/rwlock_release.lua")
 );
 
-/// Takes a free lock and returns its fencing token, or the holder's remaining TTL.
+/// Takes a free lock and returns its fencing token, or queues the waiter and returns the
+/// holder's remaining TTL.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-/// Compare-and-delete plus a release notification.
+/// Compare-and-delete, or a hand-over to the first waiter in the queue, plus a release
+/// notification.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 /// Compare-and-`PEXPIRE` of the lock, keeping its fence counter alive.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
@@ -176,24 +187,32 @@ pub(crate) fn renewed(reply: &Value) -> Option<bool> {
 /// election's value key `{namespace/name}:value`: all carry the same hash tag (the first
 /// `{...}`; a `}` in the name only ends the tag earlier, in all), so they live in one Redis
 /// Cluster slot and one script may touch them together. `/` cannot occur in a namespace or
-/// name, so no two locks share keys. The reservation key `{namespace/name}:next` names the
-/// waiter a free lock is kept for (see [`OVERTAKEN_AFTER`](crate::backend::OVERTAKEN_AFTER)).
+/// name, so no two locks share keys. The mutex's waiters queue in `{namespace/name}:queue`
+/// (their turns) and `{namespace/name}:queue:entries` (when each entry lapses, and where its
+/// grant is announced): see `scripts/mutex_prelude.lua`.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
     pub(crate) fence: String,
     pub(crate) value: String,
-    pub(crate) reservation: String,
+    pub(crate) queue: String,
+    pub(crate) entries: String,
     pub(crate) channel: String,
 }
 
 impl Keys {
+    /// The keys of the acquire script, in its order, queue included.
+    pub(crate) fn acquire(&self) -> [&str; 4] {
+        [&self.lock, &self.fence, &self.queue, &self.entries]
+    }
+
     pub(crate) fn of(key: &LockKey) -> Self {
         let lock = format!("{{{}/{}}}", key.namespace(), key.name());
         Keys {
             fence: format!("{lock}:fence"),
             value: format!("{lock}:value"),
-            reservation: format!("{lock}:next"),
+            queue: format!("{lock}:queue"),
+            entries: format!("{lock}:queue:entries"),
             channel: format!("lockkit:released:{lock}"),
             lock,
         }

@@ -1,6 +1,8 @@
 //! Round trips against a single Redis node, counted by the server: exactly two commands per
-//! uncontended acquire+release, one per contended try (no clean-up after an answer that left
-//! nothing), and one pipelined renewal batch per tick however many locks are held.
+//! uncontended acquire+release, two per hand-over to a queued waiter (the waiter's attempt
+//! that queued it and the holder's release: the woken waiter asks nothing more), one per
+//! contended try (no clean-up after an answer that left nothing), and one pipelined renewal
+//! batch per tick however many locks are held.
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
@@ -10,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::testing::Recording;
-use lockkit_core::{LockClient, LockOptions};
+use lockkit_core::{LockClient, LockOptions, MutexGuard};
 
 /// The tests of this file read server-wide counters: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -25,7 +27,8 @@ fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> HashMap
 
 /// The commands the scripts run inside one `EVALSHA` (counted by the server too).
 const INSIDE_SCRIPTS: &[&str] = &[
-    "get", "set", "incr", "pexpire", "pttl", "time", "del", "publish",
+    "get", "set", "incr", "pexpire", "pttl", "time", "del", "publish", "zrange", "zrem", "zscore",
+    "zadd", "hset", "hget", "hdel", "hincrby",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,6 +83,67 @@ async fn uncontended_acquire_and_release_take_exactly_two_commands() {
         "commands other than the two scripts: {others:?}"
     );
     assert_eq!(delta.get("info").copied(), Some(1), "commands: {delta:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_takes_exactly_two_commands() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let mut raw = harness.servers().await.expect("raw connection").remove(0);
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let queue = format!(
+        "{}:queue",
+        common::lock_key(&lockkit_core::LockKey::new(&namespace, "k").unwrap())
+    );
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(60))
+        .with_backoff(Duration::from_millis(20), Duration::from_secs(10));
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let backend = harness.backend().await.expect("connect");
+        clients
+            .push(LockClient::with_options(backend, &namespace, options.clone()).expect("client"));
+    }
+    let mut held = clients[0].mutex("k").unwrap().lock().await.unwrap();
+    // Each round: the other client queues, the holder releases, the lock is handed over.
+    let hand_over =
+        async |raw: &mut redis::aio::MultiplexedConnection, held: MutexGuard, next: &LockClient| {
+            let mutex = next.mutex("k").unwrap();
+            let waiting = tokio::spawn(async move { mutex.lock().await });
+            loop {
+                let queued: usize = redis::cmd("ZCARD")
+                    .arg(&queue)
+                    .query_async(raw)
+                    .await
+                    .unwrap();
+                if queued == 1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            assert!(held.release().await.unwrap());
+            waiting.await.unwrap().unwrap()
+        };
+    // Warm up: both clients' inboxes subscribed (the first wait of a client subscribes, then
+    // looks at the lock once more).
+    for i in [1, 0] {
+        held = hand_over(&mut raw, held, &clients[i]).await;
+    }
+    let rounds = 50;
+    let before = common::command_calls(&mut raw).await;
+    for round in 0..rounds {
+        held = hand_over(&mut raw, held, &clients[(round + 1) % 2]).await;
+    }
+    let after = common::command_calls(&mut raw).await;
+    let delta = delta(&before, &after);
+    assert_eq!(
+        delta.get("evalsha").copied(),
+        Some(2 * rounds as u64),
+        "commands: {delta:?}"
+    );
+    assert!(held.release().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -711,12 +711,7 @@ async fn rwlocks_work_under_the_minimal_acl() {
         panic!("the single harness runs on one server");
     };
     let ns = namespace();
-    let commands: Vec<&str> = [
-        common::LOCKKIT_COMMANDS,
-        common::NOTIFY_COMMANDS,
-        common::SEMAPHORE_COMMANDS,
-    ]
-    .concat();
+    let commands: Vec<&str> = [common::LOCKKIT_COMMANDS, common::NOTIFY_COMMANDS].concat();
     let user = common::AclUser::create(&config.hosts[0], &ns, &commands).await;
     let mut limited: RedisConfig = config.clone();
     limited.username = Some(user.name.clone());

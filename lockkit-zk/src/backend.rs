@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockkit_core::backend::cleanup::{Acquisitions, Ledger};
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Hold, Leader, Lease, LockBackend, LockPage, OwnerToken,
-    Renewal, runtime,
+    AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage,
+    OwnerToken, Renewal, runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -297,7 +297,7 @@ impl LockBackend for ZkBackend {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
         match request.hold {
             Hold::Exclusive | Hold::Read | Hold::Write => {
                 self.wait_on_predecessor(request, contention, max_wait)
@@ -305,6 +305,7 @@ impl LockBackend for ZkBackend {
             }
             _ => self.wait_for_permit(request, contention, max_wait).await,
         }
+        .map(|()| None)
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {

@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::capabilities::{Capabilities, Tier};
 use crate::error::Result;
@@ -118,9 +118,6 @@ pub struct AcquireRequest {
     pub wait: bool,
     /// What the acquisition holds once granted.
     pub hold: Hold,
-    /// When the acquisition began: a backend that bounds how long a waiter can be overtaken
-    /// (Redis's reservation for a waiter that waited too long) reads the wait from it.
-    pub since: Instant,
 }
 
 impl AcquireRequest {
@@ -132,7 +129,6 @@ impl AcquireRequest {
             ttl,
             wait,
             hold: Hold::Exclusive,
-            since: Instant::now(),
         }
     }
 
@@ -414,6 +410,13 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// [`WaitStrategy::Poll`](crate::WaitStrategy::Poll): it sleeps its own backoff instead.
     /// The default sleeps for `max_wait`.
     ///
+    /// `Ok(Some(grant))` says the wait ended with the lock handed to `request` (a backend
+    /// whose release grants the lock to the next waiter in its queue): the core then holds it
+    /// without another attempt. Its validity is counted from the send time of the attempt
+    /// before this wait, so the backend must only hand over what it granted after that
+    /// attempt reached the server (a queue entry that attempt made or refreshed, say), for a
+    /// time that starts no earlier.
+    ///
     /// # Errors
     /// Backend failures while setting up the wait.
     async fn wait_for_change(
@@ -421,10 +424,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
         let _ = (request, contention);
         tokio::time::sleep(max_wait).await;
-        Ok(())
+        Ok(None)
     }
 
     /// Removes everything `request` left on the server (see the contract above).

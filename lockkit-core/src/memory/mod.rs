@@ -214,13 +214,15 @@ impl LockBackend for MemoryBackend {
         request: &AcquireRequest,
         _contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
         match request.hold {
             Hold::Read | Hold::Write => {
                 self.wait_for_rw(request, max_wait).await;
-                return Ok(());
+                return Ok(None);
             }
-            Hold::Permit { .. } => return self.wait_for_permit(request, max_wait).await,
+            Hold::Permit { .. } => {
+                return self.wait_for_permit(request, max_wait).await.map(|()| None);
+            }
             Hold::Exclusive => {}
         }
         let released = self.with_slots(|slots, now| {
@@ -230,17 +232,17 @@ impl LockBackend for MemoryBackend {
         });
         let (notify, holder_left) = released;
         let Some(holder_left) = holder_left else {
-            return Ok(());
+            return Ok(None);
         };
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         // The holder may have released between the check above and `enable`.
         if self.inspect(&request.key).await?.is_none() {
-            return Ok(());
+            return Ok(None);
         }
         let _ = tokio::time::timeout(max_wait.min(holder_left), notified).await;
-        Ok(())
+        Ok(None)
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Contention, Leader, Lease, LockBackend, LockPage, OwnerToken, Renewal,
-    SharedBackend,
+    AcquireRequest, Attempt, Contention, Grant, Leader, Lease, LockBackend, LockPage, OwnerToken,
+    Renewal, SharedBackend,
 };
 use crate::{Capabilities, LockInfo, LockKey, Result, Tier};
 
@@ -117,7 +117,7 @@ impl LockBackend for Recording {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
         self.record("wait_for_change", Some(&request.owner), 0);
         self.inner
             .wait_for_change(request, contention, max_wait)

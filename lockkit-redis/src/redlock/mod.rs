@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Hold, Lease, LockBackend, LockPage, OwnerToken, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Hold, Lease, LockBackend, LockPage, OwnerToken,
+    Renewal,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -21,7 +22,7 @@ use crate::config::{RedlockConfig, parse_host};
 use crate::connection::Dialer;
 use crate::error::{timed_out, unexpected};
 use crate::lanes::Lanes;
-use crate::notify::{Notifier, Refusal};
+use crate::notify::{Inbox, Notifier, Refusal};
 use crate::scripts::{self, Holder, Keys, millis};
 use fanout::NodeResult;
 
@@ -155,10 +156,12 @@ impl RedlockBackend {
         let addrs = config.nodes.clone();
         let notifications = Arc::new(AtomicU64::new(0));
         let sequence = notifications.clone();
+        let inbox = Arc::new(Inbox::new());
         let nodes = lockkit_core::backend::runtime::run(async move {
             addrs
                 .into_iter()
-                .map(|addr| {
+                .enumerate()
+                .map(|(node, addr)| {
                     let (host, port) = parse_host(&addr)?;
                     let info = dialer.info(&host, port, ProtocolVersion::RESP2)?;
                     let pushes = dialer.info(&host, port, ProtocolVersion::RESP3)?;
@@ -169,7 +172,13 @@ impl RedlockBackend {
                         // Bounded per batch by `renew_on_all`: a tick's pipeline may take
                         // longer than one node timeout.
                         renewals: dialer.lazy_without_response_timeout(info)?,
-                        notifier: Notifier::sharing(dialer.clone(), pushes, sequence.clone()),
+                        notifier: Notifier::sharing(
+                            dialer.clone(),
+                            pushes,
+                            sequence.clone(),
+                            inbox.clone(),
+                            node,
+                        ),
                         refusal: Refusal::default(),
                     })
                 })
@@ -433,14 +442,13 @@ impl LockBackend for RedlockBackend {
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) -> Result<()> {
+    ) -> Result<Option<Grant>> {
         let keys = Keys::of(&request.key);
         let mut subscription = None;
         for node in self.nodes.iter().filter(|node| node.refusal.allows()) {
             let subscribing = tokio::time::timeout(
                 self.config.node_timeout,
-                node.notifier
-                    .subscribe(&keys.channel, contention.marker, None),
+                node.notifier.subscribe(&keys.channel, contention.marker),
             );
             match subscribing.await {
                 Ok(Ok(subscribed)) => {
@@ -461,15 +469,15 @@ impl LockBackend for RedlockBackend {
         }
         // Every node refused just now: retry at once; the next wait polls.
         let Some(mut subscription) = subscription else {
-            return Ok(());
+            return Ok(None);
         };
         // A release between the attempt and the subscription published nothing we saw: try
         // again at once.
         if subscription.changed_since_marker() {
-            return Ok(());
+            return Ok(None);
         }
         let _ = tokio::time::timeout(max_wait, subscription.released()).await;
-        Ok(())
+        Ok(None)
     }
 
     /// Deletes the request's keys on every node that answers. A node that is down keeps its

@@ -264,11 +264,6 @@ pub const LOCKKIT_COMMANDS: &[&str] = &[
     "+del",
     "+publish",
     "+info",
-];
-
-/// What semaphores' scripts call on top of [`LOCKKIT_COMMANDS`] (the README's ACL line for
-/// semaphores).
-pub const SEMAPHORE_COMMANDS: &[&str] = &[
     "+zadd",
     "+zrem",
     "+zcard",
@@ -278,6 +273,7 @@ pub const SEMAPHORE_COMMANDS: &[&str] = &[
     "+hget",
     "+hset",
     "+hdel",
+    "+hincrby",
 ];
 
 /// What release notifications need on top of [`LOCKKIT_COMMANDS`].
@@ -296,8 +292,9 @@ pub struct AclUser {
 }
 
 impl AclUser {
-    /// Creates a user limited to `namespace`'s keys (`~{namespace/*`) and release channels
-    /// (`&lockkit:released:{namespace/*`), with `commands` and nothing else.
+    /// Creates a user limited to `namespace`'s keys (`~{namespace/*`), release channels
+    /// (`&lockkit:released:{namespace/*`) and the clients' inboxes (`&lockkit:inbox:*`), with
+    /// `commands` and nothing else.
     pub async fn create(addr: &str, namespace: &str, commands: &[&str]) -> AclUser {
         let name = format!("lk-test-{:08x}", rand::random::<u32>());
         let password = format!("pw-{:032x}", rand::random::<u128>());
@@ -322,6 +319,7 @@ impl AclUser {
             .arg(format!(">{password}"))
             .arg(format!("~{{{namespace}/*"))
             .arg(format!("&lockkit:released:{{{namespace}/*"))
+            .arg("&lockkit:inbox:*")
             .arg("-@all");
         for command in commands {
             setuser.arg(*command);

@@ -1,0 +1,110 @@
+-- Shared by the mutex scripts (prepended to each). A lock's value is `owner-hex:token`. Its
+-- waiters queue in two keys under the lock's hash tag: a ZSET of owner hexes scored by their
+-- turn (first come, first served on one server; on Redlock's independent nodes, the time
+-- each acquisition began, which orders every node's queue alike), and a HASH of each one's
+-- entry, `expiry digest inbox`:
+-- when the entry lapses (ms by this server's clock; each attempt of its waiter renews it for
+-- one TTL), the waiter's owner digest, and the pub/sub channel its grant is announced on.
+-- The HASH also counts the turns (field `#`). Both keys live as long as their longest entry.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The token `held` (a lock value) carries if `owner` holds it, else nil.
+local function token_of(held, owner)
+  if string.sub(held, 1, #owner + 1) == owner .. ':' then
+    return tonumber(string.sub(held, #owner + 2))
+  end
+  return nil
+end
+
+-- The next fencing token of `fence`: the larger of the counter plus one and a clock in
+-- microseconds (`proposed`, or the server's when it is ''), so tokens keep increasing after
+-- the counter expires or the data is lost, unless that clock steps back. The counter lives
+-- at least as long as the grant (`ttl` ms) and at least `fence_ttl` ms.
+local function next_token(fence, ttl, fence_ttl, proposed)
+  local clock = tonumber(proposed)
+  if not clock then
+    local now = redis.call('TIME')
+    clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  local token = redis.call('INCR', fence)
+  if token < clock then
+    token = clock
+    redis.call('SET', fence, string.format('%d', token))
+  end
+  redis.call('PEXPIRE', fence, math.max(tonumber(ttl), tonumber(fence_ttl)))
+  return token
+end
+
+-- Takes `owner`'s entry out of the queue; the last one out takes the entries (and their
+-- count of turns) with it.
+local function leave(queue, entries, owner)
+  if redis.call('ZREM', queue, owner) == 1 then
+    if redis.call('ZCARD', queue) == 0 then
+      redis.call('DEL', entries)
+    else
+      redis.call('HDEL', entries, owner)
+    end
+  end
+end
+
+-- Puts `owner` in the queue (at the back, or at its `turn` if that is not '') or renews its
+-- entry (keeping its turn), for `ttl` ms.
+local function enqueue(queue, entries, owner, ttl, digest, inbox, turn, now)
+  if not redis.call('ZSCORE', queue, owner) then
+    if not turn or turn == '' then
+      turn = redis.call('HINCRBY', entries, '#', 1)
+    end
+    redis.call('ZADD', queue, turn, owner)
+  end
+  redis.call('HSET', entries, owner, string.format('%d', now + ttl) .. ' ' .. digest .. ' ' .. inbox)
+  if redis.call('PTTL', queue) < tonumber(ttl) then
+    redis.call('PEXPIRE', queue, ttl)
+    redis.call('PEXPIRE', entries, ttl)
+  end
+end
+
+-- The first waiter whose entry has not lapsed (lapsed ones ahead of it are removed), with
+-- its entry's expiry, digest and inbox; nil when there is none.
+local function live_head(queue, entries, now)
+  for _ = 1, 100 do
+    local first = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not first then
+      return nil
+    end
+    local entry = redis.call('HGET', entries, first)
+    if entry then
+      local expiry, digest, inbox = string.match(entry, '^(%d+) (%S+) (%S*)$')
+      expiry = tonumber(expiry)
+      if expiry and expiry > now then
+        return first, expiry, digest, inbox
+      end
+    end
+    leave(queue, entries, first)
+  end
+  return nil
+end
+
+-- Grants the free lock to the first live waiter, for what is left of its entry (so a grant
+-- to a waiter that left ends when its entry would have), with a token from `proposed` (see
+-- `next_token`), and announces it on the waiter's inbox as `digest:token`. Returns the
+-- grant's life in ms, or nil when nobody waits.
+local function hand_over(lock, fence, queue, entries, fence_ttl, proposed)
+  local now = now_ms()
+  local head, expiry, digest, inbox = live_head(queue, entries, now)
+  if not head then
+    return nil
+  end
+  local life = expiry - now
+  local token = next_token(fence, life, fence_ttl, proposed)
+  redis.call('SET', lock, head .. ':' .. string.format('%d', token), 'PX', life)
+  leave(queue, entries, head)
+  if inbox ~= '' then
+    -- A denied announcement (an ACL without the inbox channels) must not fail the release:
+    -- the waiter then finds the lock its own at its next attempt.
+    redis.pcall('PUBLISH', inbox, digest .. ':' .. string.format('%d', token))
+  end
+  return life
+end
