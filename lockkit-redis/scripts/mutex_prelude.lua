@@ -2,10 +2,10 @@
 -- waiters queue in two keys under the lock's hash tag: a ZSET of owner hexes scored by their
 -- turn (first come, first served on one server; on Redlock's independent nodes, the time
 -- each acquisition began, which orders every node's queue alike), and a HASH of each one's
--- entry, `expiry digest inbox`:
--- when the entry lapses (ms by this server's clock; each attempt of its waiter renews it for
--- one TTL), the waiter's owner digest, and the pub/sub channel its grant is announced on.
--- The HASH also counts the turns (field `#`). Both keys live as long as their longest entry.
+-- entry, `expiry digest inbox`: when the entry lapses (ms by this server's clock; each
+-- attempt of its waiter renews it for one TTL), the waiter's owner digest, and the pub/sub
+-- channel its grant is announced on. Both keys live as long as their longest entry, and go
+-- with the last one.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,35 +29,26 @@ local function next_token(fence, ttl, fence_ttl, proposed)
     local now = redis.call('TIME')
     clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
   end
-  local token = redis.call('INCR', fence)
-  if token < clock then
-    token = clock
-    redis.call('SET', fence, string.format('%d', token))
-  end
-  redis.call('PEXPIRE', fence, math.max(tonumber(ttl), tonumber(fence_ttl)))
+  local token = math.max((tonumber(redis.call('GET', fence)) or 0) + 1, clock)
+  redis.call('SET', fence, string.format('%d', token), 'PX', math.max(tonumber(ttl), tonumber(fence_ttl)))
   return token
 end
 
--- Takes `owner`'s entry out of the queue; the last one out takes the entries (and their
--- count of turns) with it.
+-- Takes `owner`'s entry out of the queue (Redis deletes a key whose last member goes).
 local function leave(queue, entries, owner)
   if redis.call('ZREM', queue, owner) == 1 then
-    if redis.call('ZCARD', queue) == 0 then
-      redis.call('DEL', entries)
-    else
-      redis.call('HDEL', entries, owner)
-    end
+    redis.call('HDEL', entries, owner)
   end
 end
 
 -- Puts `owner` in the queue (at the back, or at its `turn` if that is not '') or renews its
 -- entry (keeping its turn), for `ttl` ms.
 local function enqueue(queue, entries, owner, ttl, digest, inbox, turn, now)
-  if not redis.call('ZSCORE', queue, owner) then
-    if not turn or turn == '' then
-      turn = redis.call('HINCRBY', entries, '#', 1)
-    end
-    redis.call('ZADD', queue, turn, owner)
+  if turn and turn ~= '' then
+    redis.call('ZADD', queue, 'NX', turn, owner)
+  elseif not redis.call('ZSCORE', queue, owner) then
+    local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', queue, (tonumber(last) or 0) + 1, owner)
   end
   redis.call('HSET', entries, owner, string.format('%d', now + ttl) .. ' ' .. digest .. ' ' .. inbox)
   if redis.call('PTTL', queue) < tonumber(ttl) then

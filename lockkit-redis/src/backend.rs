@@ -293,14 +293,9 @@ impl RedisBackend {
             .request_on("releasing", pick, |mut con| async move {
                 sends.fetch_add(1, Ordering::SeqCst);
                 scripts::RELEASE
-                    .key(&keys.lock)
-                    .key(&keys.value)
-                    .key(&keys.fence)
-                    .key(&keys.queue)
-                    .key(&keys.entries)
+                    .key(&keys.release()[..])
                     .arg(owner_hex)
                     .arg(&keys.channel)
-                    .arg("")
                     .arg(fence_ttl)
                     .invoke_async(&mut con)
                     .await
@@ -699,13 +694,8 @@ impl LockBackend for RedisBackend {
             .primary
             .request("breaking the lock", |mut con| async move {
                 scripts::FORCE_RELEASE
-                    .key(&keys.lock)
-                    .key(&keys.value)
-                    .key(&keys.fence)
-                    .key(&keys.queue)
-                    .key(&keys.entries)
+                    .key(&keys.release()[..])
                     .arg(&keys.channel)
-                    .arg("")
                     .arg(fence_ttl)
                     .invoke_async(&mut con)
                     .await

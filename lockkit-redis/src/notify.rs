@@ -142,15 +142,19 @@ struct Inner {
 /// expect one.
 pub(crate) struct Inbox {
     name: String,
+    /// How many servers must announce a hand-over for it to count (a majority of Redlock's).
+    quorum: usize,
     /// The queued waiters, by owner digest.
     expecting: StdMutex<HashMap<String, Arc<Handover>>>,
 }
 
 impl Inbox {
-    /// A new inbox, named `lockkit:inbox:` and 128 random bits.
-    pub(crate) fn new() -> Self {
+    /// A new inbox, named `lockkit:inbox:` and 128 random bits, for hand-overs that count
+    /// once `quorum` servers announced them.
+    pub(crate) fn new(quorum: usize) -> Self {
         Inbox {
             name: format!("lockkit:inbox:{:032x}", rand::random::<u128>()),
+            quorum,
             expecting: StdMutex::default(),
         }
     }
@@ -197,11 +201,18 @@ impl Inbox {
         };
         if let Some(handover) = self.expecting().get(digest) {
             let mut tokens = handover.tokens();
-            if !tokens.iter().any(|(from, _)| *from == node) {
-                tokens.push((node, token));
+            if tokens.iter().any(|(from, _)| *from == node) {
+                return;
             }
+            tokens.push((node, token));
+            // The waiter looks at the first announcement (the others should follow within
+            // a node timeout) and at those from a quorum on, not at each one below it: each
+            // wake-up is a thread switch on a contended lock's hand-over path.
+            let wake = tokens.len() == 1 || tokens.len() >= self.quorum;
             drop(tokens);
-            handover.arrived.notify_one();
+            if wake {
+                handover.arrived.notify_one();
+            }
         }
     }
 
@@ -222,14 +233,68 @@ impl std::fmt::Debug for Inbox {
 }
 
 /// Where a queued waiter learns that the lock was handed over to it.
-#[derive(Default)]
 pub(crate) struct Handover {
     arrived: Notify,
     /// The servers that announced the grant, with its fencing token on each.
     tokens: StdMutex<Vec<(usize, u64)>>,
+    /// The servers whose queue entry the waiter's last attempt renewed (Redlock): a grant
+    /// announced by another may predate that attempt, so its validity is not known.
+    renewed: StdMutex<Vec<usize>>,
+    /// When the waiter registered, in µs of the wall clock: its turn in Redlock's queues,
+    /// the same on every node.
+    turn: u64,
+}
+
+impl Default for Handover {
+    fn default() -> Self {
+        let turn = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+            });
+        Handover {
+            arrived: Notify::new(),
+            tokens: StdMutex::default(),
+            renewed: StdMutex::default(),
+            turn,
+        }
+    }
 }
 
 impl Handover {
+    /// The waiter's turn in the queues of Redlock's nodes.
+    pub(crate) fn turn(&self) -> u64 {
+        self.turn
+    }
+
+    /// Starts a new attempt: what was announced before it, or reached by the attempt
+    /// before, no longer counts.
+    pub(crate) fn attempting(&self) {
+        self.tokens().clear();
+        self.renewed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Server `node` answered the attempt with its entry renewed.
+    pub(crate) fn renewed_on(&self, node: usize) {
+        let mut renewed = self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
+        if !renewed.contains(&node) {
+            renewed.push(node);
+        }
+    }
+
+    /// The tokens announced by servers whose entry the last attempt renewed.
+    pub(crate) fn renewed_tokens(&self) -> Vec<u64> {
+        let renewed = self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
+        self.tokens()
+            .iter()
+            .filter(|(node, _)| renewed.contains(node))
+            .map(|(_, token)| *token)
+            .collect()
+    }
+
     /// Waits until a server announces the grant, or a disconnection of a pub/sub connection
     /// may have lost an announcement (then [`Handover::tokens`] may have nothing new: look at
     /// the lock).
@@ -250,6 +315,10 @@ struct Channel {
     /// The [`Inner::sequence`] value of the channel's last change.
     changed_at: u64,
     waiters: usize,
+    /// Since when the channel has had no waiter, and whether a task is waiting to
+    /// unsubscribe it [`LINGER`] after that (one per channel, however often it goes idle).
+    idle_since: Instant,
+    lingering: bool,
     /// The server confirmed the subscription, on the pub/sub connection that is up now
     /// (false again from a disconnection until the subscription is renewed).
     confirmed: bool,
@@ -269,7 +338,7 @@ pub(crate) struct Subscription {
 
 impl Notifier {
     pub(crate) fn new(dialer: Dialer, info: ConnectionInfo) -> Self {
-        Notifier::sharing(dialer, info, Arc::default(), Arc::new(Inbox::new()), 0)
+        Notifier::sharing(dialer, info, Arc::default(), Arc::new(Inbox::new(1)), 0)
     }
 
     /// A notifier whose changes count on `sequence` and whose hand-overs go to `inbox`, both
@@ -363,6 +432,8 @@ impl Notifier {
                     observers: Arc::new(Notify::new()),
                     changed_at,
                     waiters: 0,
+                    idle_since: Instant::now(),
+                    lingering: false,
                     confirmed: false,
                 });
             entry.waiters += 1;
@@ -466,24 +537,57 @@ impl Inner {
     }
 
     fn leave(self: &Arc<Self>, channel: &str) {
-        let idle = {
+        let linger = {
             let mut channels = self.channels();
             match channels.get_mut(channel) {
                 Some(entry) => {
                     entry.waiters -= 1;
-                    entry.waiters == 0
+                    if entry.waiters == 0 {
+                        entry.idle_since = Instant::now();
+                    }
+                    let linger = entry.waiters == 0 && !entry.lingering;
+                    entry.lingering |= linger;
+                    linger
                 }
                 None => false,
             }
         };
-        if idle {
+        if linger {
             let inner = self.clone();
             let channel = channel.to_owned();
             lockkit_core::backend::runtime::spawn(async move {
-                tokio::time::sleep(LINGER).await;
-                inner.unsubscribe_if_idle(&channel).await;
+                inner.linger(&channel).await;
             });
         }
+    }
+
+    /// Unsubscribes `channel` once it has had no waiter for [`LINGER`]; stops watching as
+    /// soon as it has one.
+    async fn linger(&self, channel: &str) {
+        loop {
+            let until = {
+                let mut channels = self.channels();
+                let Some(entry) = channels.get_mut(channel) else {
+                    return;
+                };
+                if entry.waiters > 0 {
+                    entry.lingering = false;
+                    return;
+                }
+                let until = entry.idle_since + LINGER;
+                if Instant::now() >= until {
+                    entry.lingering = false;
+                    None
+                } else {
+                    Some(until)
+                }
+            };
+            match until {
+                Some(until) => tokio::time::sleep_until(until.into()).await,
+                None => break,
+            }
+        }
+        self.unsubscribe_if_idle(channel).await;
     }
 
     async fn unsubscribe_if_idle(&self, channel: &str) {

@@ -206,6 +206,18 @@ impl Keys {
         [&self.lock, &self.fence, &self.queue, &self.entries]
     }
 
+    /// The keys of the release and force-release scripts, in their order, queue included,
+    /// and the election value last (Redlock, which has no elections, leaves it out).
+    pub(crate) fn release(&self) -> [&str; 5] {
+        [
+            &self.lock,
+            &self.fence,
+            &self.queue,
+            &self.entries,
+            &self.value,
+        ]
+    }
+
     pub(crate) fn of(key: &LockKey) -> Self {
         let lock = format!("{{{}/{}}}", key.namespace(), key.name());
         Keys {

@@ -78,8 +78,6 @@ use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
 use lockkit_core::{Error, FencingToken, Result};
 use redis::Value;
 
-use tokio::time::Instant;
-
 use super::fanout::{self, FollowUp, NodeResult};
 use super::{BACKEND, RedlockBackend, proposed_token};
 use crate::scripts::{self, AcquireReply, Keys, millis};
@@ -207,15 +205,47 @@ impl RedlockBackend {
         let keys = Keys::of(&request.key);
         let quorum = self.quorum();
         let marker = self.notifications.load(Ordering::SeqCst);
+        // A waiter is registered before the attempt that queues it, so that it misses no
+        // hand-over announced from then on.
+        let digest = request.owner.digest_hex();
+        let handover = request.wait.then(|| self.inbox.expect(&digest));
+        if let Some(handover) = &handover {
+            handover.attempting();
+        }
         let slots = Arc::new(StdMutex::new(vec![Slot::Pending; self.nodes.len()]));
+        let (queue, inbox, turn) = match &handover {
+            Some(handover) => (
+                "1".to_owned(),
+                self.inbox.name().to_owned(),
+                handover.turn().to_string(),
+            ),
+            None => (String::new(), String::new(), String::new()),
+        };
+        // A queued waiter's rollback keeps its place: the keys go to whoever is first in
+        // each node's queue, itself again if nobody came before it.
+        let mut rollback_args = self.release_args(&request.owner);
+        if handover.is_some() {
+            rollback_args.extend([
+                millis(request.ttl).to_string(),
+                digest.clone(),
+                inbox.clone(),
+                turn.clone(),
+            ]);
+        }
         let rollback = Arc::new(fanout::invocation(
             &scripts::RELEASE,
-            &[&keys.lock],
-            &self.rollback_args(request),
+            &keys.release()[..4],
+            &rollback_args,
         ));
         let follow_up: FollowUp = {
             let slots = slots.clone();
+            let handover = handover.clone();
             Arc::new(move |i, reply| {
+                // The attempt reached this node: whatever it holds for the waiter, or hands
+                // over to it from now on, is valid from the attempt's send time.
+                if let (true, Some(handover)) = (reply.is_ok(), &handover) {
+                    handover.renewed_on(i);
+                }
                 let may_hold = may_hold(reply);
                 let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
                 match slots[i] {
@@ -229,28 +259,27 @@ impl RedlockBackend {
                 }
             })
         };
-        let sent_at = Instant::now();
-        let pending = self.send_script(
-            &request.owner,
-            &scripts::ACQUIRE,
-            &[&keys.lock, &keys.fence],
-            &[
-                request.owner.expose_hex(),
-                millis(request.ttl).to_string(),
-                millis(self.config.fence_ttl).to_string(),
-                proposed_token().to_string(),
-            ],
-            request.ttl,
-            |_| true,
-            Some(follow_up),
-        );
         // Returns as soon as the answers decide: with a majority granted, the stragglers'
         // keys are ours and go with the release, which is sent to every node.
-        let bound = self.config.node_timeout;
-        let (replies, _) = self
-            .gather(sent_at + bound, bound, pending, |answers| {
-                Tally::of(answers, quorum).decided()
-            })
+        let replies = self
+            .fan_out(
+                &request.owner,
+                &scripts::ACQUIRE,
+                &keys.acquire(),
+                &[
+                    request.owner.expose_hex(),
+                    millis(request.ttl).to_string(),
+                    millis(self.config.fence_ttl).to_string(),
+                    proposed_token().to_string(),
+                    queue,
+                    digest.clone(),
+                    inbox,
+                    turn,
+                ],
+                request.ttl,
+                Some(follow_up),
+                move |answers| Tally::of(answers, quorum).decided(),
+            )
             .await;
         let tally = Tally::of(&replies, quorum);
         let tokens = tally.tokens();
@@ -260,6 +289,7 @@ impl RedlockBackend {
             .max()
             .filter(|_| tokens.len() >= quorum)
         {
+            self.inbox.forget(&digest);
             // A majority whose counters are already at the token needs no write-back.
             if tokens.iter().filter(|t| **t == token).count() >= quorum {
                 return Ok(Attempt::Granted(Grant::new(
@@ -296,7 +326,7 @@ impl RedlockBackend {
                 })
                 .collect()
         };
-        self.roll_back(request, &answered_holding);
+        self.roll_back(request, &rollback_args, &answered_holding);
         if tally.unreachable() {
             let got = tally.granted() + (0..replies.len()).filter(|i| tally.contended(*i)).count();
             return Err(self.quorum_error_of("acquiring", got, &tally.errors()));
@@ -308,17 +338,9 @@ impl RedlockBackend {
         ))
     }
 
-    fn rollback_args(&self, request: &AcquireRequest) -> Vec<String> {
-        vec![
-            request.owner.expose_hex(),
-            Keys::of(&request.key).channel,
-            "1".to_owned(),
-        ]
-    }
-
-    /// Sends the release of a failed attempt to `nodes` in the acquisition's lanes, and
-    /// returns without awaiting the answers (see the module docs).
-    fn roll_back(&self, request: &AcquireRequest, nodes: &[usize]) {
+    /// Sends the release of a failed attempt (its `args`) to `nodes` in the acquisition's
+    /// lanes, and returns without awaiting the answers (see the module docs).
+    fn roll_back(&self, request: &AcquireRequest, args: &[String], nodes: &[usize]) {
         if nodes.is_empty() {
             return;
         }
@@ -326,8 +348,8 @@ impl RedlockBackend {
         let sent = self.send_script(
             &request.owner,
             &scripts::RELEASE,
-            &[&keys.lock],
-            &self.rollback_args(request),
+            &keys.release()[..4],
+            args,
             request.ttl,
             |i| nodes.contains(&i),
             None,

@@ -177,13 +177,49 @@ impl RedlockBackend {
         keys: &[&str],
         args: &[String],
         ttl: Duration,
-        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync,
+        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync + 'static,
     ) -> Vec<Option<NodeResult<Value>>> {
-        let now = Instant::now();
-        let pending = self.send_script(owner, script, keys, args, ttl, |_| true, None);
-        let bound = self.config.node_timeout;
-        // The requests are in their lanes' tasks: dropping the pending answers sends nothing less.
-        self.gather(now + bound, bound, pending, enough).await.0
+        self.fan_out(owner, script, keys, args, ttl, None, enough)
+            .await
+    }
+
+    /// Sends one script to every node in the acquisition's lanes (see
+    /// [`RedlockBackend::send_script`]) and gathers the answers until `enough` or the node
+    /// timeout, on lockkit's runtime, where the lanes' tasks and the connections' drivers
+    /// run: the caller is woken once, with the answers, instead of once per node (on a
+    /// contended lock each wake-up is a switch between threads on the hand-over's path:
+    /// 13 per hand-over were two thirds of the W2 process's system calls).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn fan_out(
+        &self,
+        owner: &OwnerToken,
+        script: &'static redis::Script,
+        keys: &[&str],
+        args: &[String],
+        ttl: Duration,
+        follow_up: Option<FollowUp>,
+        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync + 'static,
+    ) -> Vec<Option<NodeResult<Value>>> {
+        let this = self.clone();
+        let owner = owner.clone();
+        let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+        let args = args.to_vec();
+        let nodes = self.nodes.len();
+        let gathered = lockkit_core::backend::runtime::run(async move {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let now = Instant::now();
+            let pending = this.send_script(&owner, script, &keys, &args, ttl, |_| true, follow_up);
+            let bound = this.config.node_timeout;
+            // The requests are in their lanes' tasks: dropping the pending answers sends
+            // nothing less.
+            this.gather(now + bound, bound, pending, enough).await.0
+        })
+        .await;
+        gathered.unwrap_or_else(|e| {
+            (0..nodes)
+                .map(|_| Some(Err(crate::error::repeat(&e))))
+                .collect()
+        })
     }
 
     /// Puts one script that changes the lock of `keys[0]` in the lane of this acquisition

@@ -20,7 +20,7 @@ use redis::{ProtocolVersion, Value};
 
 use crate::config::{RedlockConfig, parse_host};
 use crate::connection::Dialer;
-use crate::error::{timed_out, unexpected};
+use crate::error::unexpected;
 use crate::lanes::Lanes;
 use crate::notify::{Inbox, Notifier, Refusal};
 use crate::scripts::{self, Holder, Keys, millis};
@@ -29,6 +29,7 @@ use fanout::NodeResult;
 mod attempt;
 mod fanout;
 mod operator;
+mod wait;
 
 const BACKEND: &str = "redlock";
 
@@ -113,6 +114,8 @@ pub struct RedlockBackend {
     config: Arc<RedlockConfig>,
     /// The change count all nodes' notifiers share (see `notify.rs`).
     notifications: Arc<AtomicU64>,
+    /// Where hand-overs to this backend's waiters are announced, on every node.
+    inbox: Arc<Inbox>,
 }
 
 struct Node {
@@ -156,7 +159,8 @@ impl RedlockBackend {
         let addrs = config.nodes.clone();
         let notifications = Arc::new(AtomicU64::new(0));
         let sequence = notifications.clone();
-        let inbox = Arc::new(Inbox::new());
+        let inbox = Arc::new(Inbox::new(config.quorum()));
+        let inboxes = inbox.clone();
         let nodes = lockkit_core::backend::runtime::run(async move {
             addrs
                 .into_iter()
@@ -176,7 +180,7 @@ impl RedlockBackend {
                             dialer.clone(),
                             pushes,
                             sequence.clone(),
-                            inbox.clone(),
+                            inboxes.clone(),
                             node,
                         ),
                         refusal: Refusal::default(),
@@ -189,6 +193,7 @@ impl RedlockBackend {
             nodes: nodes.into(),
             config: Arc::new(config),
             notifications,
+            inbox,
         };
         let connecting = backend.clone();
         let loaded = lockkit_core::backend::runtime::run(async move {
@@ -267,11 +272,24 @@ impl RedlockBackend {
         self.script_on_all(
             owner,
             &scripts::RELEASE,
-            &[&keys.lock],
-            &[owner.expose_hex(), keys.channel.clone(), "1".to_owned()],
+            &keys.release()[..4],
+            &self.release_args(owner),
             ttl,
         )
         .await
+    }
+
+    /// The arguments of the release script (its keys are the first four of [`Keys::release`]): a
+    /// release hands the lock over to the first waiter in each node's queue, with a token
+    /// proposed from this client's clock (see [`proposed_token`]). Nothing is published on
+    /// the release channel: Redlock has no election observers, and its waiters queue.
+    pub(super) fn release_args(&self, owner: &OwnerToken) -> Vec<String> {
+        vec![
+            owner.expose_hex(),
+            String::new(),
+            millis(self.config.fence_ttl).to_string(),
+            proposed_token().to_string(),
+        ]
     }
 
     /// Every node's view of the holder.
@@ -308,7 +326,7 @@ impl RedlockBackend {
                     millis(self.config.fence_ttl).to_string(),
                 ],
                 request.ttl,
-                |answers| answered_one(answers) >= quorum,
+                move |answers| answered_one(answers) >= quorum,
             )
             .await;
         let got = answered_one(&answers);
@@ -431,64 +449,22 @@ impl LockBackend for RedlockBackend {
         self.attempt(request).await
     }
 
-    /// Listens for releases on ONE node, the first (in configuration order) that takes the
-    /// subscription, so that a release wakes one waiter of this process, not one per node:
-    /// every node is sent every release, and tells its waiters when the key is gone (see
-    /// `release.lua`). A node that refuses or does not answer is left alone for a while; with
-    /// none left, [`LockBackend::capabilities`] says `Poll` and the core's backoff paces the
-    /// retries.
+    /// Waits for the lock to be handed over by a majority of the nodes (see `attempt.rs`),
+    /// listening on the inbox of every node that takes the subscription.
     async fn wait_for_change(
         &self,
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        let keys = Keys::of(&request.key);
-        let mut subscription = None;
-        for node in self.nodes.iter().filter(|node| node.refusal.allows()) {
-            let subscribing = tokio::time::timeout(
-                self.config.node_timeout,
-                node.notifier.subscribe(&keys.channel, contention.marker),
-            );
-            match subscribing.await {
-                Ok(Ok(subscribed)) => {
-                    subscription = Some(subscribed);
-                    break;
-                }
-                Ok(Err(e)) => {
-                    node.refusal.refused(&e);
-                }
-                Err(_) => {
-                    node.refusal.refused(&timed_out(
-                        BACKEND,
-                        "subscribing",
-                        self.config.node_timeout,
-                    ));
-                }
-            }
-        }
-        // Every node refused just now: retry at once; the next wait polls.
-        let Some(mut subscription) = subscription else {
-            return Ok(None);
-        };
-        // A release between the attempt and the subscription published nothing we saw: try
-        // again at once.
-        if subscription.changed_since_marker() {
-            return Ok(None);
-        }
-        let _ = tokio::time::timeout(max_wait, subscription.released()).await;
-        Ok(None)
+        self.wait_for_handover(request, contention, max_wait).await
     }
 
     /// Deletes the request's keys on every node that answers. A node that is down keeps its
     /// key until the TTL, which is only an error (logged by the core) when no majority
     /// answered: with a minority down, that is the expected state of a working quorum.
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        let channel = Keys::of(&request.key).channel;
-        // This acquisition may have taken the wake-up of a release: another waiter retries.
-        for node in self.nodes.iter() {
-            node.notifier.pass_on(&channel);
-        }
+        self.inbox.forget(&request.owner.digest_hex());
         let replies = self
             .release_on_all(&request.key, &request.owner, request.ttl)
             .await;
@@ -539,14 +515,10 @@ impl LockBackend for RedlockBackend {
             .script_until(
                 lease.owner(),
                 &scripts::RELEASE,
-                &[&keys.lock],
-                &[
-                    lease.owner().expose_hex(),
-                    keys.channel.clone(),
-                    "1".to_owned(),
-                ],
+                &keys.release()[..4],
+                &self.release_args(lease.owner()),
                 lease.ttl(),
-                |answers| answered_one(answers) >= quorum,
+                move |answers| answered_one(answers) >= quorum,
             )
             .await;
         let done = answered_one(&answers);

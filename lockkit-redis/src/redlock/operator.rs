@@ -9,7 +9,7 @@ use redis::Value;
 use super::{BACKEND, RedlockBackend};
 use crate::error::{from_redis, timed_out, unexpected};
 use crate::listing;
-use crate::scripts::{self, Keys};
+use crate::scripts::{self, Keys, millis};
 
 /// How long a listing waits for a node's scan: an operator's read, not on any lock's path,
 /// so it may wait for a busy node longer than an acquisition does.
@@ -123,14 +123,17 @@ impl RedlockBackend {
     /// error: the lock may still be held on a majority.
     pub(super) async fn break_lock(&self, key: &LockKey) -> Result<bool> {
         let keys = Keys::of(key);
+        let fence_ttl = millis(self.config.fence_ttl);
+        let proposed = super::proposed_token();
         let replies = self
             .on_all(self.config.node_timeout, false, move |mut con| {
                 let keys = keys.clone();
                 async move {
                     scripts::FORCE_RELEASE
-                        .key(&keys.lock)
-                        .arg(&keys.channel)
-                        .arg("1")
+                        .key(&keys.release()[..4])
+                        .arg("")
+                        .arg(fence_ttl)
+                        .arg(proposed)
                         .invoke_async::<Value>(&mut con)
                         .await
                 }
