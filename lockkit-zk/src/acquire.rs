@@ -99,7 +99,10 @@ impl ZkBackend {
                         token.clone(),
                         Pending {
                             session_id: session.id(),
-                            node: PendingNode::Created { name: name.clone() },
+                            node: PendingNode::Created {
+                                name: name.clone(),
+                                stat,
+                            },
                             predecessor: None,
                             holders: Vec::new(),
                         },
@@ -289,9 +292,12 @@ impl ZkBackend {
                 "the session was suspended while granting; trying again",
             ));
         }
-        if let Some(entry) = self.pending().get_mut(&request.owner) {
+        if let Some(entry) = self.pending().get_mut(&request.owner)
+            && !matches!(&entry.node, PendingNode::Created { name: known, .. } if known == name)
+        {
             entry.node = PendingNode::Created {
                 name: name.to_owned(),
+                stat: None,
             };
         }
         let fencing = u64::try_from(czxid).map_err(|_| {
@@ -351,11 +357,21 @@ impl ZkBackend {
                 .map(|p| p.node.clone());
             let (name, stat, children) = match known {
                 // Nodes found again, rather than created by this call, are verified through
-                // the leader before a grant: a stat is passed on only when read after a sync.
-                Some(PendingNode::Created { name }) => {
-                    let (children, stat) = self.queue_via_leader(&session, &paths, &name).await?;
-                    (name, stat, children)
-                }
+                // the leader before a grant: the queue is listed after a sync, and a stat is
+                // passed on only when read after it, or known from the node's create (its
+                // czxid and owner cannot change, and the synced listing shows the node is
+                // still there). A semaphore's permit reads it again: its version changes.
+                Some(PendingNode::Created { name, stat }) => match stat {
+                    Some(stat) if permits.is_none() => {
+                        let children = self.queue_after_sync(&session, &paths).await?;
+                        (name, Some(stat), children)
+                    }
+                    _ => {
+                        let (children, stat) =
+                            self.queue_via_leader(&session, &paths, &name).await?;
+                        (name, stat, children)
+                    }
+                },
                 Some(PendingNode::InFlight) => {
                     let children = self.children(&session, &paths.parent).await?;
                     match self.find_own(&session, &paths, &own, &children).await? {

@@ -127,8 +127,12 @@ pub(crate) struct Pending {
 pub(crate) enum PendingNode {
     /// A create was sent and its answer not seen: the node may or may not exist.
     InFlight,
-    /// The node exists (or existed) under this name.
-    Created { name: String },
+    /// The node exists (or existed) under this name; with its stat as its create answered,
+    /// when that was valid (its czxid and owner do not change).
+    Created {
+        name: String,
+        stat: Option<zk::Stat>,
+    },
 }
 
 impl ZkBackend {
@@ -275,7 +279,7 @@ impl ZkBackend {
                         .map(|p| p.node.clone());
                     let keep = match in_use {
                         Some(PendingNode::InFlight) => return Ok(Sweep::Again(SWEEP_RETRY)),
-                        Some(PendingNode::Created { name }) => Some(name),
+                        Some(PendingNode::Created { name, .. }) => Some(name),
                         None => None,
                     };
                     backend

@@ -366,6 +366,25 @@ impl ZkBackend {
         Ok(synced.and(read))
     }
 
+    /// The queue, listed after a `sync` with the leader, in one round trip.
+    pub(crate) async fn queue_after_sync(
+        &self,
+        session: &Session,
+        paths: &LockPaths,
+    ) -> Result<Vec<String>> {
+        let synced = session.client.sync(&paths.parent);
+        let listed = session.client.list_children(&paths.parent);
+        let (synced, listed) =
+            tokio::time::timeout(self.timeout(), async { tokio::join!(synced, listed) })
+                .await
+                .map_err(|_| timed_out("read the lock queue through the leader"))?;
+        match synced.and(listed) {
+            Ok(children) => Ok(children),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(map("read the lock queue through the leader", e)),
+        }
+    }
+
     /// The queue and our node `name`'s stat, both read after a `sync` with the leader, in
     /// one round trip (the three requests are sent back to back and applied in order). This
     /// is the check [`Self::evaluate`] would otherwise make through the leader after a plain
