@@ -44,13 +44,13 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
         });
     out.push_str(&format!(
         "\nW2 contended{sizes}:\n\n\
-         | target | contender | incr/s | wait p50 ms | wait p99 ms | max wait ms | lost updates | lockkit/this incr/s | lockkit/this max wait |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+         | target | contender | incr/s | wait p50 ms | wait p99 ms | max wait ms | client CPU µs/incr | lost updates | lockkit/this incr/s | lockkit/this max wait |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     ));
     for r in reports {
         let Some(c) = &r.contended else {
             let failed = cell(r, "W2", None::<()>, |_| String::new());
-            out.push_str(&format!("| {} | {failed} | | | | | | | |\n", r.target));
+            out.push_str(&format!("| {} | {failed} | | | | | | | | |\n", r.target));
             continue;
         };
         let sides = [
@@ -75,12 +75,14 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
                 ],
             };
             out.push_str(&format!(
-                "| {} | {contender} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} | {} |\n",
+                "| {} | {contender} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} |\n",
                 r.target,
                 side.increments_per_sec,
                 side.wait_p50_us / 1e3,
                 side.wait_p99_us / 1e3,
                 side.wait_max_us / 1e3,
+                side.cpu_us_per_increment
+                    .map_or_else(|| "n/a".to_owned(), |cpu| format!("{cpu:.0}")),
                 side.lost_updates,
                 ratios[0],
                 ratios[1],

@@ -70,6 +70,9 @@ pub(crate) struct ContendedSide {
     pub(crate) wait_p50_us: f64,
     pub(crate) wait_p99_us: f64,
     pub(crate) wait_max_us: f64,
+    /// CPU time of this process (user + system, every thread) per increment: the client's
+    /// side of the work, where `/proc/self/stat` tells it.
+    pub(crate) cpu_us_per_increment: Option<f64>,
     /// The longest wait of every round.
     pub(crate) wait_max_all_rounds_us: f64,
     pub(crate) rounds: Vec<Round>,
@@ -82,6 +85,17 @@ pub(crate) struct Round {
     pub(crate) wait_p50_us: f64,
     pub(crate) wait_p99_us: f64,
     pub(crate) wait_max_us: f64,
+    pub(crate) cpu_us_per_increment: Option<f64>,
+}
+
+/// CPU time this process has used so far (user + system, every thread), from
+/// `/proc/self/stat` in clock ticks of 10 ms (Linux's fixed `USER_HZ`); `None` elsewhere.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (which may hold spaces) end with ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -287,15 +301,28 @@ struct Side {
 }
 
 impl Side {
-    /// Adds a round: `waits` of its acquires, `elapsed` from its start to its last release.
-    fn push(&mut self, before: u64, mut waits: Vec<Duration>, elapsed: Duration) {
+    /// Adds a round: `waits` of its acquires, `elapsed` from its start to its last release,
+    /// the process's CPU time `cpu` at its start.
+    fn push(
+        &mut self,
+        before: u64,
+        mut waits: Vec<Duration>,
+        elapsed: Duration,
+        cpu: Option<Duration>,
+    ) {
         waits.sort();
         let done = self.shared.load(Ordering::SeqCst).saturating_sub(before);
+        let used = cpu
+            .zip(process_cpu())
+            .map(|(start, end)| end.saturating_sub(start));
         self.rounds.push(Round {
             increments_per_sec: done as f64 / elapsed.as_secs_f64(),
             wait_p50_us: percentile(&waits, 0.50),
             wait_p99_us: percentile(&waits, 0.99),
             wait_max_us: percentile(&waits, 1.0),
+            cpu_us_per_increment: used
+                .filter(|_| done > 0)
+                .map(|used| used.as_secs_f64() * 1e6 / done as f64),
         });
     }
 
@@ -314,6 +341,11 @@ impl Side {
             wait_p50_us: median(|r| r.wait_p50_us),
             wait_p99_us: median(|r| r.wait_p99_us),
             wait_max_us: median(|r| r.wait_max_us),
+            cpu_us_per_increment: self
+                .rounds
+                .iter()
+                .all(|r| r.cpu_us_per_increment.is_some())
+                .then(|| median(|r| r.cpu_us_per_increment.unwrap_or(f64::NAN))),
             wait_max_all_rounds_us: self
                 .rounds
                 .iter()
@@ -338,6 +370,7 @@ async fn lockkit_round(
     side: &mut Side,
 ) -> lockkit::Result<()> {
     let before = side.shared.load(Ordering::SeqCst);
+    let cpu = process_cpu();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let key = crate::run_key("w2-counter");
@@ -363,7 +396,7 @@ async fn lockkit_round(
             Err(e) => panic!("a worker panicked: {e}"),
         }
     }
-    side.push(before, waits, started.elapsed());
+    side.push(before, waits, started.elapsed(), cpu);
     Ok(())
 }
 
@@ -398,6 +431,7 @@ async fn workers_round<W: Worker>(
     side: &mut Side,
 ) -> Result<Vec<W>, BoxError> {
     let before = side.shared.load(Ordering::SeqCst);
+    let cpu = process_cpu();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for mut worker in workers {
@@ -425,6 +459,6 @@ async fn workers_round<W: Worker>(
             Err(e) => panic!("a W2 worker panicked: {e}"),
         }
     }
-    side.push(before, waits, started.elapsed());
+    side.push(before, waits, started.elapsed(), cpu);
     Ok(workers)
 }

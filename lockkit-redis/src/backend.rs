@@ -150,13 +150,14 @@ impl RedisBackend {
         &self,
         keys: &Keys,
         request: &AcquireRequest,
+        queued_as: Option<&str>,
     ) -> Result<AcquireReply> {
         let mut invocation = redis::cmd("EVALSHA");
         invocation
             .arg(scripts::ACQUIRE.get_hash())
             .arg(4)
             .arg(&keys.acquire()[..])
-            .arg(&self.acquire_args(request)[..]);
+            .arg(&self.acquire_args(request, queued_as)[..]);
         let (reply, acked) = self
             .invoke_replicated(&invocation, "the acquire script")
             .await?;
@@ -172,18 +173,20 @@ impl RedisBackend {
     }
 
     /// The arguments of the acquire script for `request` (its keys are [`Keys::acquire`]): a
-    /// request that will wait queues, its hand-over announced on this epoch's inbox (unless
-    /// its waiters poll).
-    fn acquire_args(&self, request: &AcquireRequest) -> [String; 8] {
-        let (queue, digest, inbox) = if request.wait {
-            let inbox = if self.notifies() {
-                self.primary.epoch().notifier.inbox().name().to_owned()
-            } else {
-                String::new()
-            };
-            ("1".to_owned(), request.owner.digest_hex(), inbox)
-        } else {
-            (String::new(), String::new(), String::new())
+    /// request that will wait queues under the name `queued_as` (see
+    /// `Handover::attempting`), its hand-over announced on this epoch's inbox (unless its
+    /// waiters poll).
+    fn acquire_args(&self, request: &AcquireRequest, queued_as: Option<&str>) -> [String; 8] {
+        let (queue, name, inbox) = match queued_as {
+            Some(name) => {
+                let inbox = if self.notifies() {
+                    self.primary.epoch().notifier.inbox().name().to_owned()
+                } else {
+                    String::new()
+                };
+                ("1".to_owned(), name.to_owned(), inbox)
+            }
+            None => (String::new(), String::new(), String::new()),
         };
         [
             request.owner.expose_hex(),
@@ -191,7 +194,7 @@ impl RedisBackend {
             millis(self.config.fence_ttl).to_string(),
             String::new(),
             queue,
-            digest,
+            name,
             inbox,
             String::new(),
         ]
@@ -481,18 +484,23 @@ impl LockBackend for RedisBackend {
         // from then on is missed; the marker tells the wait whether the inbox was subscribed.
         let epoch = request.wait.then(|| self.primary.epoch());
         let notifier = epoch.as_ref().map(|epoch| &epoch.notifier);
-        let (marker, digest) = match notifier {
+        let (marker, digest, queued_as) = match notifier {
             Some(notifier) => {
                 let digest = request.owner.digest_hex();
-                notifier.inbox().expect(&digest);
-                (notifier.marker(notifier.inbox().name()), Some(digest))
+                let queued_as = notifier.inbox().expect(&digest).attempting(&digest);
+                let marker = notifier.marker(notifier.inbox().name());
+                (marker, Some(digest), Some(queued_as))
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         let reply = if self.config.min_replicas > 0 {
-            self.acquire_replicated(&keys, request).await?
+            self.acquire_replicated(&keys, request, queued_as.as_deref())
+                .await?
         } else {
-            let (script_keys, args) = (&keys.acquire(), &self.acquire_args(request));
+            let (script_keys, args) = (
+                &keys.acquire(),
+                &self.acquire_args(request, queued_as.as_deref()),
+            );
             self.primary
                 .request("acquiring", |mut con| async move {
                     let mut invocation = scripts::ACQUIRE.prepare_invoke();

@@ -21,31 +21,32 @@
 //!
 //! # Where a contended hand-over's time goes (measured 2026-12-04)
 //!
-//! W2 of `examples/compare` (8 workers × 250 increments under one lock, release build, the
-//! compose servers on this project's 2-core machine), each worker with its own client as
-//! issue 15 defines it: 3,187–3,487 increments/s over six runs against rslock's
-//! 4,126–5,661, and the raw floor's 6,168–7,413 in the two runs where its workers had their
-//! own connections too (the same scripts, retried on the release message, all on the
-//! caller's runtime). With the 8 workers on one client: 4,932–5,357/s against rslock's 4,278–5,633.
-//! - **Not the number of requests.** The server's `INFO commandstats` counted ~10 scripts per
-//!   increment: the grant, the release and a retry of the one waiter each other client wakes.
-//!   Reserving on every wait (no overtaking at all) halved that to ~5 and left throughput
-//!   where it was (3,008–3,204/s), with longer waits (88 ms).
-//! - **Thread crossings.** `perf record -a -g` over the run: the caller's workers 32% of the
-//!   machine, redis-server 26%, lockkit's runtime thread 25%, idle 15%; on lockkit's thread
-//!   the time is waking other threads and switching (`try_to_wake_up`, `eventfd_write`,
-//!   `finish_task_switch`), on the callers' spread over allocation and formatting. A
-//!   hand-over crosses threads about five times: the push is read on lockkit's thread, wakes
-//!   the waiter's task on the caller's runtime, whose attempt goes back to the connection's
-//!   driver on lockkit's thread and its reply forth again, and the holder's release is
-//!   spawned onto lockkit's runtime (so that a cancelled caller cannot stop it) and answers
-//!   back. rslock and the floor drive their connections on the caller's runtime.
-//! - **Tried, not kept:** a two-thread lockkit runtime (no change: 2,916–3,192/s); the whole
-//!   acquisition run on lockkit's runtime (3,544/s on Redis, but Redlock fell from 1,059 to
-//!   737/s and the memory tier's W2 halved).
-//! - **Next:** a release that grants the lock to the waiter it names (the woken waiter then
-//!   holds it: one attempt and two crossings fewer per hand-over), and the acquire and
-//!   release requests driven where their caller runs while renewals stay on lockkit's thread.
+//! W2 (8 clients × 250-500 increments under one lock, release build, the compose servers and
+//! the client on this project's 2-core machine); client CPU is this process's CPU time per
+//! increment (`/proc/self/stat`, now a column of `examples/compare`'s W2 table).
+//! - **Before**: a waiter retried on a release notification, reserving the lock once it had
+//!   waited 10 ms; a guard's release ran on lockkit's runtime. 3,189-3,670 increments/s,
+//!   252-302 µs of client CPU each, ~10 scripts per increment (`INFO commandstats`).
+//!   `perf record -g` put 65% of the client's samples in the kernel, most of them switching
+//!   and waking threads (`finish_task_switch` 18%, wake-ups 17%): a hand-over crossed
+//!   between the caller's runtime and lockkit's about five times.
+//! - **The release in the caller's task** (`MutexGuard::release`; one dropped before its
+//!   answer is sent again in the background): 4,116-5,107/s, 182-190 µs.
+//! - **The queue and the hand-over** (this module's inbox, `scripts/mutex_prelude.lua`):
+//!   6,697-7,077/s, 102-115 µs, longest wait 3.1-4.4 ms. A hand-over costs exactly two
+//!   scripts, the holder's release and the next holder's attempt that queued it
+//!   (`tests/commands.rs`), and one push to one connection. `examples/compare --tiers redis`:
+//!   7,568 and 7,993/s (longest wait 3.6 and 3.2 ms) against rslock's 4,912 and 5,238/s
+//!   (307 and 259 ms) in the same runs.
+//! - **Tried, not kept**: the acquire and release connection opened lazily, so that its
+//!   driver runs on the caller's runtime: 7,679-8,238/s and 92-102 µs with the queue, but the
+//!   driver dies with the runtime that first used the connection, and a later request from
+//!   lockkit's runtime (a background release) then panicked inside tokio's timer ("context
+//!   being shut down", seen in `tests/notifications.rs`). Before the queue: a two-thread
+//!   lockkit runtime (no change), the whole acquisition on lockkit's runtime (+10% on Redis,
+//!   −30% on Redlock), reserving on every wait (half the scripts, the same throughput).
+//!
+//! Redlock's hand-over is measured in the module docs of `redlock/wait.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -188,20 +189,31 @@ impl Inbox {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A grant announced by server `node` (`digest:token`): handed to the waiter `digest`, if
-    /// it is still registered (one that gave up released the lock on the server, or will).
+    /// A grant announced by server `node` (`digest/attempt:token`, the name its waiter's
+    /// attempt queued under, see [`Handover::attempting`]): handed to the waiter `digest` if
+    /// it is still registered (one that gave up released the lock on the server, or will)
+    /// and that attempt is its last.
     fn announced(&self, node: usize, message: &[u8]) {
-        let Some((digest, token)) = std::str::from_utf8(message)
+        let Some((digest, attempt, token)) = std::str::from_utf8(message)
             .ok()
             .and_then(|m| m.split_once(':'))
-            .and_then(|(digest, token)| Some((digest, token.parse::<u64>().ok()?)))
+            .and_then(|(name, token)| {
+                let (digest, attempt) = name.split_once('/')?;
+                Some((
+                    digest,
+                    attempt.parse::<u64>().ok()?,
+                    token.parse::<u64>().ok()?,
+                ))
+            })
         else {
             tracing::debug!("ignoring a malformed hand-over announcement");
             return;
         };
         if let Some(handover) = self.expecting().get(digest) {
             let mut tokens = handover.tokens();
-            if tokens.iter().any(|(from, _)| *from == node) {
+            if handover.attempt.load(Ordering::SeqCst) != attempt
+                || tokens.iter().any(|(from, _)| *from == node)
+            {
                 return;
             }
             tokens.push((node, token));
@@ -237,12 +249,12 @@ pub(crate) struct Handover {
     arrived: Notify,
     /// The servers that announced the grant, with its fencing token on each.
     tokens: StdMutex<Vec<(usize, u64)>>,
-    /// The servers whose queue entry the waiter's last attempt renewed (Redlock): a grant
-    /// announced by another may predate that attempt, so its validity is not known.
-    renewed: StdMutex<Vec<usize>>,
     /// When the waiter registered, in µs of the wall clock: its turn in Redlock's queues,
     /// the same on every node.
     turn: u64,
+    /// How many attempts the waiter made: each queues it under its digest and this number,
+    /// which the hand-over's announcement repeats.
+    attempt: AtomicU64,
 }
 
 impl Default for Handover {
@@ -255,8 +267,8 @@ impl Default for Handover {
         Handover {
             arrived: Notify::new(),
             tokens: StdMutex::default(),
-            renewed: StdMutex::default(),
             turn,
+            attempt: AtomicU64::new(0),
         }
     }
 }
@@ -267,32 +279,17 @@ impl Handover {
         self.turn
     }
 
-    /// Starts a new attempt: what was announced before it, or reached by the attempt
-    /// before, no longer counts.
-    pub(crate) fn attempting(&self) {
-        self.tokens().clear();
-        self.renewed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-    }
-
-    /// Server `node` answered the attempt with its entry renewed.
-    pub(crate) fn renewed_on(&self, node: usize) {
-        let mut renewed = self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
-        if !renewed.contains(&node) {
-            renewed.push(node);
-        }
-    }
-
-    /// The tokens announced by servers whose entry the last attempt renewed.
-    pub(crate) fn renewed_tokens(&self) -> Vec<u64> {
-        let renewed = self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
-        self.tokens()
-            .iter()
-            .filter(|(node, _)| renewed.contains(node))
-            .map(|(_, token)| *token)
-            .collect()
+    /// Starts a new attempt, and returns the name it queues under, `digest/attempt`: only a
+    /// hand-over announced under that name counts from now on. One announced under an
+    /// earlier attempt's name may predate this attempt, and be gone by now (the waiter
+    /// paused past the grant's life, say): had it not, this attempt finds the lock its own.
+    /// What was announced before no longer counts either.
+    pub(crate) fn attempting(&self, digest: &str) -> String {
+        // Under the tokens' lock, as the announcements are checked and recorded.
+        let mut tokens = self.tokens();
+        let attempt = self.attempt.fetch_add(1, Ordering::SeqCst) + 1;
+        tokens.clear();
+        format!("{digest}/{attempt}")
     }
 
     /// Waits until a server announces the grant, or a disconnection of a pub/sub connection
@@ -302,7 +299,8 @@ impl Handover {
         self.arrived.notified().await;
     }
 
-    /// The servers that announced the grant so far (their index), with its token on each.
+    /// The servers that announced the grant to the current attempt (their index), with its
+    /// token on each.
     pub(crate) fn tokens(&self) -> std::sync::MutexGuard<'_, Vec<(usize, u64)>> {
         self.tokens.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -818,5 +816,35 @@ impl std::fmt::Debug for Notifier {
         f.debug_struct("Notifier")
             .field("channels", &self.inner.channels().len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter paused past the life of a grant handed to it (SIGSTOP in the fault campaign)
+    /// reads that grant's announcement only after it has attempted again and queued behind
+    /// the next holder: the late announcement must not count for the new attempt.
+    #[test]
+    fn an_announcement_counts_only_for_the_attempt_it_names() {
+        let inbox = Inbox::new(1);
+        let handover = inbox.expect("d");
+        let first = handover.attempting("d");
+        assert_eq!(first, "d/1");
+        inbox.announced(0, format!("{first}:5").as_bytes());
+        assert_eq!(handover.tokens().as_slice(), &[(0, 5)]);
+
+        let second = handover.attempting("d");
+        assert!(handover.tokens().is_empty(), "an earlier attempt's grant is gone");
+        inbox.announced(0, format!("{first}:7").as_bytes());
+        assert!(handover.tokens().is_empty(), "a late announcement was taken");
+        inbox.announced(0, format!("{second}:9").as_bytes());
+        assert_eq!(handover.tokens().as_slice(), &[(0, 9)]);
+
+        inbox.announced(0, b"not an announcement");
+        inbox.forget("d");
+        inbox.announced(1, format!("{second}:11").as_bytes());
+        assert_eq!(handover.tokens().as_slice(), &[(0, 9)], "a forgotten waiter");
     }
 }

@@ -45,30 +45,20 @@
 //!   node that stays silent past `abandon`'s node timeout is still pursued after `close`
 //!   returned, until the TTL ends what it could do.)
 //!
-//! # Why no server-side handoff for Redlock
-//! The single-node path grants the lock in the release script to the head of a server-side
-//! queue. With N independent nodes there are N queues, and that gains nothing:
-//! - **no round trip saved**: each node hands over its own key when the holder's release
-//!   reaches it; the waiter hears of it by one push per node and holds the lock only with a
-//!   majority of them, so it waits for the third-fastest node, as an attempt does. Worse,
-//!   its validity has to be counted from a moment known to precede every node's grant; the
-//!   only one it knows is its own registration (or last refresh), which its wait has used
-//!   up (W2 waits reach p99 50 ms here, and any wait can exceed the TTL). So it must confirm
-//!   with a majority renewal (the core's `confirm` path), one more fan-out: release + pushes
-//!   + renewal, where today it is release + push + attempt. Equal round trips.
-//! - **split votes**: a waiter's registrations reach the nodes in different orders (one
-//!   fan-out's answers spread over p50 3 ms above), so the heads differ between nodes; 18%
-//!   of the contended attempts above were already split between two waiters racing once. A
-//!   split handoff grants the lock to nobody: every head holds a minority and must give it
-//!   back and register again (one more fan-out each), which reorders the queues again, so
-//!   there is no FIFO to gain and a livelock to lose.
-//! - **upkeep**: every waiter keeps N entries alive (N times the single node's refreshes),
-//!   each expiring on its own.
+//! # Queueing
+//! A waiting acquisition's attempt also queues it on every node, at its turn (see `wait.rs`):
+//! a free node grants only the first waiter of its queue, so later arrivals cannot take the
+//! lock from a waiter, and a release hands each node's key over directly. A queued waiter's
+//! rollback keeps its place: each node gives the key to whoever is first there, the waiter
+//! again if nobody came before it (rolling it out of some nodes' queues let them hand the
+//! key to later waiters, whose minorities then blocked everyone until entries lapsed: of
+//! eight W2 runs of that version, one made 160 increments/s and one stalled past 30 s). A
+//! `try_lock` neither queues nor keeps anything.
 //!
-//! Exclusion would survive (node keys stay exclusive, a majority is still needed), and
-//! fencing could, but no variant found is faster; ordering the waiters on one node only and
-//! acquiring with a normal attempt is what the release subscription on one node already does
-//! (a release wakes one waiter of the process). So Redlock waiters keep retrying.
+//! (Before the queues, an earlier version of these docs argued that hand-overs could not
+//! pay on N independent nodes: the queues would disagree and each split would cost a
+//! rollback. Ordering every node's queue by the same turn is what makes them agree; the
+//! splits that remain resolve in favour of the earliest turn.)
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
@@ -209,9 +199,9 @@ impl RedlockBackend {
         // hand-over announced from then on.
         let digest = request.owner.digest_hex();
         let handover = request.wait.then(|| self.inbox.expect(&digest));
-        if let Some(handover) = &handover {
-            handover.attempting();
-        }
+        let queued_as = handover
+            .as_ref()
+            .map(|handover| handover.attempting(&digest));
         let slots = Arc::new(StdMutex::new(vec![Slot::Pending; self.nodes.len()]));
         let (queue, inbox, turn) = match &handover {
             Some(handover) => (
@@ -221,13 +211,14 @@ impl RedlockBackend {
             ),
             None => (String::new(), String::new(), String::new()),
         };
+        let queued_as = queued_as.unwrap_or_default();
         // A queued waiter's rollback keeps its place: the keys go to whoever is first in
         // each node's queue, itself again if nobody came before it.
         let mut rollback_args = self.release_args(&request.owner);
         if handover.is_some() {
             rollback_args.extend([
                 millis(request.ttl).to_string(),
-                digest.clone(),
+                queued_as.clone(),
                 inbox.clone(),
                 turn.clone(),
             ]);
@@ -239,13 +230,7 @@ impl RedlockBackend {
         ));
         let follow_up: FollowUp = {
             let slots = slots.clone();
-            let handover = handover.clone();
             Arc::new(move |i, reply| {
-                // The attempt reached this node: whatever it holds for the waiter, or hands
-                // over to it from now on, is valid from the attempt's send time.
-                if let (true, Some(handover)) = (reply.is_ok(), &handover) {
-                    handover.renewed_on(i);
-                }
                 let may_hold = may_hold(reply);
                 let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
                 match slots[i] {
@@ -272,7 +257,7 @@ impl RedlockBackend {
                     millis(self.config.fence_ttl).to_string(),
                     proposed_token().to_string(),
                     queue,
-                    digest.clone(),
+                    queued_as,
                     inbox,
                     turn,
                 ],

@@ -273,7 +273,6 @@ pub const LOCKKIT_COMMANDS: &[&str] = &[
     "+hget",
     "+hset",
     "+hdel",
-    "+hincrby",
 ];
 
 /// What release notifications need on top of [`LOCKKIT_COMMANDS`].
