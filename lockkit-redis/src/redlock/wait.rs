@@ -10,17 +10,17 @@
 //!
 //! The waiter listens on a majority of the nodes, the first in configuration order that take
 //! its subscription (a node that refuses or does not answer is left alone for 30 s), and
-//! counts only the announcements of nodes that answered its last attempt: that attempt
-//! renewed its entry there, or found or took the key and extended it, at a time after it was
-//! sent, so a key such a node holds for the waiter, or hands it later, lives at least the
-//! TTL from the attempt's send time, and the grant is valid from then as an attempt's grant
-//! is (`ttl - node_timeout`, less the drift). It counts them only if a
-//! majority of them announced the same token (the nodes' counters agree when the releaser's
-//! proposed token is above them, the usual case). Otherwise, and when the announcements stop
-//! short of a majority for a node timeout (the queues disagreed: a waiter that queued on
-//! some nodes only, an entry that lapsed on one), it looks at the lock with a new attempt,
-//! which finds the keys it holds, writes the token back or rolls a minority back (a rollback
-//! keeps the waiter's place, see `attempt.rs`), as for any attempt.
+//! counts only the announcements that name its last attempt (each attempt queues it under
+//! its digest and attempt number, `Handover::attempting`): such a hand-over followed that
+//! attempt on its node, so the key lives at least the TTL from the attempt's send time, and
+//! the grant is valid from then as an attempt's grant is (`ttl - node_timeout`, less the
+//! drift). It counts them only if a majority announced the same token (the nodes' counters
+//! agree when the releaser's proposed token is above them, the usual case). Otherwise, and
+//! when the announcements stop short of a majority for a node timeout (the queues
+//! disagreed: a waiter that queued on some nodes only, an entry that lapsed on one), it
+//! looks at the lock with a new attempt, which finds the keys it holds, writes the token
+//! back or rolls a minority back (a rollback keeps the waiter's place, see `attempt.rs`), as
+//! for any attempt.
 //!
 //! # Measured (2026-12-04, W2: 8 clients × 500 increments, 5 local nodes, 2 cores)
 //! - **Before** (waiters retried on a release notification heard on one node): 912-1,457
