@@ -836,15 +836,25 @@ mod tests {
         assert_eq!(handover.tokens().as_slice(), &[(0, 5)]);
 
         let second = handover.attempting("d");
-        assert!(handover.tokens().is_empty(), "an earlier attempt's grant is gone");
+        assert!(
+            handover.tokens().is_empty(),
+            "an earlier attempt's grant is gone"
+        );
         inbox.announced(0, format!("{first}:7").as_bytes());
-        assert!(handover.tokens().is_empty(), "a late announcement was taken");
+        assert!(
+            handover.tokens().is_empty(),
+            "a late announcement was taken"
+        );
         inbox.announced(0, format!("{second}:9").as_bytes());
         assert_eq!(handover.tokens().as_slice(), &[(0, 9)]);
 
         inbox.announced(0, b"not an announcement");
         inbox.forget("d");
         inbox.announced(1, format!("{second}:11").as_bytes());
-        assert_eq!(handover.tokens().as_slice(), &[(0, 9)], "a forgotten waiter");
+        assert_eq!(
+            handover.tokens().as_slice(),
+            &[(0, 9)],
+            "a forgotten waiter"
+        );
     }
 }
