@@ -219,7 +219,7 @@ impl RedisBackend {
             .primary
             .request_on(
                 "acquiring",
-                |epoch| &epoch.replication,
+                |epoch| epoch.replication.clone(),
                 |mut con| async move {
                     let replies = scripts::query_reloading(pipe, &mut con).await?;
                     scripts::primary_moved(&replies).map_or(Ok(replies), Err)
@@ -260,9 +260,7 @@ impl RedisBackend {
     /// lost) or the lock was gone before: that is an error saying so, not "not ours", which
     /// would report a lock lost that was released.
     async fn release_keys(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
-        let released = self
-            .release_keys_on(keys, owner, |epoch| &epoch.connection)
-            .await?;
+        let released = self.release_keys_on(keys, owner, Epoch::for_caller).await?;
         RedisBackend::verdict(released)
     }
 
@@ -286,7 +284,7 @@ impl RedisBackend {
         &self,
         keys: &Keys,
         owner: &OwnerToken,
-        pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
+        pick: fn(&Epoch) -> redis::aio::ConnectionManager,
     ) -> Result<Released> {
         let owner_hex = &owner.expose_hex();
         let fence_ttl = millis(self.config.fence_ttl);
@@ -335,7 +333,7 @@ impl RedisBackend {
             .primary
             .request_on(
                 "renewing",
-                |epoch| &epoch.renewals,
+                |epoch| epoch.renewals.clone(),
                 |mut con| async move {
                     let replies = scripts::query_reloading(pipe, &mut con).await?;
                     scripts::primary_moved(&replies).map_or(Ok(replies), Err)
@@ -575,13 +573,15 @@ impl LockBackend for RedisBackend {
             // This acquisition may have taken the wake-up of a release: another waiter retries.
             notifier.pass_on(&semaphore::channel_of(&request.key, request.hold));
         }
-        // An attempt with min_replicas went out on the replication connection, where it may
-        // still wait behind other tasks' WAITs: the clean-up follows it there, so the server
-        // runs it after the attempt, never before (a grant nobody holds, for a TTL).
-        let pick: fn(&Epoch) -> &redis::aio::ConnectionManager = if self.config.min_replicas > 0 {
-            |epoch| &epoch.replication
+        // The clean-up follows the attempts on their connection, so the server runs it after
+        // them, never before (a grant nobody holds, for a TTL): with min_replicas the
+        // replication connection, where an attempt may still wait behind other tasks' WAITs;
+        // otherwise the application runtime's (the clean-up of a dropped acquisition runs on
+        // lockkit's runtime).
+        let pick: fn(&Epoch) -> redis::aio::ConnectionManager = if self.config.min_replicas > 0 {
+            |epoch| epoch.replication.clone()
         } else {
-            |epoch| &epoch.connection
+            Epoch::after_attempts
         };
         // Whatever the clean-up found, nothing of the request is left.
         match request.hold {

@@ -54,10 +54,10 @@ impl RedisBackend {
                 .arg(millis(self.config.replica_timeout));
         }
         // WAIT counts the writes of its own connection, the one reserved for it.
-        let pick: fn(&Epoch) -> &ConnectionManager = if need > 0 {
-            |epoch| &epoch.replication
+        let pick: fn(&Epoch) -> ConnectionManager = if need > 0 {
+            |epoch| epoch.replication.clone()
         } else {
-            |epoch| &epoch.connection
+            Epoch::for_caller
         };
         let pipe = &pipe;
         let replies = self

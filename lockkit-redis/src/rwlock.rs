@@ -263,7 +263,7 @@ impl RedisBackend {
     /// for the mutex (see `release_keys`).
     pub(crate) async fn release_rw(&self, key: &LockKey, owner_digest: String) -> Result<bool> {
         let released = self
-            .release_rw_on(key, owner_digest, |epoch| &epoch.connection)
+            .release_rw_on(key, owner_digest, Epoch::for_caller)
             .await?;
         RedisBackend::verdict(released)
     }
@@ -273,7 +273,7 @@ impl RedisBackend {
         &self,
         key: &LockKey,
         owner_digest: String,
-        pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
+        pick: fn(&Epoch) -> redis::aio::ConnectionManager,
     ) -> Result<Released> {
         let keys = RwKeys::of(key);
         let mut invocation = scripts::RWLOCK_RELEASE.prepare_invoke();

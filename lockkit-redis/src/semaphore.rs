@@ -222,7 +222,7 @@ impl RedisBackend {
     /// again that finds it gone is an error, as for the mutex (see `release_keys`).
     pub(crate) async fn release_permit(&self, key: &LockKey, owner_digest: String) -> Result<bool> {
         let released = self
-            .release_permit_on(key, owner_digest, |epoch| &epoch.connection)
+            .release_permit_on(key, owner_digest, Epoch::for_caller)
             .await?;
         RedisBackend::verdict(released)
     }
@@ -232,7 +232,7 @@ impl RedisBackend {
         &self,
         key: &LockKey,
         owner_digest: String,
-        pick: fn(&Epoch) -> &redis::aio::ConnectionManager,
+        pick: fn(&Epoch) -> redis::aio::ConnectionManager,
     ) -> Result<Released> {
         let (keys, owner) = (&PermitKeys::of(key), &owner_digest);
         let sends = &AtomicUsize::new(0);

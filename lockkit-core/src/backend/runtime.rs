@@ -14,6 +14,17 @@ use crate::error::{Error, ErrorKind, Result};
 
 static HANDLE: OnceLock<Handle> = OnceLock::new();
 
+thread_local! {
+    /// Set on lockkit's runtime thread.
+    static ON_LOCKKIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the current thread is lockkit's runtime thread (a backend's background work runs
+/// there: renewals, background releases and clean-up).
+pub fn is_current() -> bool {
+    ON_LOCKKIT.with(std::cell::Cell::get)
+}
+
 /// The handle of lockkit's background runtime, starting it on first use.
 ///
 /// Backends may create their connections on it (with [`run`]) so that the connection's driver
@@ -24,6 +35,7 @@ pub fn handle() -> &'static Handle {
         std::thread::Builder::new()
             .name("lockkit-runtime".into())
             .spawn(move || {
+                ON_LOCKKIT.with(|on| on.set(true));
                 let runtime = match Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt,
                     Err(e) => panic!("lockkit cannot start its background runtime: {e}"),

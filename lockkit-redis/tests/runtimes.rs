@@ -1,0 +1,105 @@
+//! One client used from several application runtimes, one after the other and at once: each
+//! runtime's tasks send their attempts and releases on a connection that runtime drives, and
+//! when a runtime shuts down its connection is forgotten, so that the next runtime's requests
+//! and lockkit's own background work (a dropped guard's release) go on unharmed.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+mod common;
+
+use std::time::Duration;
+
+use lockkit_core::{LockClient, LockOptions};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_client_outlives_the_runtime_that_first_used_it() {
+    let first = runtime();
+    let Some(harness) = first.block_on(common::single()) else {
+        return;
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let options = LockOptions::default().with_ttl(Duration::from_secs(30));
+    let (locks, other) = first.block_on(async {
+        let client = || async {
+            LockClient::with_options(
+                harness.backend().await.unwrap(),
+                &namespace,
+                options.clone(),
+            )
+            .unwrap()
+        };
+        (client().await, client().await)
+    });
+    // The first runtime's tasks lock and release, and leave a guard to drop later.
+    let held = first.block_on(async {
+        let guard = locks.mutex("a").unwrap().lock().await.unwrap();
+        assert!(guard.release().await.unwrap());
+        locks.mutex("b").unwrap().lock().await.unwrap()
+    });
+    drop(first);
+
+    let second = runtime();
+    second.block_on(async {
+        let bounded = Duration::from_secs(10);
+        // Released in the background, on lockkit's runtime, after the runtime that took it
+        // is gone.
+        drop(held);
+        tokio::time::timeout(bounded, locks.close()).await.unwrap();
+        let guard = tokio::time::timeout(bounded, other.mutex("b").unwrap().lock())
+            .await
+            .expect("the dropped guard's lock was released")
+            .unwrap();
+        assert!(guard.release().await.unwrap());
+        // The client goes on from the second runtime: a contended hand-over included.
+        let held = locks.mutex("a").unwrap().lock().await.unwrap();
+        let mutex = other.mutex("a").unwrap();
+        let waiter = tokio::spawn(async move { mutex.lock().await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(held.release().await.unwrap());
+        let next = tokio::time::timeout(bounded, waiter)
+            .await
+            .expect("the waiter was handed the lock")
+            .unwrap()
+            .unwrap();
+        assert!(next.release().await.unwrap());
+    });
+}
+
+#[test]
+fn two_runtimes_use_one_client_at_once() {
+    let (first, second) = (runtime(), runtime());
+    let Some(harness) = first.block_on(common::single()) else {
+        return;
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let locks = first.block_on(async {
+        LockClient::with_options(
+            harness.backend().await.unwrap(),
+            &namespace,
+            LockOptions::default().with_ttl(Duration::from_secs(30)),
+        )
+        .unwrap()
+    });
+    let shared = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let work = |locks: LockClient, shared: std::sync::Arc<std::sync::atomic::AtomicU64>| async move {
+        for _ in 0..200 {
+            let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+            let seen = shared.load(std::sync::atomic::Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            shared.store(seen + 1, std::sync::atomic::Ordering::SeqCst);
+            assert!(guard.release().await.unwrap());
+        }
+    };
+    let other = second.spawn(work(locks.clone(), shared.clone()));
+    first.block_on(work(locks.clone(), shared.clone()));
+    second.block_on(other).unwrap();
+    assert_eq!(shared.load(std::sync::atomic::Ordering::SeqCst), 400);
+    first.block_on(locks.close());
+}
