@@ -38,13 +38,16 @@
 //!   (`tests/commands.rs`), and one push to one connection. `examples/compare --tiers redis`:
 //!   7,568 and 7,993/s (longest wait 3.6 and 3.2 ms) against rslock's 4,912 and 5,238/s
 //!   (307 and 259 ms) in the same runs.
-//! - **Tried, not kept**: the acquire and release connection opened lazily, so that its
-//!   driver runs on the caller's runtime: 7,679-8,238/s and 92-102 µs with the queue, but the
-//!   driver dies with the runtime that first used the connection, and a later request from
-//!   lockkit's runtime (a background release) then panicked inside tokio's timer ("context
-//!   being shut down", seen in `tests/notifications.rs`). Before the queue: a two-thread
-//!   lockkit runtime (no change), the whole acquisition on lockkit's runtime (+10% on Redis,
-//!   −30% on Redlock), reserving on every wait (half the scripts, the same throughput).
+//! - **Attempts and releases on a connection the caller's runtime drives**
+//!   (`connection.rs`, `CallerConnection`): 9,189-11,994/s at 40-52 µs, against 7,303-7,702/s
+//!   at 85-88 µs without, in interleaved runs of a W2 probe (8 clients × 500); rslock made
+//!   9,408-11,258/s in the same runs. A first try, a connection opened lazily wherever it was
+//!   first used, panicked inside tokio's timer when lockkit's runtime later used a connection
+//!   whose runtime had shut down: now lockkit's background work keeps its own connection, and
+//!   a runtime's connection is forgotten when that runtime shuts down.
+//! - **Tried, not kept** (before the queue): a two-thread lockkit runtime (no change), the
+//!   whole acquisition on lockkit's runtime (+10% on Redis, −30% on Redlock), reserving on
+//!   every wait (half the scripts, the same throughput).
 //!
 //! Redlock's hand-over is measured in the module docs of `redlock/wait.rs`.
 

@@ -1,7 +1,9 @@
 //! One client used from several application runtimes, one after the other and at once: each
 //! runtime's tasks send their attempts and releases on a connection that runtime drives, and
 //! when a runtime shuts down its connection is forgotten, so that the next runtime's requests
-//! and lockkit's own background work (a dropped guard's release) go on unharmed.
+//! and lockkit's own background work (a dropped guard's release) go on unharmed. The work
+//! runs in spawned tasks: a future that `block_on` runs is no task, and uses lockkit's
+//! connection.
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
@@ -38,15 +40,18 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
         (client().await, client().await)
     });
     // The first runtime's tasks lock and release, and leave a guard to drop later.
-    let held = first.block_on(async {
-        let guard = locks.mutex("a").unwrap().lock().await.unwrap();
-        assert!(guard.release().await.unwrap());
-        locks.mutex("b").unwrap().lock().await.unwrap()
-    });
+    let in_first = locks.clone();
+    let held = first
+        .block_on(first.spawn(async move {
+            let guard = in_first.mutex("a").unwrap().lock().await.unwrap();
+            assert!(guard.release().await.unwrap());
+            in_first.mutex("b").unwrap().lock().await.unwrap()
+        }))
+        .unwrap();
     drop(first);
 
     let second = runtime();
-    second.block_on(async {
+    let task = second.spawn(async move {
         let bounded = Duration::from_secs(10);
         // Released in the background, on lockkit's runtime, after the runtime that took it
         // is gone.
@@ -70,6 +75,7 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
             .unwrap();
         assert!(next.release().await.unwrap());
     });
+    second.block_on(task).unwrap();
 }
 
 #[test]
@@ -98,7 +104,9 @@ fn two_runtimes_use_one_client_at_once() {
         }
     };
     let other = second.spawn(work(locks.clone(), shared.clone()));
-    first.block_on(work(locks.clone(), shared.clone()));
+    first
+        .block_on(first.spawn(work(locks.clone(), shared.clone())))
+        .unwrap();
     second.block_on(other).unwrap();
     assert_eq!(shared.load(std::sync::atomic::Ordering::SeqCst), 400);
     first.block_on(locks.close());
