@@ -537,8 +537,10 @@ fn primary_may_have_moved(error: &RedisError) -> bool {
 /// Opened on first use from a runtime that is not lockkit's, so its driver runs there; a task
 /// on that runtime that never ends is dropped when the runtime shuts down and forgets the
 /// connection then, so that no request reaches a driver that is gone (the next runtime to ask
-/// opens its own). Renewals keep their own connection on lockkit's runtime: a saturated
-/// application runtime delays its own requests, never a renewal.
+/// opens its own). One client keeps one such connection, whichever runtime opened it: a
+/// second runtime that shares the client sends on it too. Renewals keep their own
+/// connection on lockkit's runtime: a saturated application runtime delays the attempts and
+/// releases sent on its connection, never a renewal.
 struct CallerConnection {
     dialer: Dialer,
     info: ConnectionInfo,
@@ -565,12 +567,16 @@ impl CallerConnection {
     }
 
     /// The application runtime's connection, opened now if it has none; `shared` on
-    /// lockkit's runtime, outside any runtime or task, or when the connection cannot be set
-    /// up. A future that `block_on` runs (`#[tokio::main]`'s own, say) is not a task: it is
+    /// lockkit's runtime, outside any runtime or task, on a current-thread runtime, or when
+    /// the connection cannot be set up.
+    ///
+    /// A future that `block_on` runs (`#[tokio::main]`'s own, say) is not a task: it is
     /// polled on the thread that blocks, not on a worker, and a runtime's connection would be
     /// driven on a worker anyway; the hop to lockkit's thread, which waits on nothing else,
     /// costs less than one to a parked worker (W1's p50 on Redis from `main`: 68-70 µs
-    /// against 88-89 µs, 2026-12-04).
+    /// against 88-89 µs, 2026-12-04). A current-thread runtime runs its tasks only while a
+    /// thread blocks on it: a connection driven there would stall every other runtime's
+    /// requests on it whenever that runtime sits idle, still alive.
     fn get(&self, shared: &ConnectionManager) -> ConnectionManager {
         if lockkit_core::backend::runtime::is_current() || tokio::task::try_id().is_none() {
             return shared.clone();
@@ -578,6 +584,9 @@ impl CallerConnection {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return shared.clone();
         };
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return shared.clone();
+        }
         let mut slot = self
             .slot
             .lock()

@@ -111,3 +111,51 @@ fn two_runtimes_use_one_client_at_once() {
     assert_eq!(shared.load(std::sync::atomic::Ordering::SeqCst), 400);
     first.block_on(locks.close());
 }
+
+/// A current-thread runtime's tasks lock and release; then, while that runtime sits idle
+/// (alive, with nobody blocking on it), another runtime's tasks use the same client: their
+/// requests must not wait on a connection only the idle runtime would drive.
+#[test]
+fn an_idle_current_thread_runtime_stalls_no_other() {
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(harness) = idle.block_on(common::single()) else {
+        return;
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let locks = idle.block_on(async {
+        LockClient::with_options(
+            harness.backend().await.unwrap(),
+            &namespace,
+            LockOptions::default().with_ttl(Duration::from_secs(30)),
+        )
+        .unwrap()
+    });
+    let in_idle = locks.clone();
+    idle.block_on(idle.spawn(async move {
+        let guard = in_idle.mutex("a").unwrap().lock().await.unwrap();
+        assert!(guard.release().await.unwrap());
+    }))
+    .unwrap();
+
+    let busy = runtime();
+    let in_busy = locks.clone();
+    busy.block_on(busy.spawn(async move {
+        let bounded = Duration::from_secs(10);
+        for _ in 0..20 {
+            let guard = tokio::time::timeout(bounded, in_busy.mutex("a").unwrap().lock())
+                .await
+                .expect("a lock waited on the idle runtime's connection")
+                .unwrap();
+            let released = tokio::time::timeout(bounded, guard.release())
+                .await
+                .expect("a release waited on the idle runtime's connection");
+            assert!(released.unwrap());
+        }
+    }))
+    .unwrap();
+    busy.block_on(locks.close());
+    drop(idle);
+}
