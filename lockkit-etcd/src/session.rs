@@ -14,8 +14,11 @@ use crate::error;
 
 /// The pause before retrying a failed keep-alive or clean-up.
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(200);
-/// The pause before revoking a lost session's lease again after a failure.
+/// The first pause before revoking a lost session's lease again after a failure (doubled
+/// after each, up to [`REVOKE_PAUSE_MAX`]).
 const REVOKE_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause between two revokes of a lost session's lease.
+const REVOKE_PAUSE_MAX: Duration = Duration::from_millis(250);
 /// How long one send of a lost session's revoke may go unanswered before it is sent again.
 const REVOKE_ATTEMPT: Duration = Duration::from_secs(1);
 
@@ -138,6 +141,7 @@ pub(crate) async fn keep_alive(
 async fn revoke_lost(client: &mut Client, lease_id: i64, within: Duration) {
     let deadline = tokio::time::Instant::now() + within;
     let revoking = async {
+        let mut pause = REVOKE_PAUSE;
         loop {
             // A member that took the request as its leader died may hold it unanswered:
             // each send gets a second, then the request goes again (a lease revoked twice
@@ -148,7 +152,8 @@ async fn revoke_lost(client: &mut Client, lease_id: i64, within: Duration) {
                     if !error::is_lease_gone(&e)
                         && error::kind(&e) == lockkit_core::ErrorKind::Unavailable =>
                 {
-                    tokio::time::sleep(REVOKE_PAUSE).await;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(REVOKE_PAUSE_MAX);
                 }
                 Ok(_) => return,
             }
