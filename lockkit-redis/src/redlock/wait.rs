@@ -38,6 +38,18 @@
 //!   another thread fell from 12.9 to 5.6 per increment (`strace -c -f`).
 //! - **Tried, not kept**: letting a waiter be overtaken for 10 ms before it queues (Go's
 //!   `sync.Mutex` starvation mode): 2,321-2,850/s with waits up to 113 ms, no faster.
+//!   Listening on every node and taking the first majority of announcements, so that one
+//!   slow node does not hold the grant: 2,078-2,351/s against 2,099-2,180/s in five
+//!   alternating runs of `examples/compare --speed-only --tiers redlock-5`. The fan-outs on
+//!   the caller's runtime (the lanes' tasks spawned there, each node's requests on a
+//!   connection that runtime drives, as `CallerConnection` does for Redis):
+//!   2,192-2,516/s against 2,115-2,494/s in four alternating runs, rslock 2,536-3,530/s.
+//! - **What is left** (the same runs): the machine is 80-89% busy (`vmstat`) and the gap
+//!   is CPU per increment. `perf record` of the suite's process puts 49% of its samples in
+//!   the kernel (sockets, wake-ups) with no user-space hot spot; on the servers, the
+//!   queueing attempt costs 12 µs per `EVALSHA` (`redis-benchmark` against a held lock; a
+//!   script that returns at once, 1.2 µs): each `redis.call` about 1.5 µs, against one
+//!   `SET NX` for rslock's attempt.
 
 use std::time::Duration;
 
