@@ -10,6 +10,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::RedisHarness;
 use lockkit_core::{LockClient, LockOptions};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -20,6 +21,16 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A client of its own backend on `harness`'s server, in `namespace`, with a 30 s TTL.
+async fn client(harness: &RedisHarness, namespace: &str) -> LockClient {
+    LockClient::with_options(
+        harness.backend().await.unwrap(),
+        namespace,
+        LockOptions::default().with_ttl(Duration::from_secs(30)),
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_client_outlives_the_runtime_that_first_used_it() {
     let first = runtime();
@@ -27,17 +38,11 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
         return;
     };
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
-    let options = LockOptions::default().with_ttl(Duration::from_secs(30));
     let (locks, other) = first.block_on(async {
-        let client = || async {
-            LockClient::with_options(
-                harness.backend().await.unwrap(),
-                &namespace,
-                options.clone(),
-            )
-            .unwrap()
-        };
-        (client().await, client().await)
+        (
+            client(&harness, &namespace).await,
+            client(&harness, &namespace).await,
+        )
     });
     // The first runtime's tasks lock and release, and leave a guard to drop later.
     let in_first = locks.clone();
@@ -85,14 +90,7 @@ fn two_runtimes_use_one_client_at_once() {
         return;
     };
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
-    let locks = first.block_on(async {
-        LockClient::with_options(
-            harness.backend().await.unwrap(),
-            &namespace,
-            LockOptions::default().with_ttl(Duration::from_secs(30)),
-        )
-        .unwrap()
-    });
+    let locks = first.block_on(client(&harness, &namespace));
     let shared = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let work = |locks: LockClient, shared: std::sync::Arc<std::sync::atomic::AtomicU64>| async move {
         for _ in 0..200 {
@@ -125,14 +123,7 @@ fn an_idle_current_thread_runtime_stalls_no_other() {
         return;
     };
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
-    let locks = idle.block_on(async {
-        LockClient::with_options(
-            harness.backend().await.unwrap(),
-            &namespace,
-            LockOptions::default().with_ttl(Duration::from_secs(30)),
-        )
-        .unwrap()
-    });
+    let locks = idle.block_on(client(&harness, &namespace));
     let in_idle = locks.clone();
     idle.block_on(idle.spawn(async move {
         let guard = in_idle.mutex("a").unwrap().lock().await.unwrap();
