@@ -1,18 +1,21 @@
-//! Jittered exponential backoff for polling waits.
+//! Jittered exponential backoff: for polling waits, and for the retries of backends' own
+//! background work (reconnects, revokes, resent requests).
 
 use std::time::Duration;
 
 /// "Full jitter" backoff: the n-th delay is uniform in `[min, min(max, min × 2ⁿ)]`, so
 /// waiters that started together spread out instead of retrying in lockstep.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     min: Duration,
     max: Duration,
     ceiling: Duration,
 }
 
 impl Backoff {
-    pub(crate) fn new(min: Duration, max: Duration) -> Self {
+    /// Delays from `min` (the first one) growing to at most `max`.
+    #[must_use]
+    pub fn new(min: Duration, max: Duration) -> Self {
         Backoff {
             min,
             max: max.max(min),
@@ -21,14 +24,14 @@ impl Backoff {
     }
 
     /// The next delay.
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let delay = jitter(self.min, self.ceiling);
         self.ceiling = (self.ceiling * 2).min(self.max);
         delay
     }
 
     /// Starts again from the shortest delay.
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.ceiling = self.min;
     }
 }

@@ -7,15 +7,15 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use lockkit_core::Result;
 use lockkit_core::backend::cleanup::Ledger;
-use lockkit_core::backend::{CancellationToken, runtime};
+use lockkit_core::backend::{Backoff, CancellationToken, runtime};
 
 use crate::backend::{EtcdBackend, MIN_TTL_SECS};
 use crate::error;
 
 /// The pause before retrying a failed keep-alive or clean-up.
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(200);
-/// The first pause before revoking a lost session's lease again after a failure (doubled
-/// after each, up to [`REVOKE_PAUSE_MAX`]).
+/// The first pause before revoking a lost session's lease again after a failure (the
+/// pauses grow, with jitter, up to [`REVOKE_PAUSE_MAX`]).
 const REVOKE_PAUSE: Duration = Duration::from_millis(50);
 /// The longest pause between two revokes of a lost session's lease.
 const REVOKE_PAUSE_MAX: Duration = Duration::from_millis(250);
@@ -141,7 +141,7 @@ pub(crate) async fn keep_alive(
 async fn revoke_lost(client: &mut Client, lease_id: i64, within: Duration) {
     let deadline = tokio::time::Instant::now() + within;
     let revoking = async {
-        let mut pause = REVOKE_PAUSE;
+        let mut pause = Backoff::new(REVOKE_PAUSE, REVOKE_PAUSE_MAX);
         loop {
             // A member that took the request as its leader died may hold it unanswered:
             // each send gets a second, then the request goes again (a lease revoked twice
@@ -152,8 +152,7 @@ async fn revoke_lost(client: &mut Client, lease_id: i64, within: Duration) {
                     if !error::is_lease_gone(&e)
                         && error::kind(&e) == lockkit_core::ErrorKind::Unavailable =>
                 {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(REVOKE_PAUSE_MAX);
+                    tokio::time::sleep(pause.next_delay()).await;
                 }
                 Ok(_) => return,
             }

@@ -57,6 +57,7 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lockkit_core::Result;
+use lockkit_core::backend::Backoff;
 use redis::aio::ConnectionManager;
 use redis::{ConnectionInfo, PushInfo, PushKind, Value};
 use tokio::sync::{Notify, OnceCell, mpsc};
@@ -739,7 +740,7 @@ async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedRe
 /// listens never sends. So this pings until the connection answers (each failure starts a
 /// reconnect), then subscribes again to every channel that still has waiters.
 async fn recover(inner: std::sync::Weak<Inner>) {
-    let mut delay = RECOVERY_MIN_DELAY;
+    let mut delay = Backoff::new(RECOVERY_MIN_DELAY, RECOVERY_MAX_DELAY);
     loop {
         let Some(this) = inner.upgrade() else {
             return;
@@ -763,8 +764,7 @@ async fn recover(inner: std::sync::Weak<Inner>) {
             }
         }
         drop(this);
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(RECOVERY_MAX_DELAY);
+        tokio::time::sleep(delay.next_delay()).await;
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lockkit_core::backend::{CancellationToken, Lease, runtime};
+use lockkit_core::backend::{Backoff, CancellationToken, Lease, runtime};
 use lockkit_core::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 use zookeeper_client as zk;
@@ -273,15 +273,14 @@ async fn back_or_terminal(states: &mut zk::StateWatcher) -> zk::SessionState {
 
 /// Opens a new session, retrying until it works or the backend is gone.
 async fn reopen(slot: &Weak<SessionSlot>, config: &ZkConfig) -> Option<zk::Client> {
-    let mut delay = Duration::from_millis(50);
+    let mut delay = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         slot.upgrade()?;
         match open_here_bounded(config).await {
             Ok(client) => return Some(client),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open a new zk session; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(delay.next_delay()).await;
             }
         }
     }

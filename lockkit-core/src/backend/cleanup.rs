@@ -218,7 +218,7 @@ pub fn spawn_sweep<F, Fut>(
 {
     crate::backend::runtime::spawn(async move {
         let mut pause = delay;
-        let mut failed = retry.first;
+        let mut failed = crate::backoff::Backoff::new(retry.first, retry.max);
         loop {
             tokio::select! {
                 () = session.cancelled() => return,
@@ -232,12 +232,11 @@ pub fn spawn_sweep<F, Fut>(
                 Ok(Sweep::Done) => return,
                 Ok(Sweep::Again(next)) => {
                     pause = next;
-                    failed = retry.first;
+                    failed.reset();
                 }
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, what, "a background clean-up failed; retrying");
-                    pause = failed;
-                    failed = (failed * 2).min(retry.max);
+                    pause = failed.next_delay();
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, what, "a background clean-up failed for good; the records go with their session or TTL");

@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
+pub use crate::backoff::Backoff;
 pub use crate::election::Leader;
 pub use crate::error::BoxError;
 pub use crate::key::validate_segment;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockkit_core::backend::OwnerToken;
+use lockkit_core::backend::{Backoff, OwnerToken};
 use lockkit_core::{Error, ErrorKind};
 use redis::Value;
 use redis::aio::ConnectionManager;
@@ -51,12 +51,11 @@ async fn invoke_retrying(
     invocation: &redis::ScriptInvocation<'static>,
     con: &mut ConnectionManager,
 ) -> redis::RedisResult<Value> {
-    let mut pause = Duration::from_millis(20);
+    let mut pause = Backoff::new(Duration::from_millis(20), Duration::from_millis(250));
     loop {
         match invocation.invoke_async::<Value>(con).await {
             Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(250));
+                tokio::time::sleep(pause.next_delay()).await;
             }
             outcome => break outcome,
         }
