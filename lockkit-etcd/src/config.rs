@@ -180,9 +180,7 @@ impl EtcdConfig {
             ("connect_timeout", self.connect_timeout),
             ("request_timeout", self.request_timeout),
         ] {
-            if value.is_zero() {
-                return bad(format!("{name} must be above zero"));
-            }
+            lockkit_core::backend::validate_duration(name, value)?;
         }
         match (&self.user, &self.password) {
             (Some(user), _) if user.is_empty() => return bad("user is empty".into()),
@@ -294,6 +292,13 @@ mod tests {
                 "request_timeout",
                 EtcdConfig {
                     request_timeout: Duration::ZERO,
+                    ..EtcdConfig::default()
+                },
+            ),
+            (
+                "request_timeout must be at most",
+                EtcdConfig {
+                    request_timeout: Duration::MAX,
                     ..EtcdConfig::default()
                 },
             ),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lockkit_core::backend::url::ConnectionUrl;
+use lockkit_core::backend::validate_duration;
 use lockkit_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -208,10 +209,10 @@ impl RedisConfig {
         for host in &self.hosts {
             parse_host(host)?;
         }
-        positive("redis.connect_timeout", self.connect_timeout)?;
-        positive("redis.response_timeout", self.response_timeout)?;
-        positive("redis.replica_timeout", self.replica_timeout)?;
-        positive("redis.fence_ttl", self.fence_ttl)?;
+        validate_duration("redis.connect_timeout", self.connect_timeout)?;
+        validate_duration("redis.response_timeout", self.response_timeout)?;
+        validate_duration("redis.replica_timeout", self.replica_timeout)?;
+        validate_duration("redis.fence_ttl", self.fence_ttl)?;
         if self.tls && !cfg!(feature = "tls") {
             return Err(Error::invalid_config(
                 "redis.tls (or rediss://) needs the cargo feature `tls` of lockkit-redis",
@@ -374,11 +375,11 @@ impl RedlockConfig {
                 "redlock.nodes lists a server twice: a quorum needs independent servers",
             ));
         }
-        positive("redlock.connect_timeout", self.connect_timeout)?;
-        positive("redlock.node_timeout", self.node_timeout)?;
-        positive("redlock.fence_ttl", self.fence_ttl)?;
+        validate_duration("redlock.connect_timeout", self.connect_timeout)?;
+        validate_duration("redlock.node_timeout", self.node_timeout)?;
+        validate_duration("redlock.fence_ttl", self.fence_ttl)?;
         if let Some(max_hold) = self.max_hold {
-            positive("redlock.max_hold", max_hold)?;
+            validate_duration("redlock.max_hold", max_hold)?;
         }
         if self.tls && !cfg!(feature = "tls") {
             return Err(Error::invalid_config(
@@ -439,15 +440,6 @@ pub(crate) fn parse_host(host: &str) -> Result<(String, u16)> {
     }
     let port = port.parse::<u16>().map_err(|_| bad())?;
     Ok((name.to_owned(), port))
-}
-
-fn positive(name: &str, value: Duration) -> Result<()> {
-    if value.is_zero() {
-        return Err(Error::invalid_config(format!(
-            "{name} must be greater than zero"
-        )));
-    }
-    Ok(())
 }
 
 fn reject_query(url: &ConnectionUrl) -> Result<()> {

@@ -269,8 +269,11 @@ impl ZkConfig {
                 self.suspended_grace_fraction
             ));
         }
-        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
-            return bad("connect_timeout and request_timeout must be above zero".into());
+        for (name, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            lockkit_core::backend::validate_duration(name, value)?;
         }
         match (&self.username, &self.password) {
             (Some(user), Some(_)) if user.is_empty() || user.contains(':') => {

@@ -40,6 +40,32 @@ pub mod cleanup;
 pub mod runtime;
 pub mod url;
 
+/// The longest timeout or lifetime a backend's configuration accepts: far beyond any useful
+/// value, and far enough below what a deadline (`Instant` + duration), a sum of two of them
+/// or a server's millisecond argument can hold that none of them overflows.
+pub const MAX_CONFIG_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// Checks a configured duration (a timeout, a TTL) named `name`: above zero and at most
+/// [`MAX_CONFIG_DURATION`].
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) naming the value.
+pub fn validate_duration(name: &str, value: Duration) -> Result<()> {
+    if value.is_zero() {
+        return Err(crate::Error::invalid_config(format!(
+            "{name} must be above zero"
+        )));
+    }
+    if value > MAX_CONFIG_DURATION {
+        return Err(crate::Error::invalid_config(format!(
+            "{name} must be at most {}, got {}",
+            humantime::format_duration(MAX_CONFIG_DURATION),
+            humantime::format_duration(value)
+        )));
+    }
+    Ok(())
+}
+
 /// A backend shared between clients and tasks.
 pub type SharedBackend = Arc<dyn LockBackend>;
 
@@ -587,5 +613,25 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         let _ = (key, seen);
         tokio::time::sleep(max_wait).await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configured_duration_is_above_zero_and_at_most_a_year() {
+        assert!(validate_duration("t", Duration::from_millis(1)).is_ok());
+        assert!(validate_duration("t", MAX_CONFIG_DURATION).is_ok());
+        for bad in [
+            Duration::ZERO,
+            MAX_CONFIG_DURATION + Duration::from_nanos(1),
+            Duration::MAX,
+        ] {
+            let error = validate_duration("redis.node_timeout", bad).unwrap_err();
+            assert_eq!(error.kind(), crate::ErrorKind::InvalidConfig, "{bad:?}");
+            assert!(error.message().contains("redis.node_timeout"), "{error}");
+        }
     }
 }
