@@ -31,18 +31,16 @@ if held then
 end
 if queued then
   local now = now_ms()
-  local head = live_head(KEYS[3], KEYS[4], now)
+  local head, expiry, digest, inbox = pop_live_head(KEYS[3], KEYS[4], now)
   if head and head ~= owner then
     -- A holder that expired left the lock to the queue, not to whoever asks first.
-    local life = hand_over(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4])
+    local life = grant_to(KEYS[1], KEYS[2], ARGV[3], ARGV[4], now, head, expiry, digest, inbox)
     if ARGV[5] == '1' then
       enqueue(KEYS[3], KEYS[4], owner, ARGV[2], ARGV[6], ARGV[7], ARGV[8], now)
     end
     return {0, life}
   end
-  if head then
-    leave(KEYS[3], KEYS[4], owner)
-  end
+  -- The caller was the first live waiter, or nobody was: taken out of the queue either way.
 end
 local token = next_token(KEYS[2], ARGV[2], ARGV[3], ARGV[4])
 redis.call('SET', KEYS[1], owner .. ':' .. string.format('%d', token), 'PX', ARGV[2])

@@ -4,8 +4,9 @@
 -- each acquisition began, which orders every node's queue alike), and a HASH of each one's
 -- entry, `expiry digest inbox`: when the entry lapses (ms by this server's clock; each
 -- attempt of its waiter renews it for one TTL), the waiter's owner digest, and the pub/sub
--- channel its grant is announced on. Both keys live as long as their longest entry, and go
--- with the last one.
+-- channel its grant is announced on. Both keys live at least as long as their longest entry
+-- (at most two TTLs, so that a steady queue rarely pays for their expiry), and go with the
+-- last one.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,9 +30,15 @@ local function next_token(fence, ttl, fence_ttl, proposed)
     local now = redis.call('TIME')
     clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
   end
-  local token = math.max((tonumber(redis.call('GET', fence)) or 0) + 1, clock)
-  redis.call('SET', fence, string.format('%d', token), 'PX', math.max(tonumber(ttl), tonumber(fence_ttl)))
-  return token
+  local life = math.max(tonumber(ttl), tonumber(fence_ttl))
+  -- The clock is nearly always ahead of the counter: written with the counter's old value
+  -- read in the same call, and written again in the rare case it was not ahead.
+  local counter = tonumber(redis.call('SET', fence, string.format('%d', clock), 'PX', life, 'GET'))
+  if counter and counter >= clock then
+    clock = counter + 1
+    redis.call('SET', fence, string.format('%d', clock), 'PX', life)
+  end
+  return clock
 end
 
 -- Takes `owner`'s entry out of the queue (Redis deletes a key whose last member goes).
@@ -52,20 +59,23 @@ local function enqueue(queue, entries, owner, ttl, digest, inbox, turn, now)
   end
   redis.call('HSET', entries, owner, string.format('%d', now + ttl) .. ' ' .. digest .. ' ' .. inbox)
   if redis.call('PTTL', queue) < tonumber(ttl) then
-    redis.call('PEXPIRE', queue, ttl)
-    redis.call('PEXPIRE', entries, ttl)
+    redis.call('PEXPIRE', queue, 2 * ttl)
+    redis.call('PEXPIRE', entries, 2 * ttl)
   end
 end
 
--- The first waiter whose entry has not lapsed (lapsed ones ahead of it are removed), with
--- its entry's expiry, digest and inbox; nil when there is none.
-local function live_head(queue, entries, now)
+-- Takes the first waiter whose entry has not lapsed out of the queue (lapsed ones ahead of it
+-- go too), and answers it with its entry's expiry, digest and inbox; nil when there is none.
+local function pop_live_head(queue, entries, now)
   for _ = 1, 100 do
+    -- ZRANGE and ZREM rather than ZPOPMIN: the ACL of README.md's lockkit user has no
+    -- ZPOPMIN, and would refuse every release.
     local first = redis.call('ZRANGE', queue, 0, 0)[1]
     if not first then
       return nil
     end
     local entry = redis.call('HGET', entries, first)
+    leave(queue, entries, first)
     if entry then
       local expiry, digest, inbox = string.match(entry, '^(%d+) (%S+) (%S*)$')
       expiry = tonumber(expiry)
@@ -73,29 +83,34 @@ local function live_head(queue, entries, now)
         return first, expiry, digest, inbox
       end
     end
-    leave(queue, entries, first)
   end
   return nil
 end
 
--- Grants the free lock to the first live waiter, for what is left of its entry (so a grant
--- to a waiter that left ends when its entry would have), with a token from `proposed` (see
+-- Grants the free lock to `head` (taken out of the queue at `now` by `pop_live_head`, with
+-- its entry's expiry, digest and inbox) for what is left of its entry (so a grant to a waiter
+-- that left ends when its entry would have), with a token from `proposed` (see
 -- `next_token`), and announces it on the waiter's inbox as `digest:token`. Returns the
--- grant's life in ms, or nil when nobody waits.
-local function hand_over(lock, fence, queue, entries, fence_ttl, proposed)
-  local now = now_ms()
-  local head, expiry, digest, inbox = live_head(queue, entries, now)
-  if not head then
-    return nil
-  end
+-- grant's life in ms.
+local function grant_to(lock, fence, fence_ttl, proposed, now, head, expiry, digest, inbox)
   local life = expiry - now
   local token = next_token(fence, life, fence_ttl, proposed)
   redis.call('SET', lock, head .. ':' .. string.format('%d', token), 'PX', life)
-  leave(queue, entries, head)
   if inbox ~= '' then
     -- A denied announcement (an ACL without the inbox channels) must not fail the release:
     -- the waiter then finds the lock its own at its next attempt.
     redis.pcall('PUBLISH', inbox, digest .. ':' .. string.format('%d', token))
   end
   return life
+end
+
+-- Grants the free lock to the first live waiter (see `grant_to`). Returns the grant's life in
+-- ms, or nil when nobody waits.
+local function hand_over(lock, fence, queue, entries, fence_ttl, proposed)
+  local now = now_ms()
+  local head, expiry, digest, inbox = pop_live_head(queue, entries, now)
+  if not head then
+    return nil
+  end
+  return grant_to(lock, fence, fence_ttl, proposed, now, head, expiry, digest, inbox)
 end
