@@ -135,6 +135,8 @@ fn a_terminal_ctrl_c_reaches_the_command_once() {
     let slave = || Stdio::from(pty.slave.try_clone().unwrap());
     let mut lockkit = std::process::Command::new("setsid")
         .arg("--ctty")
+        .arg("env")
+        .args(cli_env::DEFAULT_SIGNALS)
         .arg(env!("CARGO_BIN_EXE_lockkit"))
         .args(["run", "tty", "--", "sh", "-c", &counting_script(&env)])
         .env_remove("LOCKKIT_CONFIG")

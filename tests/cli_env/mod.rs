@@ -32,6 +32,13 @@ macro_rules! on_every_server {
     };
 }
 
+/// Arguments of `env` that start a program with SIGINT and SIGQUIT at their defaults. A test
+/// run started in the background by a non-interactive shell (`cargo test &` in a script)
+/// inherits both ignored, and an ignored signal stays ignored across `exec`: the commands
+/// `lockkit run` starts could not be interrupted, and the signal tests would test that
+/// instead. (Resetting them in this process would take `unsafe`, which the workspace forbids.)
+pub(crate) const DEFAULT_SIGNALS: &[&str] = &["--default-signal=INT,QUIT"];
+
 /// A `lockkit` process of a test, killed (and its command with it) if the test ends first.
 pub(crate) struct Process(pub(crate) Child);
 
@@ -92,9 +99,13 @@ impl Env {
         }
     }
 
+    /// The `lockkit` binary with the test's backend and namespace, started with SIGINT and
+    /// SIGQUIT at their defaults (see [`DEFAULT_SIGNALS`]).
     pub(crate) fn lockkit(&self) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_lockkit"));
+        let mut command = Command::new("env");
         command
+            .args(DEFAULT_SIGNALS)
+            .arg(env!("CARGO_BIN_EXE_lockkit"))
             .env_remove("LOCKKIT_CONFIG")
             .env_remove("RUST_LOG")
             .env("LOCKKIT_URL", &self.url)
