@@ -130,6 +130,14 @@ impl LockOptions {
                 "lock.backoff_min must be above zero and at most lock.backoff_max",
             ));
         }
+        crate::backend::validate_duration("lock.backoff_max", self.backoff_max)?;
+        if self.error_budget > crate::backend::MAX_CONFIG_DURATION {
+            return Err(Error::invalid_config(format!(
+                "lock.error_budget must be at most {}, got {}",
+                humantime::format_duration(crate::backend::MAX_CONFIG_DURATION),
+                humantime::format_duration(self.error_budget)
+            )));
+        }
         if !(0.0..0.5).contains(&self.clock_drift_factor) {
             return Err(Error::invalid_config(format!(
                 "lock.clock_drift_factor must be in [0, 0.5), got {}",
@@ -176,6 +184,12 @@ mod tests {
                 .to_string()
                 .contains("backoff_min")
         );
+        let endless = LockOptions::default().with_backoff(Duration::from_millis(1), Duration::MAX);
+        let message = endless.validate().unwrap_err().to_string();
+        assert!(message.contains("lock.backoff_max"), "{message}");
+        let budget = LockOptions::default().with_error_budget(Duration::MAX);
+        let message = budget.validate().unwrap_err().to_string();
+        assert!(message.contains("lock.error_budget"), "{message}");
         let drift = LockOptions::default().with_clock_drift_factor(0.7);
         assert!(
             drift

@@ -177,8 +177,8 @@ impl EtcdConfig {
             ));
         }
         for (name, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
+            ("[etcd] connect_timeout", self.connect_timeout),
+            ("[etcd] request_timeout", self.request_timeout),
         ] {
             lockkit_core::backend::validate_duration(name, value)?;
         }

@@ -270,8 +270,9 @@ impl ZkConfig {
             ));
         }
         for (name, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
+            ("[zk] connect_timeout", self.connect_timeout),
+            ("[zk] request_timeout", self.request_timeout),
+            ("[zk] session_timeout", self.session_timeout),
         ] {
             lockkit_core::backend::validate_duration(name, value)?;
         }
@@ -476,5 +477,24 @@ mod tests {
             ..ZkConfig::default()
         };
         assert!(config.validate().is_err());
+        for (field, config) in [
+            (
+                "[zk] session_timeout",
+                ZkConfig {
+                    session_timeout: Duration::MAX,
+                    ..ZkConfig::default()
+                },
+            ),
+            (
+                "[zk] request_timeout",
+                ZkConfig {
+                    request_timeout: Duration::ZERO,
+                    ..ZkConfig::default()
+                },
+            ),
+        ] {
+            let message = config.validate().expect_err(field).to_string();
+            assert!(message.contains(field), "{message}");
+        }
     }
 }
