@@ -43,8 +43,8 @@ const INSTANCES: usize = 5;
 
 /// Per tick, what ran it: the instance, and the term it led in (elected mode).
 type Runs = Arc<Mutex<BTreeMap<usize, Vec<(usize, Option<u64>)>>>>;
-/// The leader changes an observer saw, with their time from the first tick in seconds.
-type Observed = Arc<Mutex<Vec<(f64, Option<Leader>)>>>;
+/// The leader changes an observer saw, with when it saw them.
+type Observed = Arc<Mutex<Vec<(Instant, Option<Leader>)>>>;
 /// Per tick, the failed calls.
 type Errors = Arc<Mutex<BTreeMap<usize, Vec<String>>>>;
 
@@ -120,17 +120,17 @@ async fn main() -> lockkit::Result<()> {
             lockkit::connect(&config).await?
         });
     }
-    let schedule = Schedule {
-        start: Instant::now() + Duration::from_millis(200),
-        period,
-        ticks,
-    };
-    eprintln!("{INSTANCES} instances connected; the first tick fires in 200 ms");
     let runs = Runs::default();
     let errors = Errors::default();
     let report = if elected {
-        elected_scheduler(clients, schedule, &runs, &errors).await?
+        elected_scheduler(clients, ticks, period, &runs, &errors).await?
     } else {
+        let schedule = Schedule {
+            start: Instant::now() + Duration::from_millis(200),
+            period,
+            ticks,
+        };
+        eprintln!("{INSTANCES} instances connected; the first tick fires in 200 ms");
         per_tick_locks(clients, schedule, &runs, &errors).await?
     };
     let runs = runs.lock().unwrap_or_else(PoisonError::into_inner);
@@ -221,11 +221,14 @@ async fn per_tick_locks(
     Ok(String::new())
 }
 
-/// Every instance campaigns; the leader runs the ticks while it leads. The leader is killed
-/// after the middle tick; returns the leader changes an observer saw.
+/// Every instance campaigns; the leader runs the ticks while it leads. The schedule starts a
+/// period after an observer first sees a leader (a first election can take longer than a
+/// period on a loaded machine, and a tick before anyone leads would run nowhere). The leader
+/// is killed after the middle tick; returns the leader changes the observer saw.
 async fn elected_scheduler(
     mut clients: Vec<LockClient>,
-    schedule: Schedule,
+    ticks: usize,
+    period: Duration,
     runs: &Runs,
     errors: &Errors,
 ) -> lockkit::Result<String> {
@@ -233,6 +236,7 @@ async fn elected_scheduler(
     let Some(watcher) = watcher else {
         return Ok(String::new());
     };
+    let (started, mut start) = tokio::sync::watch::channel(None::<Schedule>);
     let observed: Observed = Arc::default();
     let observer = tokio::spawn({
         let (observed, watcher) = (observed.clone(), watcher.clone());
@@ -242,11 +246,20 @@ async fn elected_scheduler(
             while let Some(change) = changes.next().await {
                 // An error is shown as the tick's error by the instances; the stream goes on.
                 if let Ok(leader) = change {
-                    let at = schedule.since_first_tick(Instant::now());
+                    let now = Instant::now();
+                    if leader.is_some() && started.borrow().is_none() {
+                        let schedule = Schedule {
+                            start: now + period,
+                            period,
+                            ticks,
+                        };
+                        eprintln!("a leader is elected; the first tick fires in {period:?}");
+                        started.send_replace(Some(schedule));
+                    }
                     observed
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .push((at, leader));
+                        .push((now, leader));
                 }
             }
         }
@@ -255,15 +268,17 @@ async fn elected_scheduler(
     let mut kill_switches = Vec::new();
     for (instance, locks) in clients.iter().enumerate() {
         // A pause after a lost leadership as long as a tick: another instance takes over.
-        let election = locks
-            .election("scheduler")?
-            .with_retry_pause(schedule.period);
-        let (runs, errors) = (runs.clone(), errors.clone());
+        let election = locks.election("scheduler")?.with_retry_pause(period);
+        let (runs, errors, start) = (runs.clone(), errors.clone(), start.clone());
         kill_switches.push(instances.spawn(async move {
             let campaigned = election
                 .run_as_leader(format!("instance-{instance}"), |leadership| {
                     let runs = runs.clone();
+                    let mut start = start.clone();
                     async move {
+                        let Some(schedule) = started_schedule(&mut start).await else {
+                            return;
+                        };
                         // The ticks due from the moment this instance leads.
                         let now = Instant::now();
                         let first = (0..schedule.ticks).find(|&t| schedule.at(t) >= now);
@@ -283,13 +298,17 @@ async fn elected_scheduler(
             if let Err(e) = campaigned {
                 record(
                     &errors,
-                    schedule.ticks.saturating_sub(1),
+                    ticks.saturating_sub(1),
                     format!("instance {instance}: {}", failed::describe(&e)),
                 );
             }
         }));
     }
 
+    let Some(schedule) = started_schedule(&mut start).await else {
+        record(errors, 0, "nobody led within 30 s".to_owned());
+        return Ok(String::new());
+    };
     // Just after the middle tick ran: the next one has most of a period to take over.
     let kill_after = schedule.ticks / 2 - 1;
     tokio::time::sleep_until((schedule.at(kill_after) + schedule.period / 4).into()).await;
@@ -343,6 +362,7 @@ async fn elected_scheduler(
     let observed = observed.lock().unwrap_or_else(PoisonError::into_inner);
     let mut report = format!("{killed_line}\nthe leader changes an observer saw:\n");
     for (at, leader) in observed.iter() {
+        let at = schedule.since_first_tick(*at);
         let state = match leader {
             Some(leader) => format!("{leader}"),
             None => "nobody leads".to_owned(),
@@ -361,4 +381,15 @@ async fn elected_scheduler(
         );
     }
     Ok(report)
+}
+
+/// The schedule, once the observer has seen a first leader; `None` if nobody led within 30 s.
+async fn started_schedule(
+    start: &mut tokio::sync::watch::Receiver<Option<Schedule>>,
+) -> Option<Schedule> {
+    let started = tokio::time::timeout(Duration::from_secs(30), start.wait_for(Option::is_some));
+    match started.await {
+        Ok(Ok(schedule)) => *schedule,
+        _ => None,
+    }
 }
