@@ -25,7 +25,7 @@ use crate::capabilities::Support;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{LostSignal, MutexGuard};
 use crate::key::LockKey;
-use crate::mutex::Mutex;
+use crate::mutex::{Mutex, validity_floor};
 use crate::options::LockOptions;
 use crate::token::FencingToken;
 
@@ -241,14 +241,24 @@ impl Election {
     }
 
     /// Proclaims the first value of a fresh grant. `None` when the grant was already gone, or
-    /// its validity ran out while the proclamation was on its way.
+    /// its validity ran out (or all but ran out) while the proclamation was on its way.
     async fn proclaim_first(&self, guard: MutexGuard, value: &str) -> Result<Option<Leadership>> {
         // A failed or dropped proclamation drops the guard, which releases the grant in the
         // background (and the value with it, wherever it landed).
+        // What the grant promised (at least the mutex's own floor: it was accepted).
+        let floor = validity_floor(guard.remaining());
         if self.backend().proclaim(guard.lease(), value).await? {
             // A proclamation slower than the grant's validity (a consensus cluster electing
-            // its own leader meanwhile) returns a leadership nobody can vouch for any more.
-            if !guard.is_lost() {
+            // its own leader meanwhile) leaves a leadership nobody can vouch for any more, or
+            // one whose lost signal would fire before the leader's first step: as a mutex
+            // does with a late grant, it is confirmed by a renewal or given back.
+            if guard.remaining() < floor
+                && !guard.is_lost()
+                && let Err(e) = guard.extend().await
+            {
+                tracing::debug!(key = %self.key(), error = %e.display_chain(), "a leadership proclaimed too late could not be renewed; campaigning again");
+            }
+            if !guard.is_lost() && guard.remaining() >= floor {
                 return Ok(Some(Leadership {
                     guard,
                     value: StdMutex::new(value.to_owned()),

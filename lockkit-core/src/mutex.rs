@@ -231,7 +231,7 @@ pub(crate) async fn acquire(
 /// before the caller's first step under it: a lock it never really had (once seen with 0.3 ms
 /// left, granted right after an etcd leader's crash). With a tenth, the renewal scheduler
 /// (due after a third of a grant's validity) still has most of that tenth for a renewal.
-fn validity_floor(promised: Duration) -> Duration {
+pub(crate) fn validity_floor(promised: Duration) -> Duration {
     promised / 10
 }
 
