@@ -225,7 +225,13 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("etcd", ETCD_FIELDS),
 ];
 /// Fields that `LOCKKIT_*` variables set to their text as it is, never parsed as TOML.
-const VERBATIM_FIELDS: &[&str] = &["username", "user", "password"];
+const VERBATIM_FIELDS: &[&str] = &[
+    "username",
+    "user",
+    "password",
+    "sentinel_username",
+    "sentinel_password",
+];
 /// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
 const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
 /// Fields of the `[zk]` table.
@@ -261,11 +267,15 @@ const LOCK_FIELDS: &[&str] = &[
 const REDIS_FIELDS: &[&str] = &[
     "hosts",
     "sentinel_master",
+    "sentinel_username",
+    "sentinel_password",
     "db",
     "username",
     "password",
     "tls",
     "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
     "connect_timeout",
     "response_timeout",
     "notifications",
@@ -282,6 +292,8 @@ const REDLOCK_FIELDS: &[&str] = &[
     "password",
     "tls",
     "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
     "connect_timeout",
     "node_timeout",
     "max_hold",

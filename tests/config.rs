@@ -338,6 +338,18 @@ mod redis {
         assert_eq!(redis.response_timeout, Duration::from_millis(250));
         assert!(!format!("{config:?}").contains(":pw@"));
 
+        // The Sentinels' own credentials: from variables, taken as they are.
+        let config = LockkitConfig::load_from(vars(&[
+            ("LOCKKIT_URL", "redis+sentinel://10.0.0.1/orders"),
+            ("LOCKKIT_REDIS_SENTINEL_USERNAME", "sentinel-user"),
+            ("LOCKKIT_REDIS_SENTINEL_PASSWORD", "123456"),
+        ]))
+        .expect("sentinel credentials from variables");
+        let redis = config.redis_config().expect("merged");
+        assert_eq!(redis.sentinel_username.as_deref(), Some("sentinel-user"));
+        assert_eq!(redis.sentinel_password.as_deref(), Some("123456"));
+        assert!(!format!("{config:?}").contains("123456"));
+
         let config = LockkitConfig::load_from(vars(&[
             ("LOCKKIT_BACKEND", "redlock"),
             ("LOCKKIT_REDLOCK_NODES", r#"["a:1", "b:2", "c:3"]"#),

@@ -17,7 +17,7 @@ use lockkit_core::{
 use redis::Value;
 
 use crate::config::{RedisConfig, parse_host};
-use crate::connection::{Dialer, Epoch, Primary};
+use crate::connection::{Dialer, Epoch, Primary, Sentinels};
 use crate::error::{BACKEND, unexpected};
 use crate::listing;
 use crate::notify::Refusal;
@@ -76,6 +76,10 @@ impl RedisBackend {
             db: config.db,
             tls: config.tls,
             tls_ca: Dialer::read_ca(config.tls_ca_file.as_deref())?,
+            tls_identity: Dialer::read_identity(
+                config.tls_cert_file.as_deref(),
+                config.tls_key_file.as_deref(),
+            )?,
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
         };
@@ -84,10 +88,16 @@ impl RedisBackend {
             .iter()
             .map(|h| parse_host(h))
             .collect::<Result<Vec<_>>>()?;
-        let sentinel_master = config.sentinel_master.clone();
+        let sentinels = config.sentinel_master.clone().map(|master| Sentinels {
+            hosts: hosts.clone(),
+            master,
+            username: config.sentinel_username.clone(),
+            password: config.sentinel_password.clone(),
+            next: AtomicUsize::new(0),
+        });
         let primary = lockkit_core::backend::runtime::run(async move {
-            match sentinel_master {
-                Some(master) => Primary::sentinel(dialer, hosts, master).await,
+            match sentinels {
+                Some(sentinels) => Primary::sentinel(dialer, sentinels).await,
                 None => {
                     let addr = hosts
                         .into_iter()

@@ -20,7 +20,8 @@ const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// - `rediss://...`: the same over TLS (cargo feature `tls`);
 /// - `redis+sentinel://[user:password@]s1[:port],s2,s3/master-name[/db]`: the primary that the
 ///   Sentinels `s1..` (port 26379 by default) know as `master-name`. The user and password are
-///   those of the Redis servers; the Sentinels are asked without credentials.
+///   those of the Redis servers; the Sentinels' own are `sentinel_username` and
+///   `sentinel_password`, which a URL does not carry.
 ///
 /// In TOML, the `[redis]` table of the `lockkit` configuration. Every field is optional and
 /// defaults as documented; unknown fields are errors.
@@ -33,6 +34,13 @@ pub struct RedisConfig {
     /// When set, `hosts` are Sentinels and the lock server is the primary they know by this
     /// name (tier `replicated`). Default: unset (one server, tier `single`).
     pub sentinel_master: Option<String>,
+    /// The ACL user the Sentinels are asked as (Sentinels with their own ACLs). Default:
+    /// unset (the `default` user).
+    pub sentinel_username: Option<String>,
+    /// The password of the Sentinels themselves (their `requirepass` or the
+    /// `sentinel_username`'s), not the Redis servers'. Default: unset (asked without
+    /// credentials). Never logged or shown by `Debug`.
+    pub sentinel_password: Option<String>,
     /// The logical database. Default: 0.
     pub db: i64,
     /// The ACL user. Default: unset (the `default` user).
@@ -44,6 +52,12 @@ pub struct RedisConfig {
     /// A PEM file with the CA certificate(s) to trust for TLS instead of the system's roots.
     /// Default: unset.
     pub tls_ca_file: Option<PathBuf>,
+    /// A PEM file with the client certificate (chain) to present for mutual TLS, with
+    /// `tls_key_file`; with Sentinel, to the Sentinels too. Default: unset.
+    pub tls_cert_file: Option<PathBuf>,
+    /// A PEM file with the private key of `tls_cert_file`. Default: unset. Its contents are
+    /// never logged or shown by `Debug`.
+    pub tls_key_file: Option<PathBuf>,
     /// How long connecting may take. Default: 1s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -80,11 +94,15 @@ impl Default for RedisConfig {
         RedisConfig {
             hosts: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
             sentinel_master: None,
+            sentinel_username: None,
+            sentinel_password: None,
             db: 0,
             username: None,
             password: None,
             tls: false,
             tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             notifications: true,
@@ -218,6 +236,14 @@ impl RedisConfig {
                 "redis.tls (or rediss://) needs the cargo feature `tls` of lockkit-redis",
             ));
         }
+        validate_client_identity("redis", self.tls, &self.tls_cert_file, &self.tls_key_file)?;
+        if self.sentinel_master.is_none()
+            && (self.sentinel_username.is_some() || self.sentinel_password.is_some())
+        {
+            return Err(Error::invalid_config(
+                "redis.sentinel_username and redis.sentinel_password are for Sentinels: set sentinel_master (or use a redis+sentinel:// URL)",
+            ));
+        }
         Ok(())
     }
 }
@@ -227,11 +253,18 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("hosts", &self.hosts)
             .field("sentinel_master", &self.sentinel_master)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
             .field("db", &self.db)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("notifications", &self.notifications)
@@ -264,6 +297,12 @@ pub struct RedlockConfig {
     /// A PEM file with the CA certificate(s) to trust for TLS instead of the system's roots.
     /// Default: unset.
     pub tls_ca_file: Option<PathBuf>,
+    /// A PEM file with the client certificate (chain) to present to every node for mutual
+    /// TLS, with `tls_key_file`. Default: unset.
+    pub tls_cert_file: Option<PathBuf>,
+    /// A PEM file with the private key of `tls_cert_file`. Default: unset. Its contents are
+    /// never logged or shown by `Debug`.
+    pub tls_key_file: Option<PathBuf>,
     /// How long connecting to one node may take. Default: 1s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -298,6 +337,8 @@ impl Default for RedlockConfig {
             password: None,
             tls: false,
             tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             connect_timeout: Duration::from_secs(1),
             node_timeout: Duration::from_millis(100),
             max_hold: None,
@@ -386,7 +427,7 @@ impl RedlockConfig {
                 "redlock.tls needs the cargo feature `tls` of lockkit-redis",
             ));
         }
-        Ok(())
+        validate_client_identity("redlock", self.tls, &self.tls_cert_file, &self.tls_key_file)
     }
 }
 
@@ -398,12 +439,35 @@ impl fmt::Debug for RedlockConfig {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .field("connect_timeout", &self.connect_timeout)
             .field("node_timeout", &self.node_timeout)
             .field("max_hold", &self.max_hold)
             .field("fence_ttl", &self.fence_ttl)
             .field("allow_eviction", &self.allow_eviction)
             .finish()
+    }
+}
+
+/// A client certificate needs its key (and the key its certificate), and both need TLS: a
+/// half-configured mutual TLS would otherwise connect without it, or not at all, with a
+/// less helpful error from the server.
+fn validate_client_identity(
+    table: &str,
+    tls: bool,
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+) -> Result<()> {
+    match (cert, key) {
+        (None, None) => Ok(()),
+        (Some(_), None) | (None, Some(_)) => Err(Error::invalid_config(format!(
+            "{table}.tls_cert_file and {table}.tls_key_file go together (mutual TLS needs both)"
+        ))),
+        (Some(_), Some(_)) if !tls => Err(Error::invalid_config(format!(
+            "{table}.tls_cert_file is set but TLS is off: set {table}.tls (or use rediss://)"
+        ))),
+        (Some(_), Some(_)) => Ok(()),
     }
 }
 

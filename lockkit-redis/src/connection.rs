@@ -26,8 +26,19 @@ pub(crate) struct Dialer {
     /// PEM CA certificates to trust instead of the system's roots.
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     pub(crate) tls_ca: Option<Arc<Vec<u8>>>,
+    /// The client certificate and key for mutual TLS.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) tls_identity: Option<Arc<ClientIdentity>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+}
+
+/// A client certificate (chain) and its private key, PEM. `Debug` shows neither.
+pub(crate) struct ClientIdentity {
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    cert: Vec<u8>,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    key: Vec<u8>,
 }
 
 impl Dialer {
@@ -64,13 +75,40 @@ impl Dialer {
         .transpose()
     }
 
-    /// A client for `info`, trusting the configured CA for TLS.
+    /// Reads the client certificate and key named in the configuration, if any (the
+    /// configuration's validation has checked they come together).
+    pub(crate) fn read_identity(
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Option<Arc<ClientIdentity>>> {
+        let read = |field: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| {
+                Error::invalid_config(format!("cannot read {field} {}: {e}", path.display()))
+            })
+        };
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(Arc::new(ClientIdentity {
+                cert: read("tls_cert_file", cert)?,
+                key: read("tls_key_file", key)?,
+            }))),
+            _ => Ok(None),
+        }
+    }
+
+    /// A client for `info`, trusting the configured CA for TLS and presenting the configured
+    /// client certificate.
     pub(crate) fn client(&self, info: ConnectionInfo) -> Result<Client> {
         #[cfg(feature = "tls")]
-        if let (true, Some(ca)) = (self.tls, &self.tls_ca) {
+        if self.tls && (self.tls_ca.is_some() || self.tls_identity.is_some()) {
             let certificates = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(ca.to_vec()),
+                client_tls: self
+                    .tls_identity
+                    .as_ref()
+                    .map(|identity| redis::ClientTlsConfig {
+                        client_cert: identity.cert.clone(),
+                        client_key: identity.key.clone(),
+                    }),
+                root_cert: self.tls_ca.as_ref().map(|ca| ca.to_vec()),
             };
             return Client::build_with_tls(info, certificates)
                 .map_err(|e| from_redis(self.backend, e));
@@ -221,11 +259,14 @@ pub(crate) struct Epoch {
     pub(crate) notifier: Notifier,
 }
 
-struct Sentinels {
-    hosts: Vec<(String, u16)>,
-    master: String,
+pub(crate) struct Sentinels {
+    pub(crate) hosts: Vec<(String, u16)>,
+    pub(crate) master: String,
+    /// The Sentinels' own credentials (not the Redis servers').
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
     /// Which Sentinel to ask first next time.
-    next: AtomicUsize,
+    pub(crate) next: AtomicUsize,
 }
 
 /// Re-resolving the primary more often than this does not find a failover faster.
@@ -238,17 +279,8 @@ impl Primary {
         Ok(Primary::new(dialer, None, epoch))
     }
 
-    /// Asks the Sentinels `hosts` for the primary named `master` and connects to it.
-    pub(crate) async fn sentinel(
-        dialer: Dialer,
-        hosts: Vec<(String, u16)>,
-        master: String,
-    ) -> Result<Self> {
-        let sentinels = Sentinels {
-            hosts,
-            master,
-            next: AtomicUsize::new(0),
-        };
+    /// Asks the Sentinels for the primary they know by their master name and connects to it.
+    pub(crate) async fn sentinel(dialer: Dialer, sentinels: Sentinels) -> Result<Self> {
         let addr = sentinels.resolve(&dialer).await?;
         let epoch = Epoch::open(&dialer, addr).await?;
         Ok(Primary::new(dialer, Some(sentinels), epoch))
@@ -464,8 +496,8 @@ impl Sentinels {
 
     async fn ask(&self, dialer: &Dialer, host: &str, port: u16) -> Result<(String, u16)> {
         let sentinel = Dialer {
-            username: None,
-            password: None,
+            username: self.username.clone(),
+            password: self.password.clone(),
             db: 0,
             ..dialer.clone()
         };

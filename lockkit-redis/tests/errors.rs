@@ -94,6 +94,26 @@ async fn invalid_configurations_are_refused_before_connecting() {
         ("bad host", |c| c.hosts = vec!["no-port".into()]),
         ("zero timeout", |c| c.response_timeout = Duration::ZERO),
         ("negative database", |c| c.db = -1),
+        ("a Sentinel password without Sentinel", |c| {
+            c.sentinel_password = Some("pw".into())
+        }),
+        ("a client certificate without its key", |c| {
+            c.tls = true;
+            c.tls_cert_file = Some("client.pem".into());
+        }),
+        ("a client key without its certificate", |c| {
+            c.tls = true;
+            c.tls_key_file = Some("client.key".into());
+        }),
+        ("a client certificate without TLS", |c| {
+            c.tls_cert_file = Some("client.pem".into());
+            c.tls_key_file = Some("client.key".into());
+        }),
+        ("a client certificate that cannot be read", |c| {
+            c.tls = true;
+            c.tls_cert_file = Some("/nonexistent/client.pem".into());
+            c.tls_key_file = Some("/nonexistent/client.key".into());
+        }),
     ];
     for (what, break_it) in cases {
         let mut config = RedisConfig::default();
@@ -130,7 +150,9 @@ fn passwords_stay_out_of_debug_output() {
     assert!(!format!("{config:?}").contains("s3cr3t-pw"));
     let config = RedlockConfig::from_url("redlock://:s3cr3t-pw@a,b,c").unwrap();
     assert!(!format!("{config:?}").contains("s3cr3t-pw"));
-    let sentinel = RedisConfig::from_url("redis+sentinel://s1,s2:1234/primary/3").unwrap();
+    let mut sentinel = RedisConfig::from_url("redis+sentinel://s1,s2:1234/primary/3").unwrap();
+    sentinel.sentinel_password = Some("s3nt1nel-pw".into());
+    assert!(!format!("{sentinel:?}").contains("s3nt1nel-pw"));
     assert_eq!(sentinel.hosts, ["s1:26379", "s2:1234"]);
     assert_eq!(sentinel.sentinel_master.as_deref(), Some("primary"));
     assert_eq!(sentinel.db, 3);
@@ -152,6 +174,39 @@ async fn unknown_sentinel_master_is_invalid_config() {
     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     assert!(!err.is_retryable());
     assert!(err.message().contains("no-such-master"), "{err}");
+}
+
+/// The Sentinels are asked with their own credentials: an ACL user made on every Sentinel
+/// of the group is accepted with its password and refused (`Auth`, not an outage to retry)
+/// with another.
+#[tokio::test]
+async fn sentinels_are_asked_with_their_own_credentials() {
+    let Some(harness) = common::sentinel().await else {
+        return;
+    };
+    let common::Topology::Sentinel(config) = &harness.topology else {
+        panic!("the sentinel harness runs on Sentinel");
+    };
+    let name = format!("lk-sentinel-{:08x}", rand::random::<u32>());
+    let password = format!("pw-{:032x}", rand::random::<u128>());
+    let users = common::SentinelUser::create(&config.hosts, &name, &password).await;
+
+    let mut asked = config.clone();
+    asked.sentinel_username = Some(name.clone());
+    asked.sentinel_password = Some(password.clone());
+    let backend = RedisBackend::connect(asked.clone())
+        .await
+        .expect("the Sentinels accept their user");
+    let locks = lockkit_core::LockClient::new(backend);
+    let guard = locks.mutex("sentinel-auth").unwrap().lock().await.unwrap();
+    assert!(guard.release().await.unwrap());
+
+    asked.sentinel_password = Some(format!("{password}-wrong"));
+    let err = RedisBackend::connect(asked).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(!err.to_string().contains(&password), "{err}");
+    drop(users);
 }
 
 /// A user without `SUBSCRIBE` still gets its locks: waiters fall back to polling.

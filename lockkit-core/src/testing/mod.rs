@@ -200,8 +200,9 @@ pub fn endpoint(var: &str) -> Option<String> {
 
 /// Certificates for TLS tests, made with the `openssl` command in `dir`: a CA (`ca.pem`,
 /// `ca.key`), a server certificate it signed for `127.0.0.1` and `localhost` (`server.pem`,
-/// `server.key`), and `other.pem`, a CA that signed nothing. Nothing is committed: every run
-/// makes its own. `None`, after [`backend_missing`], when `openssl` is not installed.
+/// `server.key`), a client certificate it signed for mutual TLS (`client.pem`, `client.key`),
+/// and `other.pem`, a CA that signed nothing (`other.key`: a key that belongs to no
+/// certificate the CA signed). Nothing is committed: every run makes its own. `None`, after [`backend_missing`], when `openssl` is not installed.
 ///
 /// # Panics
 /// When `dir` cannot be written or `openssl` fails.
@@ -217,7 +218,9 @@ pub fn tls_certificates(dir: &std::path::Path) -> Option<()> {
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
     )
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let steps: [&[&str]; 4] = [
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let steps: [&[&str]; 6] = [
         &[
             "req",
             "-x509",
@@ -261,6 +264,35 @@ pub fn tls_certificates(dir: &std::path::Path) -> Option<()> {
             "1",
             "-extfile",
             "san.ext",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "client.key",
+            "-out",
+            "client.csr",
+            "-subj",
+            "/CN=lockkit-test-client",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "client.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "client.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "client.ext",
         ],
         &[
             "req",

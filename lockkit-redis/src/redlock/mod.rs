@@ -153,6 +153,10 @@ impl RedlockBackend {
             db: 0,
             tls: config.tls,
             tls_ca: Dialer::read_ca(config.tls_ca_file.as_deref())?,
+            tls_identity: Dialer::read_identity(
+                config.tls_cert_file.as_deref(),
+                config.tls_key_file.as_deref(),
+            )?,
             connect_timeout: config.connect_timeout,
             response_timeout: config.node_timeout,
         };

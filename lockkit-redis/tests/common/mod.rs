@@ -367,3 +367,59 @@ impl Drop for AclUser {
         }
     }
 }
+
+/// An ACL user created on every Sentinel of a group for one test, with only what lockkit asks
+/// a Sentinel; deleted from each (with a blocking connection, so also when the test panics)
+/// when dropped.
+pub struct SentinelUser {
+    name: String,
+    sentinels: Vec<String>,
+}
+
+impl SentinelUser {
+    /// The one command lockkit sends a Sentinel: the primary's address.
+    pub const COMMANDS: &[&str] = &["+sentinel|get-master-addr-by-name"];
+
+    pub async fn create(sentinels: &[String], name: &str, password: &str) -> SentinelUser {
+        for sentinel in sentinels {
+            let mut admin = connect(sentinel).await.expect("admin connection");
+            let mut setuser = redis::cmd("ACL");
+            setuser
+                .arg("SETUSER")
+                .arg(name)
+                .arg("reset")
+                .arg("on")
+                .arg(format!(">{password}"))
+                .arg("-@all");
+            for command in Self::COMMANDS {
+                setuser.arg(*command);
+            }
+            let () = setuser
+                .query_async(&mut admin)
+                .await
+                .expect("ACL SETUSER on a Sentinel");
+        }
+        SentinelUser {
+            name: name.to_owned(),
+            sentinels: sentinels.to_vec(),
+        }
+    }
+}
+
+impl Drop for SentinelUser {
+    fn drop(&mut self) {
+        for sentinel in &self.sentinels {
+            let deleted = redis::Client::open(format!("redis://{sentinel}"))
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(2)))
+                .and_then(|mut con| {
+                    redis::cmd("ACL")
+                        .arg("DELUSER")
+                        .arg(&self.name)
+                        .query::<i64>(&mut con)
+                });
+            if let Err(e) = deleted {
+                eprintln!("could not delete the test Sentinel user {}: {e}", self.name);
+            }
+        }
+    }
+}
