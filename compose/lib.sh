@@ -29,12 +29,15 @@ LK_SENTINEL_PRIMARY_PORT=$((20010 + LK_OFF)) LK_SENTINEL_REPLICA_PORT=$((20011 +
 read -ra LK_SENTINEL_PORTS <<<"$(lk_shift 20020 20021 20022)"
 LK_SENTINEL_MASTER=lkprimary
 read -ra LK_REDLOCK_PORTS <<<"$(lk_shift 20031 20032 20033 20034 20035)"
+# Redis Cluster: 3 primaries + 3 replicas; the cluster bus on port + 100 (not Redis's + 10000, which
+# a large offset would push past 65535).
+read -ra LK_CLUSTER_PORTS <<<"$(lk_shift 20041 20042 20043 20044 20045 20046)"
 read -ra LK_ETCD_CLIENT_PORTS <<<"$(lk_shift 20101 20102 20103)"
 read -ra LK_ETCD_PEER_PORTS <<<"$(lk_shift 20111 20112 20113)"
 read -ra LK_ZK_CLIENT_PORTS <<<"$(lk_shift 20201 20202 20203)"
 read -ra LK_ZK_QUORUM_PORTS <<<"$(lk_shift 20211 20212 20213)"
 read -ra LK_ZK_ELECTION_PORTS <<<"$(lk_shift 20221 20222 20223)"
-LK_TOPOLOGIES="redis sentinel redlock etcd zk"
+LK_TOPOLOGIES="redis sentinel redlock redis-cluster etcd zk"
 
 lk_hostports() { local p out=''; for p; do out+=${out:+,}127.0.0.1:$p; done; echo "$out"; }
 LK_ETCD_ENDPOINTS=$(lk_hostports "${LK_ETCD_CLIENT_PORTS[@]}")
@@ -54,6 +57,7 @@ lk_members() { # TOPOLOGY -> its member names
     redis) echo redis ;;
     sentinel) echo sentinel-primary sentinel-replica sentinel-1 sentinel-2 sentinel-3 ;;
     redlock) echo redlock-1 redlock-2 redlock-3 redlock-4 redlock-5 ;;
+    redis-cluster) echo cluster-1 cluster-2 cluster-3 cluster-4 cluster-5 cluster-6 ;;
     etcd) echo etcd-1 etcd-2 etcd-3 ;;
     zk) echo zk-1 zk-2 zk-3 ;;
     *) return 1 ;;
@@ -64,6 +68,7 @@ lk_topology_of() { # NAME -> its topology; non-zero for an unknown name
     redis) echo redis ;;
     sentinel-primary | sentinel-replica | sentinel-[123]) echo sentinel ;;
     redlock-[1-5]) echo redlock ;;
+    cluster-[1-6]) echo redis-cluster ;;
     etcd-[123]) echo etcd ;;
     zk-[123]) echo zk ;;
     *) return 1 ;;
@@ -87,6 +92,7 @@ lk_port() { # NAME -> client port
     sentinel-replica) echo "$LK_SENTINEL_REPLICA_PORT" ;;
     sentinel-?) echo "${LK_SENTINEL_PORTS[i - 1]}" ;;
     redlock-?) echo "${LK_REDLOCK_PORTS[i - 1]}" ;;
+    cluster-?) echo "${LK_CLUSTER_PORTS[i - 1]}" ;;
     etcd-?) echo "${LK_ETCD_CLIENT_PORTS[i - 1]}" ;;
     zk-?) echo "${LK_ZK_CLIENT_PORTS[i - 1]}" ;;
     *) return 1 ;;
@@ -97,6 +103,7 @@ lk_ports() { # NAME -> every port it listens on
   case $1 in
     etcd-?) echo "${LK_ETCD_CLIENT_PORTS[i - 1]} ${LK_ETCD_PEER_PORTS[i - 1]}" ;;
     zk-?) echo "${LK_ZK_CLIENT_PORTS[i - 1]} ${LK_ZK_QUORUM_PORTS[i - 1]} ${LK_ZK_ELECTION_PORTS[i - 1]}" ;;
+    cluster-?) echo "${LK_CLUSTER_PORTS[i - 1]} $((LK_CLUSTER_PORTS[i - 1] + 100))" ;;
     *) lk_port "$1" ;;
   esac
 }
@@ -111,7 +118,7 @@ lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever i
   (($#)) || set -- $LK_TOPOLOGIES
   for t; do
     case $t in
-      redis | sentinel | redlock)
+      redis | sentinel | redlock | redis-cluster)
         command -v redis-server >/dev/null || need+=(redis-server)
         command -v redis-cli >/dev/null || need+=(redis-tools) ;;
       etcd)
@@ -291,6 +298,10 @@ appendonly no
 repl-diskless-sync-delay 0
 EOF
         [ "$name" != sentinel-replica ] || echo "replicaof 127.0.0.1 $LK_SENTINEL_PRIMARY_PORT"
+        # A replica takes over 1 s after its primary stops answering, however long it was
+        # cut off itself (validity factor 0): the failover tests need it to.
+        [[ $name != cluster-? ]] || printf '%s\n' "cluster-enabled yes" "cluster-config-file $dir/nodes.conf" \
+          "cluster-port $((port + 100))" "cluster-node-timeout 1000" "cluster-replica-validity-factor 0"
       } >"$dir/redis.conf"
       ;;
   esac
@@ -359,6 +370,31 @@ lk_sentinel_ready() { # all 3 sentinels agree on the master, see 2 other sentine
   lk_cli "$(lk_port "$other")" INFO replication | grep -qx "master_link_status:up" ||
     { LK_WHY="$other: replication link to $master is not up"; return 1; }
 }
+lk_cluster_field() { # PORT FIELD: a field of CLUSTER INFO
+  lk_cli "$1" CLUSTER INFO | sed -n "s/^$2://p"
+}
+lk_cluster_form() { # join the 6 nodes into 3 primaries with a replica each, unless they are a cluster already
+  local m hostports=()
+  [ "$(lk_cluster_field "${LK_CLUSTER_PORTS[0]}" cluster_slots_assigned)" = 0 ] || return 0
+  for m in $(lk_members redis-cluster); do
+    lk_ping "$m" || return 0 # not up yet: the next readiness round forms it
+    hostports+=("127.0.0.1:$(lk_port "$m")")
+  done
+  timeout 30 redis-cli --cluster create "${hostports[@]}" --cluster-replicas 1 --cluster-yes >"$LK_LOGS/cluster-create.log" 2>&1
+}
+lk_cluster_ready() { # every node: state ok, all slots served, 6 nodes known; every replica linked
+  local m port
+  for m in $(lk_members redis-cluster); do
+    port=$(lk_port "$m") LK_BAD=$m
+    [ "$(lk_cluster_field "$port" cluster_state)" = ok ] || { LK_WHY="$m: cluster_state is not ok"; return 1; }
+    [ "$(lk_cluster_field "$port" cluster_slots_ok)" = 16384 ] || { LK_WHY="$m: not every slot is served"; return 1; }
+    [ "$(lk_cluster_field "$port" cluster_known_nodes)" = 6 ] || { LK_WHY="$m does not know all 6 nodes"; return 1; }
+    if [ "$(lk_cli "$port" ROLE | head -n 1)" = slave ]; then
+      lk_cli "$port" INFO replication | grep -qx "master_link_status:up" ||
+        { LK_WHY="$m: its replication link is not up"; return 1; }
+    fi
+  done
+}
 lk_topology_ready() { # TOPOLOGY: 0 ready, 1 not yet, 2 hopeless (a member is down or paused); sets LK_WHY, LK_BAD
   local t=$1 m mode leaders=0 out
   LK_WHY='' LK_BAD=''
@@ -370,6 +406,9 @@ lk_topology_ready() { # TOPOLOGY: 0 ready, 1 not yet, 2 hopeless (a member is do
   done
   case $t in
     sentinel) lk_sentinel_ready || return 1 ;;
+    redis-cluster)
+      lk_cluster_form || { LK_WHY="redis-cli --cluster create failed: $(tail -n 2 "$LK_LOGS/cluster-create.log")" LK_BAD=cluster-1; return 2; }
+      lk_cluster_ready || return 1 ;;
     etcd)
       out=$(lk_etcdctl --endpoints="$LK_ETCD_ENDPOINTS" endpoint health 2>&1) ||
         { LK_WHY="etcdctl endpoint health: $(tail -n 2 <<<"$out")" LK_BAD=etcd-1; return 1; } ;;
@@ -433,6 +472,7 @@ lk_env_line() { # TOPOLOGY -> its line of endpoints.env
     redis) echo "LOCKKIT_TEST_REDIS_URL=redis://127.0.0.1:$LK_REDIS_PORT" ;;
     sentinel) echo "LOCKKIT_TEST_SENTINEL_URL=redis+sentinel://$(lk_hostports "${LK_SENTINEL_PORTS[@]}")/$LK_SENTINEL_MASTER" ;;
     redlock) echo "LOCKKIT_TEST_REDLOCK_URL=redlock://$(lk_hostports "${LK_REDLOCK_PORTS[@]}")" ;;
+    redis-cluster) echo "LOCKKIT_TEST_REDIS_CLUSTER_URL=redis+cluster://$(lk_hostports "${LK_CLUSTER_PORTS[@]:0:3}")" ;;
     etcd) echo "LOCKKIT_TEST_ETCD_URL=etcd://$LK_ETCD_ENDPOINTS" ;;
     zk) echo "LOCKKIT_TEST_ZK_URL=zk://$(lk_hostports "${LK_ZK_CLIENT_PORTS[@]}")" ;;
   esac

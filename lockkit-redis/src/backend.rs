@@ -69,20 +69,12 @@ impl RedisBackend {
     /// [`ErrorKind::Auth`] for wrong credentials.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        let dialer = Dialer {
-            backend: BACKEND,
-            username: config.username.clone(),
-            password: config.password.clone(),
-            db: config.db,
-            tls: config.tls,
-            tls_ca: Dialer::read_ca(config.tls_ca_file.as_deref())?,
-            tls_identity: Dialer::read_identity(
-                config.tls_cert_file.as_deref(),
-                config.tls_key_file.as_deref(),
-            )?,
-            connect_timeout: config.connect_timeout,
-            response_timeout: config.response_timeout,
-        };
+        if config.cluster {
+            return Err(Error::invalid_config(
+                "redis.cluster is set (a redis+cluster:// URL): connect with RedisClusterBackend",
+            ));
+        }
+        let dialer = Dialer::of(&config)?;
         let hosts = config
             .hosts
             .iter()
@@ -108,14 +100,44 @@ impl RedisBackend {
             }
         })
         .await??;
+        RedisBackend::on(primary, Arc::new(config)).await
+    }
+
+    /// The backend of one primary of a Redis Cluster, at `addr`.
+    pub(crate) async fn cluster_node(
+        dialer: Dialer,
+        config: Arc<RedisConfig>,
+        addr: (String, u16),
+    ) -> Result<Self> {
+        let primary =
+            lockkit_core::backend::runtime::run(async move { Primary::fixed(dialer, addr).await })
+                .await??;
+        RedisBackend::on(primary, config).await
+    }
+
+    /// The backend on `primary`, once its scripts are loaded and its eviction policy checked.
+    async fn on(primary: Primary, config: Arc<RedisConfig>) -> Result<Self> {
         let backend = RedisBackend {
             primary: Arc::new(primary),
-            config: Arc::new(config),
+            config,
             refusal: Arc::default(),
         };
         backend.load_scripts().await?;
         backend.check_eviction().await?;
         Ok(backend)
+    }
+
+    /// What a Redis backend offers, with waiters notified or polling.
+    pub(crate) fn capabilities_with(notifies: bool) -> Capabilities {
+        let wait = if notifies {
+            WaitStrategy::Notify
+        } else {
+            WaitStrategy::Poll
+        };
+        Capabilities::new(FencingGuarantee::BestEffort, wait)
+            .with_election(Support::Supported)
+            .with_semaphore(Support::Supported)
+            .with_rwlock(Support::Supported)
     }
 
     /// Refuses a server that may evict lock keys, unless the configuration accepts it.
@@ -469,15 +491,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let wait = if self.notifies() {
-            WaitStrategy::Notify
-        } else {
-            WaitStrategy::Poll
-        };
-        Capabilities::new(FencingGuarantee::BestEffort, wait)
-            .with_election(Support::Supported)
-            .with_semaphore(Support::Supported)
-            .with_rwlock(Support::Supported)
+        RedisBackend::capabilities_with(self.notifies())
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {

@@ -22,6 +22,8 @@ const DEFAULT_SENTINEL_PORT: u16 = 26379;
 ///   Sentinels `s1..` (port 26379 by default) know as `master-name`. The user and password are
 ///   those of the Redis servers; the Sentinels' own are `sentinel_username` and
 ///   `sentinel_password`, which a URL does not carry.
+/// - `redis+cluster://[user:password@]h1[:port],h2,h3`: a Redis Cluster, found through any of
+///   the listed nodes (port 6379 by default; a few are enough, the others are discovered).
 ///
 /// In TOML, the `[redis]` table of the `lockkit` configuration. Every field is optional and
 /// defaults as documented; unknown fields are errors.
@@ -34,6 +36,9 @@ pub struct RedisConfig {
     /// When set, `hosts` are Sentinels and the lock server is the primary they know by this
     /// name (tier `replicated`). Default: unset (one server, tier `single`).
     pub sentinel_master: Option<String>,
+    /// `hosts` are nodes of a Redis Cluster (tier `replicated`): each lock lives on the
+    /// primary that owns its slot, found through any of them. Default: false.
+    pub cluster: bool,
     /// The ACL user the Sentinels are asked as (Sentinels with their own ACLs). Default:
     /// unset (the `default` user).
     pub sentinel_username: Option<String>,
@@ -67,7 +72,7 @@ pub struct RedisConfig {
     /// Waiters learn about releases from pub/sub notifications on one shared connection;
     /// when false they poll with jittered backoff. Default: true.
     pub notifications: bool,
-    /// Sentinel only: after a grant (and a renewal), `WAIT` until this many replicas have it;
+    /// Sentinel and cluster: after a grant (and a renewal), `WAIT` until this many replicas have it;
     /// if fewer acknowledge within `replica_timeout`, the grant is given back and the acquire
     /// fails. This narrows the failover window, it does not close it (see the crate docs).
     /// Default: 0 (do not wait).
@@ -94,6 +99,7 @@ impl Default for RedisConfig {
         RedisConfig {
             hosts: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
             sentinel_master: None,
+            cluster: false,
             sentinel_username: None,
             sentinel_password: None,
             db: 0,
@@ -115,7 +121,8 @@ impl Default for RedisConfig {
 }
 
 impl RedisConfig {
-    /// A configuration from a `redis://`, `rediss://` or `redis+sentinel://` URL, with the
+    /// A configuration from a `redis://`, `rediss://`, `redis+sentinel://` or
+    /// `redis+cluster://` URL, with the
     /// other fields at their defaults.
     ///
     /// # Errors
@@ -127,27 +134,29 @@ impl RedisConfig {
         Ok(config)
     }
 
-    /// Takes the hosts, credentials, database and Sentinel master name from `url`; the other
-    /// fields keep their values.
+    /// Takes the hosts, credentials, database, Sentinel master name and cluster mode from
+    /// `url`; the other fields keep their values.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for another scheme,
     /// a bad path or query parameters (none are accepted).
     pub fn apply_url(&mut self, url: &ConnectionUrl) -> Result<()> {
         reject_query(url)?;
-        let sentinel = match url.scheme.as_str() {
-            "redis" => false,
+        let (sentinel, cluster) = match url.scheme.as_str() {
+            "redis" => (false, false),
             "rediss" => {
                 self.tls = true;
-                false
+                (false, false)
             }
-            "redis+sentinel" => true,
+            "redis+sentinel" => (true, false),
+            "redis+cluster" => (false, true),
             other => {
                 return Err(Error::invalid_config(format!(
-                    "a Redis URL starts with redis://, rediss:// or redis+sentinel://, not {other}://"
+                    "a Redis URL starts with redis://, rediss://, redis+sentinel:// or redis+cluster://, not {other}://"
                 )));
             }
         };
+        self.cluster = cluster;
         let segments: Vec<&str> = url.path.split('/').filter(|s| !s.is_empty()).collect();
         let db = if sentinel {
             let Some((master, rest)) = segments.split_first() else {
@@ -198,15 +207,26 @@ impl RedisConfig {
         if self.hosts.is_empty() {
             return Err(Error::invalid_config("redis.hosts is empty"));
         }
-        if self.sentinel_master.is_none() && self.hosts.len() > 1 {
+        if self.cluster && self.sentinel_master.is_some() {
+            return Err(Error::invalid_config(
+                "redis.cluster and redis.sentinel_master exclude each other: a Redis Cluster fails over without Sentinels",
+            ));
+        }
+        if self.cluster && self.db != 0 {
             return Err(Error::invalid_config(format!(
-                "redis.hosts lists {} servers but no sentinel_master is set: a single-node lock uses one server (for several independent servers use the redlock backend)",
+                "redis.db is {}: a Redis Cluster has database 0 only",
+                self.db
+            )));
+        }
+        if self.sentinel_master.is_none() && !self.cluster && self.hosts.len() > 1 {
+            return Err(Error::invalid_config(format!(
+                "redis.hosts lists {} servers but neither sentinel_master nor cluster is set: a single-node lock uses one server (for several independent servers use the redlock backend)",
                 self.hosts.len()
             )));
         }
-        if self.sentinel_master.is_none() && self.min_replicas > 0 {
+        if self.sentinel_master.is_none() && !self.cluster && self.min_replicas > 0 {
             return Err(Error::invalid_config(
-                "redis.min_replicas needs a Sentinel-managed primary (sentinel_master)",
+                "redis.min_replicas needs replicas: a Sentinel-managed primary (sentinel_master) or a Redis Cluster (cluster)",
             ));
         }
         if self.db < 0 {
@@ -253,6 +273,7 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("hosts", &self.hosts)
             .field("sentinel_master", &self.sentinel_master)
+            .field("cluster", &self.cluster)
             .field("sentinel_username", &self.sentinel_username)
             .field(
                 "sentinel_password",

@@ -42,6 +42,24 @@ pub(crate) struct ClientIdentity {
 }
 
 impl Dialer {
+    /// The dialer of a `[redis]` configuration (one server, Sentinel, or a cluster's nodes).
+    pub(crate) fn of(config: &crate::RedisConfig) -> Result<Self> {
+        Ok(Dialer {
+            backend: crate::error::BACKEND,
+            username: config.username.clone(),
+            password: config.password.clone(),
+            db: config.db,
+            tls: config.tls,
+            tls_ca: Dialer::read_ca(config.tls_ca_file.as_deref())?,
+            tls_identity: Dialer::read_identity(
+                config.tls_cert_file.as_deref(),
+                config.tls_key_file.as_deref(),
+            )?,
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.response_timeout,
+        })
+    }
+
     /// The connection info of `host:port` with this dialer's credentials.
     pub(crate) fn info(
         &self,

@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod cluster;
 mod config;
 mod connection;
 mod election;
@@ -16,5 +17,6 @@ mod scripts;
 mod semaphore;
 
 pub use backend::RedisBackend;
+pub use cluster::RedisClusterBackend;
 pub use config::{RedisConfig, RedlockConfig};
 pub use redlock::RedlockBackend;

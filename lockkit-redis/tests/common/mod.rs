@@ -11,7 +11,9 @@ use lockkit_core::backend::async_trait;
 use lockkit_core::backend::url::ConnectionUrl;
 use lockkit_core::testing::{Harness, backend_missing, endpoint};
 use lockkit_core::{LockClient, LockKey, LockOptions, Result};
-use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use lockkit_redis::{
+    RedisBackend, RedisClusterBackend, RedisConfig, RedlockBackend, RedlockConfig,
+};
 use redis::aio::MultiplexedConnection;
 
 /// Which topology a harness runs on.
@@ -20,6 +22,7 @@ pub enum Topology {
     Single(RedisConfig),
     Sentinel(RedisConfig),
     Redlock(RedlockConfig),
+    Cluster(RedisConfig),
 }
 
 pub struct RedisHarness {
@@ -40,6 +43,7 @@ pub async fn harness(var: &str) -> Option<RedisHarness> {
     {
         "redlock" => Topology::Redlock(RedlockConfig::from_url(&url).expect("redlock URL")),
         "redis+sentinel" => Topology::Sentinel(RedisConfig::from_url(&url).expect("sentinel URL")),
+        "redis+cluster" => Topology::Cluster(RedisConfig::from_url(&url).expect("cluster URL")),
         _ => Topology::Single(RedisConfig::from_url(&url).expect("redis URL")),
     };
     let harness = RedisHarness { topology };
@@ -62,6 +66,10 @@ pub async fn redlock() -> Option<RedisHarness> {
     harness("LOCKKIT_TEST_REDLOCK_URL").await
 }
 
+pub async fn cluster() -> Option<RedisHarness> {
+    harness("LOCKKIT_TEST_REDIS_CLUSTER_URL").await
+}
+
 impl RedisHarness {
     /// A backend of this topology (its own connections).
     pub async fn backend(&self) -> Result<lockkit_core::backend::SharedBackend> {
@@ -70,6 +78,7 @@ impl RedisHarness {
                 Arc::new(RedisBackend::connect(c.clone()).await?)
             }
             Topology::Redlock(c) => Arc::new(RedlockBackend::connect(c.clone()).await?),
+            Topology::Cluster(c) => Arc::new(RedisClusterBackend::connect(c.clone()).await?),
         })
     }
 
@@ -79,6 +88,7 @@ impl RedisHarness {
             Topology::Single(c) => c.hosts.clone(),
             Topology::Sentinel(c) => vec![primary_addr(c).await?],
             Topology::Redlock(c) => c.nodes.clone(),
+            Topology::Cluster(c) => cluster_primaries(c).await?,
         };
         let mut connections = Vec::new();
         for addr in addrs {
@@ -121,6 +131,40 @@ pub async fn primary_addr(config: &RedisConfig) -> redis::RedisResult<String> {
         }
     }
     Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no Sentinel knows the primary").into()))
+}
+
+/// The primaries of the cluster that `config`'s nodes belong to (`CLUSTER NODES` of the first
+/// node that answers; failed ones left out).
+pub async fn cluster_primaries(config: &RedisConfig) -> redis::RedisResult<Vec<String>> {
+    let mut last = None;
+    for node in &config.hosts {
+        let nodes: redis::RedisResult<String> = match connect(node).await {
+            Ok(mut con) => {
+                redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut con)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match nodes {
+            Ok(nodes) => {
+                // "<id> <host:port@bus> <flags> <primary> ... <slots>"
+                return Ok(nodes
+                    .lines()
+                    .filter_map(|line| {
+                        let fields: Vec<&str> = line.split_whitespace().collect();
+                        let flags = fields.get(2)?;
+                        (flags.contains("master") && !flags.contains("fail"))
+                            .then(|| fields.get(1)?.split('@').next().map(str::to_owned))
+                            .flatten()
+                    })
+                    .collect());
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no cluster node answered").into()))
 }
 
 /// The Redis lock key of `key` (the layout the crate documents).
@@ -170,12 +214,19 @@ impl Harness for RedisHarness {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<()> {
+        let cluster = matches!(self.topology, Topology::Cluster(_));
         for mut con in self.servers().await.map_err(to_lockkit)? {
-            let _: i64 = redis::cmd("DEL")
+            let deleted: redis::RedisResult<i64> = redis::cmd("DEL")
                 .arg(lock_key(key))
                 .query_async(&mut con)
-                .await
-                .map_err(to_lockkit)?;
+                .await;
+            match deleted {
+                // The primaries that do not own the key's slot answer MOVED.
+                Err(e) if cluster && e.code() == Some("MOVED") => {}
+                other => {
+                    other.map_err(to_lockkit)?;
+                }
+            }
         }
         Ok(())
     }
