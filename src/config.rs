@@ -23,6 +23,8 @@ pub enum BackendKind {
     Redis,
     /// A Redis primary watched by Sentinels (tier `replicated`).
     RedisSentinel,
+    /// A Redis Cluster, each lock on its slot's primary (tier `replicated`).
+    RedisCluster,
     /// Redlock over independent Redis servers (tier `quorum`).
     Redlock,
     /// An etcd cluster (tier `consensus`).
@@ -33,10 +35,11 @@ pub enum BackendKind {
 
 impl BackendKind {
     /// Every backend, compiled in or not.
-    pub const ALL: [BackendKind; 6] = [
+    pub const ALL: [BackendKind; 7] = [
         BackendKind::Memory,
         BackendKind::Redis,
         BackendKind::RedisSentinel,
+        BackendKind::RedisCluster,
         BackendKind::Redlock,
         BackendKind::Etcd,
         BackendKind::Zk,
@@ -48,6 +51,7 @@ impl BackendKind {
             BackendKind::Memory => "memory",
             BackendKind::Redis => "redis",
             BackendKind::RedisSentinel => "redis-sentinel",
+            BackendKind::RedisCluster => "redis-cluster",
             BackendKind::Redlock => "redlock",
             BackendKind::Etcd => "etcd",
             BackendKind::Zk => "zk",
@@ -59,7 +63,10 @@ impl BackendKind {
     pub fn feature(self) -> Option<&'static str> {
         match self {
             BackendKind::Memory => None,
-            BackendKind::Redis | BackendKind::RedisSentinel | BackendKind::Redlock => Some("redis"),
+            BackendKind::Redis
+            | BackendKind::RedisSentinel
+            | BackendKind::RedisCluster
+            | BackendKind::Redlock => Some("redis"),
             BackendKind::Etcd => Some("etcd"),
             BackendKind::Zk => Some("zk"),
         }
@@ -69,9 +76,10 @@ impl BackendKind {
     pub fn is_compiled_in(self) -> bool {
         match self {
             BackendKind::Memory => true,
-            BackendKind::Redis | BackendKind::RedisSentinel | BackendKind::Redlock => {
-                cfg!(feature = "redis")
-            }
+            BackendKind::Redis
+            | BackendKind::RedisSentinel
+            | BackendKind::RedisCluster
+            | BackendKind::Redlock => cfg!(feature = "redis"),
             BackendKind::Etcd => cfg!(feature = "etcd"),
             BackendKind::Zk => cfg!(feature = "zk"),
         }
@@ -94,11 +102,12 @@ impl BackendKind {
             "memory" => Ok(BackendKind::Memory),
             "redis" | "rediss" => Ok(BackendKind::Redis),
             "redis+sentinel" => Ok(BackendKind::RedisSentinel),
+            "redis+cluster" => Ok(BackendKind::RedisCluster),
             "redlock" => Ok(BackendKind::Redlock),
             "etcd" => Ok(BackendKind::Etcd),
             "zk" | "zks" => Ok(BackendKind::Zk),
             other => Err(Error::invalid_config(format!(
-                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redlock://, etcd://, zk://, zks://"
+                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redis+cluster://, redlock://, etcd://, zk://, zks://"
             ))),
         }
     }
@@ -185,8 +194,9 @@ pub struct LockkitConfig {
     /// How locks are taken.
     #[serde(default)]
     pub lock: LockOptions,
-    /// The `redis` and `redis-sentinel` backends' settings (the `[redis]` table); the `url`,
-    /// when given, supplies the hosts, credentials, database and Sentinel master name.
+    /// The `redis`, `redis-sentinel` and `redis-cluster` backends' settings (the `[redis]`
+    /// table); the `url`, when given, supplies the hosts, credentials, database, Sentinel
+    /// master name and cluster mode.
     #[cfg(feature = "redis")]
     #[serde(default)]
     pub redis: lockkit_redis::RedisConfig,
@@ -267,6 +277,7 @@ const LOCK_FIELDS: &[&str] = &[
 const REDIS_FIELDS: &[&str] = &[
     "hosts",
     "sentinel_master",
+    "cluster",
     "sentinel_username",
     "sentinel_password",
     "db",
@@ -479,7 +490,7 @@ impl LockkitConfig {
         self.lock.validate()?;
         match self.backend {
             #[cfg(feature = "redis")]
-            BackendKind::Redis | BackendKind::RedisSentinel => {
+            BackendKind::Redis | BackendKind::RedisSentinel | BackendKind::RedisCluster => {
                 self.redis_config()?;
             }
             #[cfg(feature = "redis")]
@@ -515,19 +526,32 @@ impl LockkitConfig {
     /// The `[redis]` table with the `url` applied, checked against the backend kind.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidConfig`] for a bad URL or table, or a Sentinel master name that
-    /// does not match `backend` (`redis-sentinel` needs one, `redis` must not have one).
+    /// [`ErrorKind::InvalidConfig`] for a bad URL or table, or a Sentinel master name or
+    /// cluster mode that does not match `backend` (`redis-sentinel` needs a master name,
+    /// `redis-cluster` needs `cluster`, `redis` has neither).
     pub fn redis_config(&self) -> Result<lockkit_redis::RedisConfig> {
         let mut redis = self.redis.clone();
         if let Some(url) = &self.url {
             redis.apply_url(&ConnectionUrl::parse(url)?)?;
         }
-        match (self.backend, redis.sentinel_master.is_some()) {
-            (BackendKind::RedisSentinel, false) => Err(Error::invalid_config(
+        if self.backend == BackendKind::RedisCluster && self.url.is_none() {
+            // The backend names the mode, as a redis+cluster:// URL would.
+            redis.cluster = true;
+        }
+        match (self.backend, redis.sentinel_master.is_some(), redis.cluster) {
+            (BackendKind::RedisSentinel, false, _) => Err(Error::invalid_config(
                 "backend = \"redis-sentinel\" needs redis.sentinel_master (or a redis+sentinel://s1,s2,s3/master-name URL)",
             )),
-            (BackendKind::Redis, true) => Err(Error::invalid_config(
+            (BackendKind::Redis, true, _) => Err(Error::invalid_config(
                 "redis.sentinel_master is set but backend = \"redis\": use backend = \"redis-sentinel\"",
+            )),
+            (BackendKind::Redis | BackendKind::RedisSentinel, _, true) => {
+                Err(Error::invalid_config(
+                    "redis.cluster is set but backend is not \"redis-cluster\": use backend = \"redis-cluster\" (or a redis+cluster:// URL)",
+                ))
+            }
+            (BackendKind::RedisCluster, _, false) => Err(Error::invalid_config(
+                "backend = \"redis-cluster\" needs a redis+cluster://h1,h2,h3 URL, not another Redis URL",
             )),
             _ => {
                 redis.validate()?;

@@ -54,6 +54,10 @@ async fn build_backend(config: &LockkitConfig) -> Result<SharedBackend> {
             lockkit_redis::RedisBackend::connect(config.redis_config()?).await?,
         )),
         #[cfg(feature = "redis")]
+        BackendKind::RedisCluster => Ok(Arc::new(
+            lockkit_redis::RedisClusterBackend::connect(config.redis_config()?).await?,
+        )),
+        #[cfg(feature = "redis")]
         BackendKind::Redlock => Ok(Arc::new(
             lockkit_redis::RedlockBackend::connect(config.redlock_config()?).await?,
         )),
