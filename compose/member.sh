@@ -9,7 +9,7 @@
 #   status    print "NAME up|paused|down pid PID port PORT"; without NAME: every member
 # compose/member.sh leader etcd|zk|sentinel : print the NAME that currently leads: the etcd leader, the ZK
 #   leader, or Sentinel's current master (sentinel-primary or sentinel-replica). Waits up to 10 s for one.
-# NAME: redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, etcd-1..3, zk-1..3
+# NAME: redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3
 # Exit: 0 ok; 1 failed (did not come back in time: why and log tail on stderr); 2 usage (unknown action or
 #       name); 3 the member is not up (status: down; restart: never started; leader: none found).
 set -euo pipefail

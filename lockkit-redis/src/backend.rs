@@ -18,7 +18,7 @@ use redis::Value;
 
 use crate::config::{RedisConfig, parse_host};
 use crate::connection::{Dialer, Epoch, Primary, Sentinels};
-use crate::error::{BACKEND, unexpected};
+use crate::error::{BACKEND, refused_in_pipeline, unexpected};
 use crate::listing;
 use crate::notify::Refusal;
 use crate::scripts::{self, AcquireReply, Keys, millis};
@@ -259,12 +259,7 @@ impl RedisBackend {
             )
             .await?;
         match replies.as_slice() {
-            [Value::ServerError(e), _] => {
-                Err(
-                    Error::new(ErrorKind::Backend, BACKEND, format!("{script} failed: {e}"))
-                        .with_retryable(true),
-                )
-            }
+            [Value::ServerError(e), _] => Err(refused_in_pipeline(script, e)),
             [reply, Value::Int(acked)] => Ok((reply.clone(), usize::try_from(*acked).unwrap_or(0))),
             _ => Err(unexpected(BACKEND, &format!("{script} and WAIT"))),
         }
@@ -393,10 +388,11 @@ impl RedisBackend {
         replies
             .iter()
             .zip(leases)
-            .map(|(reply, lease)| match scripts::renewed(reply) {
-                Some(true) => Ok(Renewal::Extended(lease.ttl())),
-                Some(false) => Ok(Renewal::Lost),
-                None => Err(Error::new(
+            .map(|(reply, lease)| match (scripts::renewed(reply), reply) {
+                (Some(true), _) => Ok(Renewal::Extended(lease.ttl())),
+                (Some(false), _) => Ok(Renewal::Lost),
+                (None, Value::ServerError(e)) => Err(refused_in_pipeline("renewal", e)),
+                (None, _) => Err(Error::new(
                     ErrorKind::Backend,
                     BACKEND,
                     format!("renewal failed: {reply:?}"),

@@ -27,7 +27,7 @@ use redis::aio::ConnectionManager;
 
 use crate::backend::RedisBackend;
 use crate::connection::Epoch;
-use crate::error::{BACKEND, unexpected};
+use crate::error::{BACKEND, refused_in_pipeline, unexpected};
 use crate::scripts::{self, Keys, millis};
 
 impl RedisBackend {
@@ -70,12 +70,7 @@ impl RedisBackend {
             Some(Value::Int(1)) => true,
             Some(Value::Int(0)) => return Ok(false),
             Some(Value::ServerError(e)) => {
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    BACKEND,
-                    format!("the proclaim script failed: {e}"),
-                )
-                .with_retryable(true));
+                return Err(refused_in_pipeline("the proclaim script", e));
             }
             _ => return Err(unexpected(BACKEND, "the proclaim script")),
         };

@@ -66,6 +66,18 @@ fn describe(error: &RedisError) -> String {
     }
 }
 
+/// The error of one request of a pipeline that the server refused (`what` names it), keeping
+/// the server's error as its source: a Redis Cluster's `MOVED` or `ASK` is told apart by it.
+pub(crate) fn refused_in_pipeline(what: &str, error: &redis::ServerError) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        BACKEND,
+        format!("{what} failed: {error}"),
+    )
+    .with_retryable(true)
+    .with_source(RedisError::from(error.clone()))
+}
+
 /// Whether `error` is the server refusing to `SELECT` a database it does not have.
 pub(crate) fn is_missing_database(error: &RedisError) -> bool {
     error
@@ -95,5 +107,11 @@ pub(crate) fn unexpected(backend: &'static str, what: &str) -> Error {
 /// The same error again, for each lease of a failed batch (errors hold a source and do not
 /// clone).
 pub(crate) fn repeat(error: &Error) -> Error {
-    Error::new(error.kind(), error.backend(), error.message()).with_retryable(error.is_retryable())
+    let again = Error::new(error.kind(), error.backend(), error.message())
+        .with_retryable(error.is_retryable());
+    // A Redis error clones, and says where a cluster's slot went.
+    match std::error::Error::source(error).and_then(|s| s.downcast_ref::<RedisError>()) {
+        Some(redis) => again.with_source(redis.clone()),
+        None => again,
+    }
 }

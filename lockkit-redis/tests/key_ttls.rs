@@ -77,6 +77,7 @@ async fn every_lockkit_key_has_a_ttl() {
         "LOCKKIT_TEST_REDIS_URL",
         "LOCKKIT_TEST_SENTINEL_URL",
         "LOCKKIT_TEST_REDLOCK_URL",
+        "LOCKKIT_TEST_REDIS_CLUSTER_URL",
     ] {
         if let Some(harness) = common::harness(var).await {
             harnesses.push(harness);
@@ -181,6 +182,7 @@ async fn a_lock_held_past_fence_ttl_keeps_its_fence_counter() {
         "LOCKKIT_TEST_REDIS_URL",
         "LOCKKIT_TEST_SENTINEL_URL",
         "LOCKKIT_TEST_REDLOCK_URL",
+        "LOCKKIT_TEST_REDIS_CLUSTER_URL",
     ] {
         if let Some(harness) = common::harness(var).await {
             harnesses.push(harness);
@@ -189,7 +191,9 @@ async fn a_lock_held_past_fence_ttl_keeps_its_fence_counter() {
     let fence_ttl = Duration::from_millis(100);
     for harness in &mut harnesses {
         match &mut harness.topology {
-            common::Topology::Single(c) | common::Topology::Sentinel(c) => c.fence_ttl = fence_ttl,
+            common::Topology::Single(c)
+            | common::Topology::Sentinel(c)
+            | common::Topology::Cluster(c) => c.fence_ttl = fence_ttl,
             common::Topology::Redlock(c) => c.fence_ttl = fence_ttl,
         }
         let namespace = format!("lk-test-{:08x}", rand::random::<u32>());

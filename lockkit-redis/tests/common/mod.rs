@@ -474,3 +474,110 @@ impl Drop for SentinelUser {
         }
     }
 }
+
+/// A node of a Redis Cluster, as `CLUSTER NODES` describes it.
+#[derive(Debug, Clone)]
+pub struct ClusterNode {
+    pub id: String,
+    /// `host:port`.
+    pub addr: String,
+    pub primary: bool,
+    /// A replica's primary (its id).
+    pub of: Option<String>,
+    /// The slot ranges a primary serves.
+    pub slots: Vec<(u16, u16)>,
+}
+
+/// The nodes of the cluster that `config`'s nodes belong to, failed ones left out, from the
+/// first configured node that answers.
+pub async fn cluster_nodes(config: &RedisConfig) -> Vec<ClusterNode> {
+    for node in &config.hosts {
+        let Ok(mut con) = connect(node).await else {
+            continue;
+        };
+        let Ok(nodes) = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async::<String>(&mut con)
+            .await
+        else {
+            continue;
+        };
+        return nodes
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let flags = *fields.get(2)?;
+                if flags.contains("fail") {
+                    return None;
+                }
+                Some(ClusterNode {
+                    id: (*fields.first()?).to_owned(),
+                    addr: fields.get(1)?.split('@').next()?.to_owned(),
+                    primary: flags.contains("master"),
+                    of: fields
+                        .get(3)
+                        .filter(|id| **id != "-")
+                        .map(|id| (*id).to_owned()),
+                    // "0-5460", "5461", and "[slot->-id]" for a slot being migrated.
+                    slots: fields
+                        .iter()
+                        .skip(8)
+                        .filter(|f| !f.starts_with('['))
+                        .filter_map(|f| match f.split_once('-') {
+                            Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                            None => f.parse().ok().map(|n| (n, n)),
+                        })
+                        .collect(),
+                })
+            })
+            .collect();
+    }
+    panic!("no node of the cluster answered CLUSTER NODES");
+}
+
+/// The slot Redis Cluster hashes `key`'s lock keys to (CRC16 of the hash tag
+/// `namespace/name`, modulo 16384).
+pub fn cluster_slot(key: &LockKey) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in format!("{}/{}", key.namespace(), key.name()).as_bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// The node that serves `slot` now, as the first node that answers sees it; `None` while
+/// none does (its primary failed and no replica took over yet).
+pub async fn cluster_owner(config: &RedisConfig, slot: u16) -> Option<ClusterNode> {
+    cluster_nodes(config)
+        .await
+        .into_iter()
+        .find(|node| node.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+}
+
+/// The compose member name (`cluster-N`) of the cluster node at `addr`.
+pub fn cluster_member(addr: &str) -> &'static str {
+    const MEMBERS: [&str; 6] = [
+        "cluster-1",
+        "cluster-2",
+        "cluster-3",
+        "cluster-4",
+        "cluster-5",
+        "cluster-6",
+    ];
+    let offset: u16 = std::env::var("LOCKKIT_COMPOSE_PORT_OFFSET")
+        .ok()
+        .and_then(|o| o.parse().ok())
+        .unwrap_or(0);
+    let port: u16 = addr
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("host:port");
+    MEMBERS[usize::from(port - offset - 20041)]
+}

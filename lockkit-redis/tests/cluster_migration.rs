@@ -1,0 +1,197 @@
+//! A Redis Cluster resharded under load: the slot of a contended lock migrates to another
+//! primary and back (`CLUSTER SETSLOT ... IMPORTING / MIGRATING`, `MIGRATE`, `SETSLOT ...
+//! NODE`, as `redis-cli --cluster reshard` does) while 8 clients take it in turn, and a
+//! lock of the same slot stays held across both moves with a TTL shorter than the test.
+//! No grant overlaps another, tokens increase, no error reaches a client, the held lock is
+//! renewed on each new primary, and nothing is left behind.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockkit_core::{LockClient, LockKey, LockOptions};
+use redis::aio::MultiplexedConnection;
+
+const CONTENDERS: usize = 8;
+
+/// Moves `slot` from the node `from` to the node `to`, keys and all.
+async fn migrate(slot: u16, from: &common::ClusterNode, to: &common::ClusterNode) {
+    let mut source = common::connect(&from.addr).await.unwrap();
+    let mut target = common::connect(&to.addr).await.unwrap();
+    let setslot = |state: &str, id: &str| {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT").arg(slot).arg(state).arg(id);
+        cmd
+    };
+    let () = setslot("IMPORTING", &from.id)
+        .query_async(&mut target)
+        .await
+        .unwrap();
+    let () = setslot("MIGRATING", &to.id)
+        .query_async(&mut source)
+        .await
+        .unwrap();
+    let (host, port) = to.addr.rsplit_once(':').unwrap();
+    loop {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(10)
+            .query_async(&mut source)
+            .await
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        // A few keys at a time, with pauses between batches, so that clients meet the
+        // migration half done (ASK, TRYAGAIN).
+        let () = redis::cmd("MIGRATE")
+            .arg(host)
+            .arg(port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&keys)
+            .query_async(&mut source)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let () = setslot("NODE", &to.id)
+        .query_async(&mut target)
+        .await
+        .unwrap();
+    let () = setslot("NODE", &to.id)
+        .query_async(&mut source)
+        .await
+        .unwrap();
+}
+
+/// The number of keys of `slot` on a node.
+async fn keys_in_slot(con: &mut MultiplexedConnection, slot: u16) -> i64 {
+    redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query_async(con)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let common::Topology::Cluster(config) = &harness.topology else {
+        panic!("the cluster harness runs on a cluster");
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let contended = LockKey::new(&namespace, "contended").unwrap();
+    let slot = common::cluster_slot(&contended);
+    // Another lock of the same slot, held (and renewed) all along.
+    let held_name = (0..)
+        .map(|i| format!("held-{i}"))
+        .find(|name| common::cluster_slot(&LockKey::new(&namespace, name).unwrap()) == slot)
+        .unwrap();
+    let origin = common::cluster_owner(config, slot).await.unwrap();
+    let destination = common::cluster_nodes(config)
+        .await
+        .into_iter()
+        .find(|n| n.primary && n.id != origin.id)
+        .unwrap();
+
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_millis(800))
+        .with_wait_timeout(Some(Duration::from_secs(30)));
+    let keeper = LockClient::with_options(
+        harness.backend().await.unwrap(),
+        &namespace,
+        options.clone(),
+    )
+    .unwrap();
+    let held = keeper.mutex(&held_name).unwrap().lock().await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut contenders = Vec::new();
+    for _ in 0..CONTENDERS {
+        let locks = LockClient::with_options(
+            harness.backend().await.unwrap(),
+            &namespace,
+            options.clone(),
+        )
+        .unwrap();
+        let (stop, inside, tokens) = (stop.clone(), inside.clone(), tokens.clone());
+        contenders.push(tokio::spawn(async move {
+            let mutex = locks.mutex("contended").unwrap();
+            let mut grants = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let guard = mutex.lock().await.expect("no error reaches a client");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
+                tokens.lock().unwrap().push(guard.fencing_token().get());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(guard.release().await.expect("no error reaches a client"));
+                grants += 1;
+            }
+            locks.close().await;
+            grants
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    migrate(slot, &origin, &destination).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    migrate(slot, &destination, &origin).await;
+    // Longer than the held lock's TTL since the last move: only renewals on the slot's
+    // primary of the moment can have kept it.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut grants = 0;
+    for contender in contenders {
+        grants += contender.await.unwrap();
+    }
+
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(grants > CONTENDERS, "only {grants} grants in all");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens went back: {tokens:?}"
+    );
+    assert!(!held.is_lost(), "the held lock was lost in the migration");
+    let info = keeper
+        .inspect(&held_name)
+        .await
+        .unwrap()
+        .expect("still held");
+    assert_eq!(info.fencing_token, held.fencing_token());
+    assert!(held.release().await.unwrap());
+    keeper.close().await;
+
+    let left = lockkit_core::testing::Harness::leftovers(&harness, &namespace)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let mut origin_con = common::connect(&origin.addr).await.unwrap();
+    let mut destination_con = common::connect(&destination.addr).await.unwrap();
+    assert_eq!(
+        keys_in_slot(&mut destination_con, slot).await,
+        0,
+        "keys stayed on the node the slot left"
+    );
+    // Only fence counters remain, on the slot's owner, with their TTL.
+    assert!(keys_in_slot(&mut origin_con, slot).await <= 2);
+    eprintln!(
+        "{grants} grants while slot {slot} moved {} -> {} -> {}",
+        origin.addr, destination.addr, origin.addr
+    );
+}
