@@ -439,9 +439,24 @@ lk_wait_ready() { # TOPOLOGY: wait until ready (bounded); on failure say why and
   return 1
 }
 
-lk_leader() { # etcd|zk|sentinel -> the member that leads now (sentinel: the current master); non-zero if none
+lk_leader() { # etcd|zk|sentinel|redis-cluster [SLOT] -> the member that leads now (sentinel: the current
+  # master; redis-cluster: the primary serving SLOT, as the first running node that answers sees it); non-zero if none
   local m eps='' line port=''
   case $1 in
+    redis-cluster)
+      for m in $(lk_members redis-cluster); do
+        lk_pid "$m" >/dev/null || continue
+        # "<id> <host:port@bus> <flags> <primary> <ping> <pong> <epoch> <state> <slots...>"
+        port=$(lk_cli "$(lk_port "$m")" CLUSTER NODES | awk -v s="$2" '
+          $3 ~ /master/ && $3 !~ /fail/ {
+            for (i = 9; i <= NF; i++) {
+              n = split($i, r, "-"); lo = r[1]; hi = (n > 1) ? r[2] : r[1]
+              if ($i !~ /^\[/ && s + 0 >= lo + 0 && s + 0 <= hi + 0) { split($2, a, "[:@]"); print a[2]; exit }
+            }
+          }')
+        [ -z "$port" ] || break
+      done
+      [ -n "$port" ] || return 1 ;;
     etcd)
       for m in $(lk_members etcd); do ! lk_pid "$m" >/dev/null || eps+=${eps:+,}127.0.0.1:$(lk_port "$m"); done
       [ -n "$eps" ] || return 1

@@ -9,6 +9,8 @@
 #   status    print "NAME up|paused|down pid PID port PORT"; without NAME: every member
 # compose/member.sh leader etcd|zk|sentinel : print the NAME that currently leads: the etcd leader, the ZK
 #   leader, or Sentinel's current master (sentinel-primary or sentinel-replica). Waits up to 10 s for one.
+# compose/member.sh leader redis-cluster SLOT : print the NAME of the primary that serves hash slot SLOT
+#   (0-16383) now, as the running nodes see it. Waits up to 10 s for one (during a failover).
 # NAME: redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3
 # Exit: 0 ok; 1 failed (did not come back in time: why and log tail on stderr); 2 usage (unknown action or
 #       name); 3 the member is not up (status: down; restart: never started; leader: none found).
@@ -46,9 +48,12 @@ restart() { # NAME
 (($# >= 1)) || usage
 action=$1 name=${2:-}
 if [ "$action" = leader ]; then
-  [[ $name =~ ^(etcd|zk|sentinel)$ ]] || die 2 "leader needs etcd, zk or sentinel, not '$name'"
+  [[ $name =~ ^(etcd|zk|sentinel|redis-cluster)$ ]] || die 2 "leader needs etcd, zk, sentinel or redis-cluster, not '$name'"
+  slot=${3:-}
+  [[ $name != redis-cluster ]] || { [[ $slot =~ ^[0-9]+$ ]] && ((slot < 16384)); } ||
+    die 2 "leader redis-cluster needs a slot, 0-16383"
   for ((i = 0; i < 100; i++)); do
-    lk_leader "$name" && exit 0
+    lk_leader "$name" "$slot" && exit 0
     sleep 0.1
   done
   die 3 "no $name leader found"

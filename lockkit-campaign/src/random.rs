@@ -463,7 +463,7 @@ async fn inject(
 /// The deciding servers killed and restarted, or paused and resumed.
 async fn server_fault(run: &mut Run, rng: &mut StdRng, kind: Nemesis) -> Result<(), CampaignError> {
     let ttl = run.ttl;
-    let deciders = run.tier.deciders()?;
+    let deciders = run.tier.deciders(&run.key)?;
     let topology = run.tier.topology;
     if kind == Nemesis::ServerPause {
         let pause = ttl.mul_f64(rng.random_range(0.5..2.0));
@@ -482,7 +482,7 @@ async fn server_fault(run: &mut Run, rng: &mut StdRng, kind: Nemesis) -> Result<
         let down = match topology {
             Topology::Etcd | Topology::Zk => ttl.mul_f64(rng.random_range(0.0..2.0)),
             Topology::Redlock => ttl.mul_f64(rng.random_range(0.0..1.0)) + Duration::from_secs(1),
-            Topology::Redis | Topology::Sentinel => Duration::ZERO,
+            Topology::Redis | Topology::Sentinel | Topology::Cluster => Duration::ZERO,
         };
         run.fault(
             &format!(
@@ -499,7 +499,7 @@ async fn server_fault(run: &mut Run, rng: &mut StdRng, kind: Nemesis) -> Result<
             restore(name).await?;
         }
     }
-    if topology == Topology::Sentinel {
+    if topology.fails_over() {
         // A resumed primary may have been replaced; it must rejoin before the next fault.
         for name in &deciders {
             restore_if_replaced(name).await?;

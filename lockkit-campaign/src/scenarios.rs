@@ -423,7 +423,7 @@ async fn delayed_replies(mut run: Run) -> Result<Outcome, CampaignError> {
 async fn server_pause(mut run: Run) -> Result<Outcome, CampaignError> {
     let ttl = run.ttl;
     let (holder, waiter) = holder_and_waiter(&mut run).await?;
-    let deciders = run.tier.deciders()?;
+    let deciders = run.tier.deciders(&run.key)?;
     run.fault(
         &format!("{} stopped (SIGSTOP) for 2 x TTL", deciders.join(", ")),
         Some(&holder),
@@ -443,7 +443,7 @@ async fn server_pause(mut run: Run) -> Result<Outcome, CampaignError> {
 
 async fn server_crash(mut run: Run, restart_after: Duration) -> Result<Outcome, CampaignError> {
     let (holder, waiter) = holder_and_waiter(&mut run).await?;
-    let deciders = run.tier.deciders()?;
+    let deciders = run.tier.deciders(&run.key)?;
     run.fault(
         &format!("{} killed (SIGKILL)", deciders.join(", ")),
         Some(&holder),
@@ -452,7 +452,7 @@ async fn server_crash(mut run: Run, restart_after: Duration) -> Result<Outcome, 
         member(&["kill", name])?;
     }
     tokio::time::sleep(restart_after).await;
-    let clustered = run.tier.topology.is_consensus() || run.tier.topology == Topology::Sentinel;
+    let clustered = run.tier.topology.is_consensus() || run.tier.topology.fails_over();
     if !clustered {
         for name in &deciders {
             restore(name).await?;
@@ -469,10 +469,13 @@ async fn server_crash(mut run: Run, restart_after: Duration) -> Result<Outcome, 
     outcome
 }
 
-/// Waits until restarted or resumed Sentinel members have settled (a resumed primary may
-/// have been replaced and must rejoin as a replica before the next scenario).
+/// Waits until restarted or resumed Sentinel or cluster members have settled (a resumed
+/// primary may have been replaced and must rejoin as a replica before the next scenario).
 async fn settle(deciders: &[String]) {
-    for name in deciders.iter().filter(|n| n.starts_with("sentinel-")) {
+    for name in deciders
+        .iter()
+        .filter(|n| n.starts_with("sentinel-") || n.starts_with("cluster-"))
+    {
         let _ = restore_if_replaced(name).await;
     }
 }

@@ -16,6 +16,8 @@ pub enum Topology {
     Sentinel,
     /// Five independent Redis servers.
     Redlock,
+    /// A Redis Cluster: three primaries, each with a replica.
+    Cluster,
     /// A three-member etcd cluster.
     Etcd,
     /// A three-server ZooKeeper ensemble.
@@ -23,13 +25,15 @@ pub enum Topology {
 }
 
 impl Topology {
-    /// Every topology, in the order of the tables.
-    pub const ALL: [Topology; 5] = [
+    /// Every topology, in the order of the tables (the cluster last: a tier's place here
+    /// seeds its random schedule, which must not change under the older tiers).
+    pub const ALL: [Topology; 6] = [
         Topology::Redis,
         Topology::Sentinel,
         Topology::Redlock,
         Topology::Etcd,
         Topology::Zk,
+        Topology::Cluster,
     ];
 
     /// Its name in the tables (as in the comparison suite).
@@ -38,6 +42,7 @@ impl Topology {
             Topology::Redis => "redis",
             Topology::Sentinel => "redis-sentinel",
             Topology::Redlock => "redlock-5",
+            Topology::Cluster => "redis-cluster",
             Topology::Etcd => "etcd-3",
             Topology::Zk => "zk-3",
         }
@@ -49,6 +54,7 @@ impl Topology {
             Topology::Redis => "LOCKKIT_TEST_REDIS_URL",
             Topology::Sentinel => "LOCKKIT_TEST_SENTINEL_URL",
             Topology::Redlock => "LOCKKIT_TEST_REDLOCK_URL",
+            Topology::Cluster => "LOCKKIT_TEST_REDIS_CLUSTER_URL",
             Topology::Etcd => "LOCKKIT_TEST_ETCD_URL",
             Topology::Zk => "LOCKKIT_TEST_ZK_URL",
         }
@@ -61,10 +67,17 @@ impl Topology {
     }
 
     /// Whether a client's traffic can be routed through a fault proxy by rewriting its URL.
-    /// Sentinel clients reach the primary at the address the Sentinels announce, so a proxy
-    /// in the URL would only sit in front of the Sentinels.
+    /// Sentinel clients reach the primary at the address the Sentinels announce, and cluster
+    /// clients each slot's primary at the address the cluster announces, so a proxy in the
+    /// URL would only sit in front of the Sentinels or the first contact.
     pub fn is_proxyable(self) -> bool {
-        self != Topology::Sentinel
+        !self.fails_over()
+    }
+
+    /// Whether a replica takes over when the deciding server dies (Sentinel, cluster): the
+    /// old primary then comes back as a replica.
+    pub fn fails_over(self) -> bool {
+        matches!(self, Topology::Sentinel | Topology::Cluster)
     }
 }
 
@@ -118,16 +131,22 @@ impl Tier {
         format!("{scheme}://{}{tail}", hosts.join(","))
     }
 
-    /// The members whose loss takes the tier's decisions away: the Redis server, the
-    /// Sentinel primary, a majority of the Redlock nodes, the etcd or ZooKeeper leader.
+    /// The members whose loss takes the decisions on lock `key` (of the default namespace,
+    /// the workers') away: the Redis server, the Sentinel primary, a majority of the Redlock
+    /// nodes, the primary of the key's slot in the cluster, the etcd or ZooKeeper leader.
     ///
     /// # Errors
     /// When `compose/member.sh` cannot tell the leader.
-    pub fn deciders(&self) -> Result<Vec<String>, CampaignError> {
+    pub fn deciders(&self, key: &str) -> Result<Vec<String>, CampaignError> {
         Ok(match self.topology {
             Topology::Redis => vec!["redis".into()],
             Topology::Sentinel => vec![member(&["leader", "sentinel"])?],
             Topology::Redlock => (1..=3).map(|i| format!("redlock-{i}")).collect(),
+            Topology::Cluster => {
+                let key = lockkit::LockKey::new(lockkit::LockKey::DEFAULT_NAMESPACE, key)?;
+                let slot = lockkit::redis::RedisClusterBackend::slot_of(&key);
+                vec![member(&["leader", "redis-cluster", &slot.to_string()])?]
+            }
             Topology::Etcd => vec![member(&["leader", "etcd"])?],
             Topology::Zk => vec![member(&["leader", "zk"])?],
         })
@@ -188,13 +207,17 @@ pub fn member(args: &[&str]) -> Result<String, CampaignError> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// Restarts `name` and, for a Sentinel member, waits until it has rejoined as a replica (a
-/// restarted primary comes back as a second primary and is demoted only later).
+/// Restarts `name` and, for a Sentinel or cluster member, waits until it has rejoined (a
+/// restarted Sentinel primary comes back as a second primary and is demoted only later; a
+/// cluster primary comes back as a replica of the one promoted in its place).
 ///
 /// # Errors
 /// When it does not come back within 40 s.
 pub async fn restore(name: &str) -> Result<(), CampaignError> {
     member(&["restart", name])?;
+    if name.starts_with("cluster-") {
+        return cluster_settled(name).await;
+    }
     if !name.starts_with("sentinel-") {
         return Ok(());
     }
@@ -225,6 +248,9 @@ pub async fn restore(name: &str) -> Result<(), CampaignError> {
 /// # Errors
 /// When it has not within 40 s.
 pub async fn restore_if_replaced(name: &str) -> Result<(), CampaignError> {
+    if name.starts_with("cluster-") {
+        return cluster_settled(name).await;
+    }
     let port = Tier::port_of(name)?;
     let by = std::time::Instant::now() + Duration::from_secs(40);
     while std::time::Instant::now() < by {
@@ -242,4 +268,31 @@ pub async fn restore_if_replaced(name: &str) -> Result<(), CampaignError> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Err(CampaignError(format!("{name} did not settle within 40 s")))
+}
+
+/// Waits until the cluster member `name` sees a cluster that serves every slot, and is
+/// either a primary or a replica whose link to its primary is up.
+async fn cluster_settled(name: &str) -> Result<(), CampaignError> {
+    let port = Tier::port_of(name)?;
+    let by = std::time::Instant::now() + Duration::from_secs(40);
+    let cli = |args: &[&str]| {
+        Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    while std::time::Instant::now() < by {
+        let replication = cli(&["info", "replication"]);
+        let linked =
+            replication.contains("role:master") || replication.contains("master_link_status:up");
+        if linked && cli(&["cluster", "info"]).contains("cluster_state:ok") {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(CampaignError(format!(
+        "{name} did not rejoin the cluster within 40 s"
+    )))
 }

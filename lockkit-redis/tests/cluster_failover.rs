@@ -63,7 +63,8 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
         panic!("the cluster harness runs on a cluster");
     };
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
-    let slot = common::cluster_slot(&LockKey::new(&namespace, "order").unwrap());
+    let slot =
+        lockkit_redis::RedisClusterBackend::slot_of(&LockKey::new(&namespace, "order").unwrap());
     let primary = common::cluster_owner(config, slot).await.unwrap();
     let replica = common::cluster_nodes(config)
         .await

@@ -91,11 +91,14 @@ async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
     };
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let contended = LockKey::new(&namespace, "contended").unwrap();
-    let slot = common::cluster_slot(&contended);
+    let slot = lockkit_redis::RedisClusterBackend::slot_of(&contended);
     // Another lock of the same slot, held (and renewed) all along.
     let held_name = (0..)
         .map(|i| format!("held-{i}"))
-        .find(|name| common::cluster_slot(&LockKey::new(&namespace, name).unwrap()) == slot)
+        .find(|name| {
+            lockkit_redis::RedisClusterBackend::slot_of(&LockKey::new(&namespace, name).unwrap())
+                == slot
+        })
         .unwrap();
     let origin = common::cluster_owner(config, slot).await.unwrap();
     let destination = common::cluster_nodes(config)

@@ -123,6 +123,13 @@ impl RedisClusterBackend {
         Ok(backend)
     }
 
+    /// The hash slot that every key of `key`'s lock lives in (its mutex, semaphore,
+    /// read-write lock and election alike): `CLUSTER KEYSLOT` of any of them. The primary
+    /// that serves it holds the lock.
+    pub fn slot_of(key: &LockKey) -> u16 {
+        slot_of(key)
+    }
+
     /// The configuration this backend was connected with.
     pub fn config(&self) -> &RedisConfig {
         &self.inner.config

@@ -535,23 +535,6 @@ pub async fn cluster_nodes(config: &RedisConfig) -> Vec<ClusterNode> {
     panic!("no node of the cluster answered CLUSTER NODES");
 }
 
-/// The slot Redis Cluster hashes `key`'s lock keys to (CRC16 of the hash tag
-/// `namespace/name`, modulo 16384).
-pub fn cluster_slot(key: &LockKey) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in format!("{}/{}", key.namespace(), key.name()).as_bytes() {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 /// The node that serves `slot` now, as the first node that answers sees it; `None` while
 /// none does (its primary failed and no replica took over yet).
 pub async fn cluster_owner(config: &RedisConfig, slot: u16) -> Option<ClusterNode> {
