@@ -70,11 +70,17 @@ pub(crate) fn member(args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// The member whose death W5 causes, for a target.
-pub(crate) fn member_to_kill(target: &str) -> Option<String> {
+/// The member whose death W5 causes, for a target and the lock `key` W5 contends for (of
+/// the default namespace): on the cluster, the primary of the key's slot.
+pub(crate) fn member_to_kill(target: &str, key: &str) -> Option<String> {
     match target {
         "redis" => Some("redis".into()),
         "redis-sentinel" => member(&["leader", "sentinel"]),
+        "redis-cluster" => {
+            let key = lockkit::LockKey::new(lockkit::LockKey::DEFAULT_NAMESPACE, key).ok()?;
+            let slot = lockkit::redis::RedisClusterBackend::slot_of(&key).to_string();
+            member(&["leader", "redis-cluster", &slot])
+        }
         "redlock-5" => Some("redlock-1".into()),
         "etcd-3" => member(&["leader", "etcd"]),
         "zk-3" => member(&["leader", "zk"]),
@@ -89,7 +95,7 @@ pub(crate) async fn restore(name: &str) {
         eprintln!("warning: could not restart {name}");
         return;
     }
-    if !name.starts_with("sentinel-") {
+    if !name.starts_with("sentinel-") && !name.starts_with("cluster-") {
         return;
     }
     let Some(port) =
@@ -114,10 +120,10 @@ pub(crate) async fn restore(name: &str) {
 
 /// W5: the deciding server dies while clients contend.
 pub(crate) async fn failover(target: &str, url: &str) -> lockkit::Result<Option<Failover>> {
-    let Some(victim) = member_to_kill(target) else {
+    let key = format!("w5-failover-{:08x}", rand::random::<u32>());
+    let Some(victim) = member_to_kill(target, &key) else {
         return Ok(None);
     };
-    let key = format!("w5-failover-{:08x}", rand::random::<u32>());
     let inside = Arc::new(AtomicU64::new(0));
     let resource = Arc::new(std::sync::Mutex::new(FencedResource::default()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -8,7 +8,8 @@
 //! as each lockkit and rslock worker has. There is no single "same server work" for waiting, so each
 //! floor is the best waiting a careful hand-written client does with that protocol, not the
 //! simplest one:
-//! - Redis (single, and the Sentinel primary directly): lockkit-redis's own `acquire.lua` and
+//! - Redis (single, the Sentinel primary directly, and the cluster primary that serves the
+//!   floor's key directly): lockkit-redis's own `acquire.lua` and
 //!   `release.lua`. Each worker subscribes once, up front, to the release channel that
 //!   `release.lua` publishes on; a contended attempt waits for the next release message, or
 //!   for the holder's remaining TTL (the `PTTL` the script returns) if the holder dies
@@ -87,6 +88,10 @@ impl Floor {
             "redis" => Some(Floor::Redis(redis_at(&url_host(url)?).await?, key)),
             "redis-sentinel" => Some(Floor::Redis(
                 redis_at(&sentinel_primary(url).await?).await?,
+                key,
+            )),
+            "redis-cluster" => Some(Floor::Redis(
+                redis_at(&cluster_primary(url, &key).await?).await?,
                 key,
             )),
             "redlock-5" => {
@@ -303,6 +308,26 @@ async fn sentinel_primary(url: &str) -> Result<String, BoxError> {
     Err(format!("no Sentinel knows the primary {master:?}").into())
 }
 
+/// The cluster primary that serves `key`: the node a `MOVED` answer names, or the first node
+/// of the `redis+cluster://` URL if it serves the key itself.
+async fn cluster_primary(url: &str, key: &str) -> Result<String, BoxError> {
+    let seed = url_host(url)?;
+    let mut con = redis::Client::open(format!("redis://{seed}"))?
+        .get_multiplexed_async_connection()
+        .await?;
+    match redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(&mut con)
+        .await
+    {
+        Ok(_) => Ok(seed),
+        Err(e) => match e.redirect_node() {
+            Some((addr, _slot)) => Ok(addr.to_owned()),
+            None => Err(e.into()),
+        },
+    }
+}
+
 /// How long a Redlock floor waiter pauses before it tries again: uniform in this range.
 pub(crate) const REDLOCK_RETRY: (Duration, Duration) =
     (Duration::from_millis(1), Duration::from_millis(10));
@@ -379,16 +404,17 @@ impl ContendedFloor {
     pub(crate) async fn connect(target: &str, url: &str) -> Result<Option<Self>, BoxError> {
         let run = format!("{:08x}", rand::random::<u32>());
         Ok(match target {
-            "redis" | "redis-sentinel" => {
-                let host = if target == "redis" {
-                    url_host(url)?
-                } else {
-                    sentinel_primary(url).await?
+            "redis" | "redis-sentinel" | "redis-cluster" => {
+                let key = format!("{{floor/w2-{run}}}");
+                let host = match target {
+                    "redis" => url_host(url)?,
+                    "redis-sentinel" => sentinel_primary(url).await?,
+                    _ => cluster_primary(url, &key).await?,
                 };
                 Some(ContendedFloor::Redis {
                     con: redis_at(&host).await?,
                     host,
-                    key: format!("{{floor/w2-{run}}}"),
+                    key,
                 })
             }
             "redlock-5" => {

@@ -242,7 +242,7 @@ async fn main() -> lockkit::Result<()> {
     for (name, url) in targets {
         let reference = single_redis
             .as_ref()
-            .filter(|_| matches!(name, "redis-sentinel" | "redlock-5"))
+            .filter(|_| matches!(name, "redis-sentinel" | "redis-cluster" | "redlock-5"))
             .map(|locks| speed::Reference {
                 name: "redis",
                 locks,

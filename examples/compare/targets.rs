@@ -4,12 +4,17 @@
 use lockkit::BackendKind;
 
 /// Every server tier: its name in the tables, the variable naming its URL, its backend.
-const SERVER_TIERS: [(&str, &str, BackendKind); 5] = [
+const SERVER_TIERS: [(&str, &str, BackendKind); 6] = [
     ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
     (
         "redis-sentinel",
         "LOCKKIT_TEST_SENTINEL_URL",
         BackendKind::RedisSentinel,
+    ),
+    (
+        "redis-cluster",
+        "LOCKKIT_TEST_REDIS_CLUSTER_URL",
+        BackendKind::RedisCluster,
     ),
     (
         "redlock-5",
