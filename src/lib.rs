@@ -29,7 +29,8 @@ pub use lockkit_core::metrics;
 /// [`EtcdConfig`](lockkit_etcd::EtcdConfig).
 #[cfg(feature = "etcd")]
 pub use lockkit_etcd as etcd;
-/// The Redis backends (`redis`, `redis-sentinel`, `redlock`), for building them directly.
+/// The Redis backends (`redis`, `redis-sentinel`, `redis-cluster`, `redlock`), for building them
+/// directly.
 #[cfg(feature = "redis")]
 pub use lockkit_redis as redis;
 /// The ZooKeeper backend (feature `zk`).

@@ -373,6 +373,19 @@ mod redis {
             ("backend = \"redlock\"", "at least 3"),
             ("backend = \"redis\"\n[redis]\nbogus = 1", "bogus"),
             (
+                "backend = \"redis\"\n[redis]\ncluster = true",
+                "redis-cluster",
+            ),
+            (
+                "backend = \"redis-cluster\"\nurl = \"redis://a:1\"",
+                "the url selects",
+            ),
+            ("url = \"redis+cluster://a,b,c/2\"", "database 0"),
+            (
+                "backend = \"redis-cluster\"\n[redis]\nsentinel_master = \"m\"",
+                "exclude each other",
+            ),
+            (
                 "url = \"redlock://a,b,c\"\n[redlock]\nnode_timeout = \"0s\"",
                 "node_timeout",
             ),
@@ -390,6 +403,26 @@ mod redis {
         ]))
         .expect_err("unknown field");
         assert!(err.to_string().contains("hosts"), "{err}");
+    }
+
+    #[test]
+    fn a_cluster_comes_from_its_url_its_backend_or_the_environment() {
+        let config = LockkitConfig::from_url("redis+cluster://app:pw@10.0.0.1,10.0.0.2:7001")
+            .expect("cluster url");
+        assert_eq!(config.backend, BackendKind::RedisCluster);
+        let redis = config.redis_config().expect("merged");
+        assert!(redis.cluster);
+        assert_eq!(redis.hosts, ["10.0.0.1:6379", "10.0.0.2:7001"]);
+        assert_eq!(redis.username.as_deref(), Some("app"));
+        let config = LockkitConfig::load_from(vars(&[
+            ("LOCKKIT_BACKEND", "redis-cluster"),
+            ("LOCKKIT_REDIS_HOSTS", r#"["a:1", "b:2"]"#),
+            ("LOCKKIT_REDIS_MIN_REPLICAS", "1"),
+        ]))
+        .expect("cluster from variables");
+        let redis = config.redis_config().expect("merged");
+        assert!(redis.cluster, "backend = redis-cluster names the mode");
+        assert_eq!(redis.min_replicas, 1);
     }
 
     #[tokio::test]

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use lockkit_core::backend::LockBackend;
 use lockkit_core::{ErrorKind, LockClient};
-use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use lockkit_redis::{
+    RedisBackend, RedisClusterBackend, RedisConfig, RedlockBackend, RedlockConfig,
+};
 
 /// A TCP server that accepts connections and never answers.
 async fn blackhole() -> (String, tokio::task::JoinHandle<()>) {
@@ -43,6 +45,48 @@ async fn refused_connection_is_unavailable_at_once() {
         "took {:?}",
         started.elapsed()
     );
+}
+
+/// The cluster backend's own refusals: no cluster node answering (bounded, retryable), a
+/// plain server named as a cluster (a configuration error, said as such), and each backend
+/// given the other's configuration.
+#[tokio::test]
+async fn cluster_misconfigurations_are_typed_and_bounded() {
+    let mut config =
+        RedisConfig::from_url(&format!("redis+cluster://{}", closed_port().await)).unwrap();
+    config.connect_timeout = Duration::from_millis(300);
+    config.response_timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let err = RedisClusterBackend::connect(config).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let plain = RedisConfig::from_url("redis://127.0.0.1:6379").unwrap();
+    let err = RedisClusterBackend::connect(plain).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let cluster = RedisConfig::from_url("redis+cluster://127.0.0.1:6379").unwrap();
+    let err = RedisBackend::connect(cluster).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(err.message().contains("RedisClusterBackend"), "{err}");
+
+    let Some(harness) = common::single().await else {
+        return;
+    };
+    let common::Topology::Single(single) = &harness.topology else {
+        panic!("the single harness runs on one server");
+    };
+    let not_a_cluster =
+        RedisConfig::from_url(&format!("redis+cluster://{}", single.hosts[0])).unwrap();
+    let err = RedisClusterBackend::connect(not_a_cluster)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(err.message().contains("not a Redis Cluster node"), "{err}");
 }
 
 #[tokio::test]

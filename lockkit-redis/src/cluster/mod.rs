@@ -176,8 +176,11 @@ impl RedisClusterBackend {
             return Ok(());
         }
         let mut candidates = self.map().primaries();
-        candidates.extend(self.inner.seeds.iter().cloned());
-        candidates.dedup();
+        for seed in &self.inner.seeds {
+            if !candidates.contains(seed) {
+                candidates.push(seed.clone());
+            }
+        }
         let mut failures = Vec::new();
         for addr in candidates {
             match self.read_map(&addr).await {
@@ -190,18 +193,33 @@ impl RedisClusterBackend {
                     *refreshed = Some(Instant::now());
                     return Ok(());
                 }
-                Err(e) => failures.push(format!("{}:{}: {}", addr.0, addr.1, e.message())),
+                Err(e) => failures.push((addr, e)),
             }
         }
+        // Every node refusing the same way for a reason retries cannot fix (credentials, a
+        // server that is no cluster node) is that error, not an outage.
+        let kind = match failures.first() {
+            Some((_, first))
+                if !first.is_retryable()
+                    && failures.iter().all(|(_, e)| e.kind() == first.kind()) =>
+            {
+                first.kind()
+            }
+            _ => ErrorKind::Unavailable,
+        };
+        let details: Vec<String> = failures
+            .iter()
+            .map(|((host, port), e)| format!("{host}:{port}: {}", e.message()))
+            .collect();
         Err(Error::new(
-            ErrorKind::Unavailable,
+            kind,
             BACKEND,
             format!(
                 "no node of the cluster answered CLUSTER SLOTS: {}",
-                failures.join("; ")
+                details.join("; ")
             ),
         )
-        .with_retryable(true))
+        .with_retryable(kind == ErrorKind::Unavailable))
     }
 
     /// `CLUSTER SLOTS` from the node at `addr`, on a connection of its own.
@@ -212,7 +230,10 @@ impl RedisClusterBackend {
         let reply: redis::Value = dialer
             .bounded("reading the cluster's slots", async move {
                 let mut con = client.get_multiplexed_async_connection().await?;
-                redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut con).await
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut con)
+                    .await
             })
             .await
             .map_err(|e| {
@@ -220,10 +241,7 @@ impl RedisClusterBackend {
                     Error::new(
                         ErrorKind::InvalidConfig,
                         BACKEND,
-                        format!(
-                            "{}:{} is not a Redis Cluster node (cluster support disabled): use a redis:// URL",
-                            addr.0, addr.1
-                        ),
+                        "not a Redis Cluster node (cluster support disabled): use a redis:// URL",
                     )
                 } else {
                     e
