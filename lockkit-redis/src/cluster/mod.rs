@@ -370,8 +370,57 @@ impl LockBackend for RedisClusterBackend {
         .await
     }
 
+    /// One pipeline per primary for the leases its slots hold, as the map says; a lease
+    /// whose answer says its slot moved, is migrating or lost its primary goes again alone,
+    /// following its slot.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        join_all(leases.iter().map(|lease| self.renew(lease))).await
+        let map = self.map();
+        let mut by_owner: HashMap<Addr, Vec<usize>> = HashMap::new();
+        for (i, lease) in leases.iter().enumerate() {
+            if let Some(owner) = map.owner(slot_of(lease.key())) {
+                by_owner.entry(owner.clone()).or_default().push(i);
+            }
+        }
+        let mut results: Vec<Option<Result<Renewal>>> = leases.iter().map(|_| None).collect();
+        let batches = join_all(by_owner.into_iter().map(|(owner, indices)| async move {
+            let batch: Vec<Lease> = indices.iter().map(|&i| leases[i].clone()).collect();
+            let renewed = match self.node(&owner).await {
+                Ok(node) => node.renew_many(&batch).await,
+                Err(e) => batch
+                    .iter()
+                    .map(|_| Err(crate::error::repeat(&e)))
+                    .collect(),
+            };
+            (indices, renewed)
+        }))
+        .await;
+        for (indices, renewed) in batches {
+            for (i, result) in indices.into_iter().zip(renewed) {
+                results[i] = Some(result);
+            }
+        }
+        let again = results.iter().enumerate().filter_map(|(i, r)| match r {
+            None => Some(i),
+            Some(Err(e)) if Reroute::of(e).is_some() => Some(i),
+            Some(_) => None,
+        });
+        let again: Vec<usize> = again.collect();
+        let retried = join_all(again.iter().map(|&i| self.renew(&leases[i]))).await;
+        for (i, result) in again.into_iter().zip(retried) {
+            results[i] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorKind::Backend,
+                        BACKEND,
+                        "a renewal got no answer",
+                    ))
+                })
+            })
+            .collect()
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
