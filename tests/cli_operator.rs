@@ -114,6 +114,11 @@ fn operators_see_and_break_locks_on_sentinel() {
 }
 
 #[test]
+fn operators_see_and_break_locks_on_redis_cluster() {
+    operators_see_and_break_locks("LOCKKIT_TEST_REDIS_CLUSTER_URL");
+}
+
+#[test]
 fn operators_see_and_break_locks_on_redlock() {
     operators_see_and_break_locks("LOCKKIT_TEST_REDLOCK_URL");
 }

@@ -79,6 +79,20 @@ async fn sentinels_agree_on_the_primary() {
 }
 
 #[tokio::test]
+async fn the_redis_cluster_serves_every_slot() {
+    let Some(hosts) = hosts("LOCKKIT_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    assert_eq!(hosts.len(), 3);
+    for host in &hosts {
+        let info = exchange(host, b"CLUSTER INFO\r\n").await;
+        assert!(info.contains("cluster_state:ok"), "{host}: {info}");
+        assert!(info.contains("cluster_slots_ok:16384"), "{host}: {info}");
+        assert!(info.contains("cluster_known_nodes:6"), "{host}: {info}");
+    }
+}
+
+#[tokio::test]
 async fn etcd_members_are_healthy() {
     let Some(hosts) = hosts("LOCKKIT_TEST_ETCD_URL") else {
         return;

@@ -21,10 +21,11 @@ use tokio::io::AsyncBufReadExt;
 const DEAD: &str = "127.0.0.1:21599";
 
 /// Every tier variable the examples read.
-const TIER_VARIABLES: [&str; 5] = [
+const TIER_VARIABLES: [&str; 6] = [
     "LOCKKIT_TEST_REDIS_URL",
     "LOCKKIT_TEST_SENTINEL_URL",
     "LOCKKIT_TEST_REDLOCK_URL",
+    "LOCKKIT_TEST_REDIS_CLUSTER_URL",
     "LOCKKIT_TEST_ETCD_URL",
     "LOCKKIT_TEST_ZK_URL",
 ];
