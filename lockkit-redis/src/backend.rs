@@ -127,6 +127,23 @@ impl RedisBackend {
         Ok(backend)
     }
 
+    /// Forgets the waiter of `request` that an attempt registered with this backend's
+    /// notifier: a cluster's router calls it when the lock's slot moved to another primary.
+    pub(crate) fn forget_waiter(&self, request: &AcquireRequest) {
+        if request.hold == Hold::Exclusive {
+            self.primary
+                .epoch()
+                .notifier
+                .inbox()
+                .forget(&request.owner.digest_hex());
+        }
+    }
+
+    /// Whether `other` talks to the same primary through the same connections.
+    pub(crate) fn same_node(&self, other: &RedisBackend) -> bool {
+        Arc::ptr_eq(&self.primary, &other.primary)
+    }
+
     /// What a Redis backend offers, with waiters notified or polling.
     pub(crate) fn capabilities_with(notifies: bool) -> Capabilities {
         let wait = if notifies {

@@ -23,8 +23,9 @@ use crate::error::{BACKEND, timed_out};
 use route::Reroute;
 use slots::{Addr, SlotMap, slot_of};
 
-/// How long a request waits out a slot's migration before it fails with `Unavailable`,
-/// at most: past it, the caller's own retries (a waiting `lock()`'s error budget) take over.
+/// The pause between two tries of a request that met a slot's migration (`ASK`, `TRYAGAIN`,
+/// a second `MOVED`); the tries go on for the request bound at most, then the caller's own
+/// retries (a waiting `lock()`'s error budget) take over.
 const MIGRATION_PAUSE: Duration = Duration::from_millis(10);
 
 /// Reading the cluster's map more often than this does not find a failover faster.
@@ -261,6 +262,7 @@ impl RedisClusterBackend {
         let bound = self.inner.dialer.request_bound();
         let started = Instant::now();
         let mut refreshed_for_this = false;
+        let mut moves = 0u32;
         loop {
             let owner = self.map().owner(slot).cloned();
             let Some(owner) = owner else {
@@ -303,6 +305,12 @@ impl RedisClusterBackend {
                         .write()
                         .unwrap_or_else(PoisonError::into_inner)
                         .moved(slot, to);
+                    // Two nodes can send a request back and forth while a migration is being
+                    // finalized (each has yet to learn the other's `SETSLOT ... NODE`).
+                    moves += 1;
+                    if moves > 1 {
+                        tokio::time::sleep(MIGRATION_PAUSE).await;
+                    }
                 }
                 Reroute::Migrating => tokio::time::sleep(MIGRATION_PAUSE).await,
                 Reroute::Unreachable => {
@@ -338,10 +346,24 @@ impl LockBackend for RedisClusterBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        self.on_key(&request.key, "acquiring", |node| async move {
-            node.try_acquire(request).await
-        })
-        .await
+        let tried = StdMutex::new(Vec::<RedisBackend>::new());
+        let outcome = self
+            .on_key(&request.key, "acquiring", |node| {
+                tried
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(node.clone());
+                async move { node.try_acquire(request).await }
+            })
+            .await;
+        // A primary the attempt left (the slot moved on) forgets the waiter it registered.
+        let tried = tried.into_inner().unwrap_or_else(PoisonError::into_inner);
+        if let Some((last, earlier)) = tried.split_last() {
+            for node in earlier.iter().filter(|node| !node.same_node(last)) {
+                node.forget_waiter(request);
+            }
+        }
+        outcome
     }
 
     async fn wait_for_change(
