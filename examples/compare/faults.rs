@@ -78,7 +78,7 @@ pub(crate) fn member_to_kill(target: &str, key: &str) -> Option<String> {
         "redis-sentinel" => member(&["leader", "sentinel"]),
         "redis-cluster" => {
             let key = lockkit::LockKey::new(lockkit::LockKey::DEFAULT_NAMESPACE, key).ok()?;
-            let slot = lockkit::redis::RedisClusterBackend::slot_of(&key).to_string();
+            let slot = lockkit::redis::RedisClusterBackend::slot_of(&key)?.to_string();
             member(&["leader", "redis-cluster", &slot])
         }
         "redlock-5" => Some("redlock-1".into()),

@@ -144,7 +144,8 @@ impl Tier {
             Topology::Redlock => (1..=3).map(|i| format!("redlock-{i}")).collect(),
             Topology::Cluster => {
                 let key = lockkit::LockKey::new(lockkit::LockKey::DEFAULT_NAMESPACE, key)?;
-                let slot = lockkit::redis::RedisClusterBackend::slot_of(&key);
+                let slot = lockkit::redis::RedisClusterBackend::slot_of(&key)
+                    .ok_or_else(|| CampaignError(format!("{key} has no hash slot of its own")))?;
                 vec![member(&["leader", "redis-cluster", &slot.to_string()])?]
             }
             Topology::Etcd => vec![member(&["leader", "etcd"])?],

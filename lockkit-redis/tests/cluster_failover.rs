@@ -64,7 +64,8 @@ async fn failover_grants_twice_without_min_replicas_and_min_replicas_refuses() {
     };
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let slot =
-        lockkit_redis::RedisClusterBackend::slot_of(&LockKey::new(&namespace, "order").unwrap());
+        lockkit_redis::RedisClusterBackend::slot_of(&LockKey::new(&namespace, "order").unwrap())
+            .unwrap();
     let primary = common::cluster_owner(config, slot).await.unwrap();
     let replica = common::cluster_nodes(config)
         .await

@@ -91,13 +91,13 @@ async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
     };
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let contended = LockKey::new(&namespace, "contended").unwrap();
-    let slot = lockkit_redis::RedisClusterBackend::slot_of(&contended);
+    let slot = lockkit_redis::RedisClusterBackend::slot_of(&contended).unwrap();
     // Another lock of the same slot, held (and renewed) all along.
     let held_name = (0..)
         .map(|i| format!("held-{i}"))
         .find(|name| {
             lockkit_redis::RedisClusterBackend::slot_of(&LockKey::new(&namespace, name).unwrap())
-                == slot
+                == Some(slot)
         })
         .unwrap();
     let origin = common::cluster_owner(config, slot).await.unwrap();

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures_util::StreamExt as _;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use lockkit_core::backend::{
     AcquireRequest, Attempt, Contention, Grant, Leader, Lease, LockBackend, LockPage, Renewal,
 };
@@ -19,7 +21,7 @@ use tokio::sync::OnceCell;
 use crate::backend::RedisBackend;
 use crate::config::{RedisConfig, parse_host};
 use crate::connection::Dialer;
-use crate::error::{BACKEND, timed_out};
+use crate::error::BACKEND;
 use route::Reroute;
 use slots::{Addr, SlotMap, slot_of};
 
@@ -45,14 +47,21 @@ const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 ///   the map of slots to primaries (`CLUSTER SLOTS`, read at connect time from any of the
 ///   configured nodes, and again after a failover).
 /// - **Resharding**: a `MOVED` answer (the request did not run) sends it again to the new
-///   primary at once; `ASK` / `TRYAGAIN` (the slot is migrating and the lock's keys are not
-///   all on one side yet) are waited out, a few milliseconds at a time, until the keys have
-///   moved, within the request bound (`connect_timeout + response_timeout`). A held lock
-///   whose slot moved is renewed on its new primary: `MIGRATE` keeps the keys' TTLs.
+///   primary at once; `ASK` / `TRYAGAIN` (the slot is migrating and the request's keys are
+///   not all on the source) are waited out, 10 ms at a time, within the request bound
+///   (`connect_timeout + response_timeout`): `ASKING` is not sent, so a request waits until
+///   its keys are back on one side, and one whose keys include some that do not exist (a
+///   queue nobody waits in) until the slot's migration is over (`SETSLOT ... NODE`). A held
+///   lock whose slot moved is renewed on its new primary (`MIGRATE` keeps the keys' TTLs);
+///   a migration that outlasts the bound fails the slot's requests with a retryable
+///   `Unavailable` meanwhile, and a lease whose renewals cannot get through before its
+///   validity ends is reported lost.
 /// - **Failover**: a primary that does not answer, or `CLUSTERDOWN`, makes the router read
-///   the map again (from any node that answers), and the request goes to the slot's new
-///   primary (a promoted replica) if there is one; otherwise the error is returned
-///   (`Unavailable`, retryable: a waiting `lock()` retries it within its error budget).
+///   the map again (from every other node at once, every 100 ms), and the request goes to
+///   the slot's new primary (a promoted replica) once there is one, within the request
+///   bound; otherwise it fails with `Unavailable` (retryable: a waiting `lock()` retries it
+///   within its error budget). A release sent again this way that finds the lock gone is
+///   `Unavailable` too: the first send may have released it.
 ///   A lock whose grant had not reached the replica before the failover is gone on the new
 ///   primary: its next renewal finds it missing, and the guard reports `lost()`. The same
 ///   asynchronous replication lets another client be granted it meanwhile: `min_replicas`
@@ -75,6 +84,9 @@ struct Inner {
     nodes: StdMutex<HashMap<Addr, Arc<OnceCell<RedisBackend>>>>,
     /// When the map was last read; held while it is read, so one read runs at a time.
     refreshed: tokio::sync::Mutex<Option<Instant>>,
+    /// The primary each queued mutex waiter (by owner digest) last attempted on: the one
+    /// that registered it for a hand-over, and the one whose notifier its wait listens to.
+    waiters: StdMutex<HashMap<String, RedisBackend>>,
 }
 
 impl RedisClusterBackend {
@@ -106,9 +118,10 @@ impl RedisClusterBackend {
                 map: RwLock::default(),
                 nodes: StdMutex::default(),
                 refreshed: tokio::sync::Mutex::new(None),
+                waiters: StdMutex::default(),
             }),
         };
-        backend.refresh(None).await?;
+        backend.refresh(None, None).await?;
         if !backend.map().is_complete() {
             return Err(Error::new(
                 ErrorKind::Unavailable,
@@ -126,14 +139,36 @@ impl RedisClusterBackend {
 
     /// The hash slot that every key of `key`'s lock lives in (its mutex, semaphore,
     /// read-write lock and election alike): `CLUSTER KEYSLOT` of any of them. The primary
-    /// that serves it holds the lock.
-    pub fn slot_of(key: &LockKey) -> u16 {
+    /// that serves it holds the lock. `None` for a key the cluster backend refuses
+    /// (`InvalidKey`): one whose namespace starts with `}`, which leaves its keys without a
+    /// common hash tag.
+    pub fn slot_of(key: &LockKey) -> Option<u16> {
         slot_of(key)
     }
 
     /// The configuration this backend was connected with.
     pub fn config(&self) -> &RedisConfig {
         &self.inner.config
+    }
+
+    fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<String, RedisBackend>> {
+        self.inner
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The backend of the primary that serves `key`'s slot now, if it is connected.
+    fn current_node(&self, key: &LockKey) -> Option<RedisBackend> {
+        let owner = slot_of(key).and_then(|slot| self.map().owner(slot).cloned())?;
+        let cell = self
+            .inner
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&owner)
+            .cloned()?;
+        cell.get().cloned()
     }
 
     fn map(&self) -> SlotMap {
@@ -166,10 +201,12 @@ impl RedisClusterBackend {
         Ok(node.clone())
     }
 
-    /// Reads the map again, from the primaries it names and then the configured nodes, the
-    /// first that answers. Skipped when it was read after `since` (another request's read
-    /// found what this one would) or less than [`REFRESH_INTERVAL`] ago.
-    async fn refresh(&self, since: Option<Instant>) -> Result<()> {
+    /// Reads the map again, asking the primaries it names and the configured nodes at once
+    /// (`failed`, a primary that did not answer, only if no other does), and takes the first
+    /// answer; forgets the primaries that are no longer in it. Skipped when it was read after
+    /// `since` (another request's read found what this one would) or less than
+    /// [`REFRESH_INTERVAL`] ago.
+    async fn refresh(&self, since: Option<Instant>, failed: Option<&Addr>) -> Result<()> {
         let mut refreshed = self.inner.refreshed.lock().await;
         if let (Some(last), Some(since)) = (*refreshed, since)
             && (last > since || last.elapsed() < REFRESH_INTERVAL)
@@ -182,19 +219,36 @@ impl RedisClusterBackend {
                 candidates.push(seed.clone());
             }
         }
+        if let Some(failed) = failed
+            && candidates.len() > 1
+        {
+            candidates.retain(|c| c != failed);
+        }
+        let mut reads: FuturesUnordered<_> = candidates
+            .iter()
+            .map(|addr| async move { (addr, self.read_map(addr).await) })
+            .collect();
         let mut failures = Vec::new();
-        for addr in candidates {
-            match self.read_map(&addr).await {
+        while let Some((addr, read)) = reads.next().await {
+            match read {
                 Ok(map) => {
+                    let primaries = map.primaries();
                     *self
                         .inner
                         .map
                         .write()
                         .unwrap_or_else(PoisonError::into_inner) = map;
+                    // A primary that left (demoted, removed) takes its connections with it
+                    // once the requests in flight there are done.
+                    self.inner
+                        .nodes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .retain(|addr, _| primaries.contains(addr));
                     *refreshed = Some(Instant::now());
                     return Ok(());
                 }
-                Err(e) => failures.push((addr, e)),
+                Err(e) => failures.push((addr.clone(), e)),
             }
         }
         // Every node refusing the same way for a reason retries cannot fix (credentials, a
@@ -252,33 +306,40 @@ impl RedisClusterBackend {
     }
 
     /// Runs `request` on the primary of `key`'s slot, following the slot when it moved or
-    /// is migrating and the map when a primary failed, within the request bound.
+    /// is migrating and the map when the primary failed, within the request bound (and one
+    /// more request, on a replica promoted meanwhile). `request` learns whether an earlier
+    /// try may have run on a primary that failed since (its answer never came).
     async fn on_key<T, F, Fut>(&self, key: &LockKey, what: &str, request: F) -> Result<T>
     where
-        F: Fn(RedisBackend) -> Fut,
+        F: Fn(RedisBackend, bool) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let slot = slot_of(key);
+        let slot = slot_of(key).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidKey,
+                BACKEND,
+                format!("{key}: a namespace that starts with '}}' has no hash tag in a Redis Cluster (its keys would land in different slots)"),
+            )
+        })?;
         let bound = self.inner.dialer.request_bound();
         let started = Instant::now();
-        let mut refreshed_for_this = false;
+        let mut may_have_run = false;
         let mut moves = 0u32;
         loop {
-            let owner = self.map().owner(slot).cloned();
-            let Some(owner) = owner else {
-                self.refresh(Some(started)).await?;
+            let Some(owner) = self.map().owner(slot).cloned() else {
+                self.refresh(Some(Instant::now()), None).await?;
                 if self.map().owner(slot).is_none() {
                     return Err(Error::new(
                         ErrorKind::Unavailable,
                         BACKEND,
-                        format!("no primary serves slot {slot} (of {key})"),
+                        format!("{what}: no primary serves slot {slot} (of {key})"),
                     )
                     .with_retryable(true));
                 }
                 continue;
             };
             let outcome = match self.node(&owner).await {
-                Ok(node) => request(node).await,
+                Ok(node) => request(node, may_have_run).await,
                 Err(e) => Err(e),
             };
             let error = match outcome {
@@ -288,18 +349,14 @@ impl RedisClusterBackend {
             let Some(reroute) = Reroute::of(&error) else {
                 return Err(error);
             };
-            if started.elapsed() >= bound {
-                return Err(match reroute {
-                    Reroute::Migrating => timed_out(
-                        BACKEND,
-                        &format!("{what} (slot {slot} is being migrated)"),
-                        bound,
-                    ),
-                    _ => error,
-                });
-            }
             match reroute {
                 Reroute::Moved(to) => {
+                    // "MOVED <slot> :<port>": the host is the one that answered.
+                    let to = if to.0.is_empty() {
+                        (owner.0.clone(), to.1)
+                    } else {
+                        to
+                    };
                     self.inner
                         .map
                         .write()
@@ -314,21 +371,58 @@ impl RedisClusterBackend {
                 }
                 Reroute::Migrating => tokio::time::sleep(MIGRATION_PAUSE).await,
                 Reroute::Unreachable => {
-                    // Once per request: a primary that does not answer while the map still
-                    // names it is an outage the caller hears about (and retries).
-                    if refreshed_for_this {
-                        return Err(error);
+                    may_have_run = true;
+                    // Until a replica serves the slot, or the bound: the map is read again
+                    // (not the dead primary asked again, which costs a timeout each time).
+                    loop {
+                        let _ = self.refresh(Some(Instant::now()), Some(&owner)).await;
+                        if self.map().owner(slot).is_some_and(|now| *now != owner) {
+                            break;
+                        }
+                        if started.elapsed() + REFRESH_INTERVAL >= bound {
+                            return Err(unavailable(what, Some(slot), error));
+                        }
+                        tokio::time::sleep(REFRESH_INTERVAL).await;
                     }
-                    refreshed_for_this = true;
-                    if self.refresh(Some(started)).await.is_err()
-                        || self.map().owner(slot) == Some(&owner)
-                    {
-                        return Err(error);
-                    }
+                    continue;
                 }
+            }
+            if started.elapsed() >= bound {
+                return Err(unavailable(what, Some(slot), error));
             }
         }
     }
+}
+
+/// A release that found nothing, sent again after its first send went to a primary that
+/// failed before answering: the first send may have released the lock (and the replica
+/// learned it), or the grant never reached the replica. Which one, nobody can tell: not
+/// `Ok(false)`, which would say the lock was lost before its release.
+fn gone_when_sent_again(released: Result<bool>, resent: bool) -> Result<bool> {
+    match released {
+        Ok(false) if resent => Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the release was sent again after a failover and found the lock gone: the first send may have released it, or the grant was lost in the failover",
+        )),
+        other => other,
+    }
+}
+
+/// The error of a request whose slot had no primary to run it within the bound: the slot
+/// moving, migrating, or its primary failing over. Retryable: it will have one.
+fn unavailable(what: &str, slot: Option<u16>, error: Error) -> Error {
+    let slot = slot.map_or_else(|| "a lock's slot".to_owned(), |slot| format!("slot {slot}"));
+    Error::new(
+        ErrorKind::Unavailable,
+        BACKEND,
+        format!(
+            "{what}: {slot} had no primary to answer (moving, migrating or failing over): {}",
+            error.message()
+        ),
+    )
+    .with_retryable(true)
+    .with_source(error)
 }
 
 #[async_trait]
@@ -348,7 +442,7 @@ impl LockBackend for RedisClusterBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         let tried = StdMutex::new(Vec::<RedisBackend>::new());
         let outcome = self
-            .on_key(&request.key, "acquiring", |node| {
+            .on_key(&request.key, "acquiring", |node, _| {
                 tried
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -356,12 +450,22 @@ impl LockBackend for RedisClusterBackend {
                 async move { node.try_acquire(request).await }
             })
             .await;
-        // A primary the attempt left (the slot moved on) forgets the waiter it registered.
+        // A queued waiter stays registered with the primary it queued on; every other one it
+        // registered with (this attempt, or an earlier one, before the slot moved) forgets it.
+        let digest = request.owner.digest_hex();
         let tried = tried.into_inner().unwrap_or_else(PoisonError::into_inner);
-        if let Some((last, earlier)) = tried.split_last() {
-            for node in earlier.iter().filter(|node| !node.same_node(last)) {
+        let queued_on = match (&outcome, tried.last()) {
+            (Ok(Attempt::Contended(_)), Some(last)) if request.wait => Some(last.clone()),
+            _ => None,
+        };
+        let before = self.waiters().remove(&digest);
+        for node in tried.iter().chain(before.iter()) {
+            if !queued_on.as_ref().is_some_and(|q| node.same_node(q)) {
                 node.forget_waiter(request);
             }
+        }
+        if let Some(node) = queued_on {
+            self.waiters().insert(digest, node);
         }
         outcome
     }
@@ -372,21 +476,41 @@ impl LockBackend for RedisClusterBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        self.on_key(&request.key, "waiting", |node| async move {
-            node.wait_for_change(request, contention, max_wait).await
-        })
-        .await
+        // A wait listens where the attempt queued: if the slot has moved since, the next
+        // attempt goes to its new primary at once.
+        let digest = request.owner.digest_hex();
+        let queued_on = self.waiters().get(&digest).cloned();
+        if let Some(queued_on) = &queued_on
+            && !self
+                .current_node(&request.key)
+                .is_some_and(|now| now.same_node(queued_on))
+        {
+            return Ok(None);
+        }
+        let waited = self
+            .on_key(&request.key, "waiting", |node, _| async move {
+                node.wait_for_change(request, contention, max_wait).await
+            })
+            .await;
+        if matches!(waited, Ok(Some(_))) {
+            // Handed over: the waiter holds the lock and is registered nowhere.
+            self.waiters().remove(&digest);
+        }
+        waited
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        self.on_key(&request.key, "abandoning", |node| async move {
+        if let Some(queued_on) = self.waiters().remove(&request.owner.digest_hex()) {
+            queued_on.forget_waiter(request);
+        }
+        self.on_key(&request.key, "abandoning", |node, _| async move {
             node.abandon(request).await
         })
         .await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        self.on_key(lease.key(), "renewing", |node| async move {
+        self.on_key(lease.key(), "renewing", |node, _| async move {
             node.renew(lease).await
         })
         .await
@@ -399,7 +523,7 @@ impl LockBackend for RedisClusterBackend {
         let map = self.map();
         let mut by_owner: HashMap<Addr, Vec<usize>> = HashMap::new();
         for (i, lease) in leases.iter().enumerate() {
-            if let Some(owner) = map.owner(slot_of(lease.key())) {
+            if let Some(owner) = slot_of(lease.key()).and_then(|slot| map.owner(slot)) {
                 by_owner.entry(owner.clone()).or_default().push(i);
             }
         }
@@ -446,25 +570,23 @@ impl LockBackend for RedisClusterBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        self.on_key(lease.key(), "releasing", |node| async move {
-            node.release(lease).await
+        self.on_key(lease.key(), "releasing", |node, resent| async move {
+            gone_when_sent_again(node.release(lease).await, resent)
         })
         .await
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        self.on_key(lease.key(), "checking a lease", |node| async move {
+        self.on_key(lease.key(), "checking a lease", |node, _| async move {
             node.is_held(lease).await
         })
         .await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.on_key(
-            key,
-            "inspecting",
-            |node| async move { node.inspect(key).await },
-        )
+        self.on_key(key, "inspecting", |node, _| async move {
+            node.inspect(key).await
+        })
         .await
     }
 
@@ -479,7 +601,8 @@ impl LockBackend for RedisClusterBackend {
 
     /// The locks of each primary in turn (sorted by address); the cursor names the primary
     /// and its own cursor. A lock whose slot moves while the listing runs may be listed
-    /// twice or not at all, as a `SCAN` over a server that changes may.
+    /// twice or not at all, as a `SCAN` over a server that changes may; a page that meets a
+    /// lock whose slot is moving fails with `Unavailable` (retryable: ask for it again).
     async fn list(
         &self,
         namespace: &str,
@@ -506,7 +629,13 @@ impl LockBackend for RedisClusterBackend {
                 .node(addr)
                 .await?
                 .list(namespace, prefix, inner.as_deref(), limit)
-                .await?;
+                .await
+                .map_err(|e| match Reroute::of(&e) {
+                    // A listed lock's slot moved or is migrating (its look failed): this
+                    // page again, from the same cursor, finds it where it went.
+                    Some(_) => unavailable("listing locks", None, e),
+                    None => e,
+                })?;
             if let Some(next) = page.next {
                 return Ok(LockPage::new(
                     page.locks,
@@ -527,21 +656,21 @@ impl LockBackend for RedisClusterBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.on_key(key, "breaking the lock", |node| async move {
-            node.force_release(key).await
+        self.on_key(key, "breaking the lock", |node, resent| async move {
+            gone_when_sent_again(node.force_release(key).await, resent)
         })
         .await
     }
 
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
-        self.on_key(lease.key(), "proclaiming", |node| async move {
+        self.on_key(lease.key(), "proclaiming", |node, _| async move {
             node.proclaim(lease, value).await
         })
         .await
     }
 
     async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
-        self.on_key(key, "reading the leader", |node| async move {
+        self.on_key(key, "reading the leader", |node, _| async move {
             node.leader(key).await
         })
         .await
@@ -553,7 +682,7 @@ impl LockBackend for RedisClusterBackend {
         seen: Option<&Leader>,
         max_wait: Duration,
     ) -> Result<()> {
-        self.on_key(key, "waiting for a leader change", |node| async move {
+        self.on_key(key, "waiting for a leader change", |node, _| async move {
             node.wait_for_leader_change(key, seen, max_wait).await
         })
         .await

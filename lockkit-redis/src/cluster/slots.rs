@@ -5,6 +5,7 @@ use lockkit_core::{Error, ErrorKind, LockKey, Result};
 use redis::Value;
 
 use crate::error::BACKEND;
+use crate::scripts::Keys;
 
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
@@ -12,11 +13,23 @@ pub(crate) const SLOTS: u16 = 16384;
 /// A primary's address.
 pub(crate) type Addr = (String, u16);
 
-/// The slot of every key of `key`'s lock, semaphore and read-write lock: they all carry the
-/// hash tag `{namespace/name}` (see `Keys::of`), so a script's keys are always in one slot.
-pub(crate) fn slot_of(key: &LockKey) -> u16 {
-    let tag = format!("{}/{}", key.namespace(), key.name());
-    crc16(tag.as_bytes()) % SLOTS
+/// The slot of every key of `key`'s lock, semaphore and read-write lock: they all start
+/// with the lock key `{namespace/name}` (see `Keys::of`), so they share its hash tag, the
+/// text between its first `{` and the first `}` after it (`ns/a` for a name `a}b`). `None`
+/// when that tag is empty (a namespace that starts with `}`): Redis then hashes each key
+/// whole, and a lock's keys would land in different slots.
+pub(crate) fn slot_of(key: &LockKey) -> Option<u16> {
+    let lock = Keys::of(key).lock;
+    let tag = hash_tag(&lock)?;
+    Some(crc16(tag.as_bytes()) % SLOTS)
+}
+
+/// The part of `redis_key` that Redis Cluster hashes when it has a non-empty hash tag.
+fn hash_tag(redis_key: &str) -> Option<&str> {
+    let open = redis_key.find('{')?;
+    let rest = &redis_key[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
 }
 
 /// CRC-16/XMODEM (polynomial 0x1021, initial 0), the checksum Redis Cluster hashes keys with.
@@ -76,6 +89,8 @@ impl SlotMap {
             let host = match host {
                 Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| malformed())?,
                 Value::SimpleString(s) => s.clone(),
+                // An endpoint the node does not know: the host the reply came from.
+                Value::Nil => String::new(),
                 _ => return Err(malformed()),
             };
             let host = if host.is_empty() || host == "?" {
@@ -156,7 +171,12 @@ mod tests {
         assert_eq!(crc16(b"foo") % SLOTS, 12182);
         assert_eq!(crc16(b"bar") % SLOTS, 5061);
         let key = LockKey::new("billing", "invoice-7").unwrap();
-        assert_eq!(slot_of(&key), crc16(b"billing/invoice-7") % SLOTS);
+        assert_eq!(slot_of(&key), Some(crc16(b"billing/invoice-7") % SLOTS));
+        // Redis hashes up to the first '}': "{ns/a}b}" hashes "ns/a", as do all its keys.
+        let braced = LockKey::new("ns", "a}b").unwrap();
+        assert_eq!(slot_of(&braced), Some(crc16(b"ns/a") % SLOTS));
+        let untagged = LockKey::new("}ns", "a").unwrap();
+        assert_eq!(slot_of(&untagged), None);
     }
 
     fn node(host: &str, port: i64) -> Value {
