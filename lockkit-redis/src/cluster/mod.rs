@@ -160,7 +160,7 @@ impl RedisClusterBackend {
 
     /// The backend of the primary that serves `key`'s slot now, if it is connected.
     fn current_node(&self, key: &LockKey) -> Option<RedisBackend> {
-        let owner = slot_of(key).and_then(|slot| self.map().owner(slot).cloned())?;
+        let owner = slot_of(key).and_then(|slot| self.owner(slot))?;
         let cell = self
             .inner
             .nodes
@@ -169,6 +169,16 @@ impl RedisClusterBackend {
             .get(&owner)
             .cloned()?;
         cell.get().cloned()
+    }
+
+    /// The primary that serves `slot`, as the map says now.
+    fn owner(&self, slot: u16) -> Option<Addr> {
+        self.inner
+            .map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .owner(slot)
+            .cloned()
     }
 
     fn map(&self) -> SlotMap {
@@ -326,9 +336,9 @@ impl RedisClusterBackend {
         let mut may_have_run = false;
         let mut moves = 0u32;
         loop {
-            let Some(owner) = self.map().owner(slot).cloned() else {
+            let Some(owner) = self.owner(slot) else {
                 self.refresh(Some(Instant::now()), None).await?;
-                if self.map().owner(slot).is_none() {
+                if self.owner(slot).is_none() {
                     return Err(Error::new(
                         ErrorKind::Unavailable,
                         BACKEND,
@@ -376,7 +386,7 @@ impl RedisClusterBackend {
                     // (not the dead primary asked again, which costs a timeout each time).
                     loop {
                         let _ = self.refresh(Some(Instant::now()), Some(&owner)).await;
-                        if self.map().owner(slot).is_some_and(|now| *now != owner) {
+                        if self.owner(slot).is_some_and(|now| now != owner) {
                             break;
                         }
                         if started.elapsed() + REFRESH_INTERVAL >= bound {
