@@ -485,31 +485,13 @@ impl Sentinels {
             };
             failures.push((format!("{host}:{port}"), failure));
         }
-        // Every Sentinel refusing the same way for a reason retries cannot fix (an unknown
-        // master name, credentials) is that error, not an outage.
-        let kind = match failures.first() {
-            Some((_, first))
-                if !first.is_retryable()
-                    && failures.iter().all(|(_, e)| e.kind() == first.kind()) =>
-            {
-                first.kind()
-            }
-            _ => ErrorKind::Unavailable,
-        };
-        let details: Vec<String> = failures
-            .iter()
-            .map(|(sentinel, e)| format!("{sentinel}: {}", e.message()))
-            .collect();
-        Err(Error::new(
-            kind,
+        // Every Sentinel refusing the same way (an unknown master name, credentials) is that
+        // error, not an outage.
+        Err(crate::error::none_answered(
             dialer.backend,
-            format!(
-                "no Sentinel named a primary for {:?}: {}",
-                self.master,
-                details.join("; ")
-            ),
-        )
-        .with_retryable(kind == ErrorKind::Unavailable))
+            &format!("no Sentinel named a primary for {:?}", self.master),
+            &failures,
+        ))
     }
 
     async fn ask(&self, dialer: &Dialer, host: &str, port: u16) -> Result<(String, u16)> {

@@ -85,6 +85,31 @@ pub(crate) fn is_missing_database(error: &RedisError) -> bool {
         .is_some_and(|d| d.contains("DB index is out of range"))
 }
 
+/// The error when every server asked (`failures`: each one's address and error) failed:
+/// `Unavailable` (retryable), unless they all refused the same way for a reason retries
+/// cannot fix (credentials, a name or server that is not what the configuration says), which
+/// is then that error, not an outage. `what` says what was asked.
+pub(crate) fn none_answered(
+    backend: &'static str,
+    what: &str,
+    failures: &[(String, Error)],
+) -> Error {
+    let kind = match failures.first() {
+        Some((_, first))
+            if !first.is_retryable() && failures.iter().all(|(_, e)| e.kind() == first.kind()) =>
+        {
+            first.kind()
+        }
+        _ => ErrorKind::Unavailable,
+    };
+    let details: Vec<String> = failures
+        .iter()
+        .map(|(server, e)| format!("{server}: {}", e.message()))
+        .collect();
+    Error::new(kind, backend, format!("{what}: {}", details.join("; ")))
+        .with_retryable(kind == ErrorKind::Unavailable)
+}
+
 /// The error for a request that got no answer in time.
 pub(crate) fn timed_out(backend: &'static str, what: &str, after: std::time::Duration) -> Error {
     Error::new(

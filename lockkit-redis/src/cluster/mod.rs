@@ -258,33 +258,16 @@ impl RedisClusterBackend {
                     *refreshed = Some(Instant::now());
                     return Ok(());
                 }
-                Err(e) => failures.push((addr.clone(), e)),
+                Err(e) => failures.push((format!("{}:{}", addr.0, addr.1), e)),
             }
         }
-        // Every node refusing the same way for a reason retries cannot fix (credentials, a
-        // server that is no cluster node) is that error, not an outage.
-        let kind = match failures.first() {
-            Some((_, first))
-                if !first.is_retryable()
-                    && failures.iter().all(|(_, e)| e.kind() == first.kind()) =>
-            {
-                first.kind()
-            }
-            _ => ErrorKind::Unavailable,
-        };
-        let details: Vec<String> = failures
-            .iter()
-            .map(|((host, port), e)| format!("{host}:{port}: {}", e.message()))
-            .collect();
-        Err(Error::new(
-            kind,
+        // Every node refusing the same way (credentials, a server that is no cluster node) is
+        // that error, not an outage.
+        Err(crate::error::none_answered(
             BACKEND,
-            format!(
-                "no node of the cluster answered CLUSTER SLOTS: {}",
-                details.join("; ")
-            ),
-        )
-        .with_retryable(kind == ErrorKind::Unavailable))
+            "no node of the cluster answered CLUSTER SLOTS",
+            &failures,
+        ))
     }
 
     /// `CLUSTER SLOTS` from the node at `addr`, on a connection of its own.
