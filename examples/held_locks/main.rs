@@ -6,7 +6,8 @@
 //! ```
 //!
 //! Per tier reachable (the compose endpoints, as for `examples/compare`; `--tier` picks some
-//! by their names there: `redis`, `redis-sentinel`, `redlock-5`, `etcd-3`, `zk-3`), this takes
+//! by their names there: `redis`, `redis-sentinel`, `redis-cluster`, `redlock-5`, `etcd-3`,
+//! `zk-3`), this takes
 //! `--locks` locks on distinct keys (64 acquisitions in flight), holds them for `--hold`
 //! while the core's scheduler renews them, then releases them. It prints:
 //! - the time to acquire them all;
@@ -123,6 +124,10 @@ async fn connect(url: &str) -> Result<(Arc<dyn LockBackend>, Option<Counters>)> 
         BackendKind::Redis | BackendKind::RedisSentinel => Ok((
             Arc::new(lockkit::redis::RedisBackend::connect(config.redis_config()?).await?),
             Counters::redis(url).await.ok(),
+        )),
+        BackendKind::RedisCluster => Ok((
+            Arc::new(lockkit::redis::RedisClusterBackend::connect(config.redis_config()?).await?),
+            Counters::redis_cluster(url).await.ok(),
         )),
         BackendKind::Redlock => Ok((
             Arc::new(lockkit::redis::RedlockBackend::connect(config.redlock_config()?).await?),

@@ -71,6 +71,31 @@ impl Counters {
         }
     }
 
+    /// A Redis Cluster's primaries, as the first node of the URL lists them now.
+    pub(crate) async fn redis_cluster(url: &str) -> Result<Counters> {
+        let seed = hosts(url)
+            .into_iter()
+            .next()
+            .ok_or_else(|| error(format!("no node in {url}")))?;
+        let mut con = redis_connection(&seed).await?;
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| error(format!("{seed}: CLUSTER NODES: {e}")))?;
+        // "<id> <host:port@bus> <flags> ..."
+        let primaries = nodes
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace().skip(1);
+                let addr = fields.next()?.split('@').next()?;
+                let flags = fields.next()?;
+                (flags.contains("master") && !flags.contains("fail")).then(|| addr.to_owned())
+            })
+            .collect();
+        Ok(Counters::Redis(primaries))
+    }
+
     /// The counter's value now, summed over the servers.
     pub(crate) async fn read(&self) -> Result<u64> {
         let mut total = 0;
