@@ -89,6 +89,35 @@ async fn cluster_misconfigurations_are_typed_and_bounded() {
     assert!(err.message().contains("not a Redis Cluster node"), "{err}");
 }
 
+/// Names with braces hash as Redis hashes them (up to the first `}`), so such a lock works on
+/// a cluster like any other; a namespace that starts with `}` leaves a lock's keys without a
+/// common hash tag and is refused before anything is sent.
+#[tokio::test]
+async fn braces_in_names_on_a_cluster() {
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let backend = harness.backend().await.unwrap();
+    let locks = LockClient::with_options(backend.clone(), &namespace, Default::default()).unwrap();
+    for name in ["a}b", "{x}", "}"] {
+        let guard = locks.mutex(name).unwrap().lock().await.unwrap();
+        assert!(
+            locks
+                .mutex(name)
+                .unwrap()
+                .try_lock()
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(guard.release().await.unwrap(), "{name}");
+    }
+    let untagged = LockClient::with_options(backend, "}ns", Default::default()).unwrap();
+    let err = untagged.mutex("a").unwrap().try_lock().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
+}
+
 #[tokio::test]
 async fn silent_server_is_unavailable_within_the_timeouts() {
     let (addr, server) = blackhole().await;
