@@ -15,6 +15,6 @@ if KEYS[4] then
   changed = hand_over(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3] or '') or changed
 end
 if changed and ARGV[1] ~= '' then
-  redis.call('PUBLISH', ARGV[1], '')
+  publish(ARGV[1], '')
 end
 return held and 1 or 0

@@ -97,9 +97,7 @@ local function grant_to(lock, fence, fence_ttl, proposed, now, head, expiry, dig
   local token = next_token(fence, life, fence_ttl, proposed)
   redis.call('SET', lock, head .. ':' .. string.format('%d', token), 'PX', life)
   if inbox ~= '' then
-    -- A denied announcement (an ACL without the inbox channels) must not fail the release:
-    -- the waiter then finds the lock its own at its next attempt.
-    redis.pcall('PUBLISH', inbox, digest .. ':' .. string.format('%d', token))
+    announce(inbox, lock, digest .. ':' .. string.format('%d', token))
   end
   return life
 end

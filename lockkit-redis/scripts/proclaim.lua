@@ -12,5 +12,5 @@ if pttl <= 0 then
   return 0
 end
 redis.call('SET', KEYS[2], ARGV[2] .. ':' .. ARGV[3], 'PX', pttl)
-redis.call('PUBLISH', ARGV[4], 'proclaimed')
+publish(ARGV[4], 'proclaimed')
 return 1

@@ -35,6 +35,6 @@ elseif queued then
   end
 end
 if changed and ARGV[2] ~= '' then
-  redis.call('PUBLISH', ARGV[2], '')
+  publish(ARGV[2], '')
 end
 return ours and 1 or 0

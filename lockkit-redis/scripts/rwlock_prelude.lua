@@ -57,10 +57,10 @@ local function prune_all(now, readers_channel, writers_channel)
   local writer = live_writer()
   local waiting = prune_waiting(now)
   if holders > 0 then
-    redis.call('PUBLISH', writers_channel, '')
+    publish(writers_channel, '')
   end
   if (marked and not writer) or waiting > 0 then
-    redis.call('PUBLISH', readers_channel, '')
+    publish(readers_channel, '')
   end
   return writer
 end

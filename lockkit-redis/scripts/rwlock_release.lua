@@ -19,10 +19,10 @@ end
 local waited = redis.call('ZREM', KEYS[5], owner) == 1
 keep(now)
 if ours then
-  redis.call('PUBLISH', ARGV[3], '')
+  publish(ARGV[3], '')
 end
 if wrote or waited then
-  redis.call('PUBLISH', ARGV[2], '')
+  publish(ARGV[2], '')
 end
 if ours then
   return 1

@@ -8,7 +8,7 @@
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
 if prune(now) > 0 then
-  redis.call('PUBLISH', ARGV[5], '')
+  publish(ARGV[5], '')
 end
 local asked = tonumber(ARGV[3])
 if redis.call('ZCARD', KEYS[1]) > 0 then

@@ -11,7 +11,7 @@ if ours then
 end
 keep(now)
 if ours or pruned > 0 then
-  redis.call('PUBLISH', ARGV[2], '')
+  publish(ARGV[2], '')
 end
 if ours then
   return 1

@@ -21,7 +21,7 @@ use crate::connection::{Dialer, Epoch, Primary, Sentinels};
 use crate::error::{BACKEND, refused_in_pipeline, unexpected};
 use crate::listing;
 use crate::notify::Refusal;
-use crate::scripts::{self, AcquireReply, Keys, millis};
+use crate::scripts::{self, AcquireReply, Keys, PubSub, Publishing, millis};
 use crate::semaphore;
 
 /// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
@@ -95,7 +95,7 @@ impl RedisBackend {
                         .into_iter()
                         .next()
                         .ok_or_else(|| Error::invalid_config("redis.hosts is empty"))?;
-                    Primary::fixed(dialer, addr).await
+                    Primary::fixed(dialer, addr, PubSub::Classic).await
                 }
             }
         })
@@ -109,9 +109,10 @@ impl RedisBackend {
         config: Arc<RedisConfig>,
         addr: (String, u16),
     ) -> Result<Self> {
-        let primary =
-            lockkit_core::backend::runtime::run(async move { Primary::fixed(dialer, addr).await })
-                .await??;
+        let primary = lockkit_core::backend::runtime::run(async move {
+            Primary::fixed(dialer, addr, PubSub::Sharded).await
+        })
+        .await??;
         RedisBackend::on(primary, config).await
     }
 
@@ -137,6 +138,11 @@ impl RedisBackend {
                 .inbox()
                 .forget(&request.owner.digest_hex());
         }
+    }
+
+    /// The scripts that publish, as the primary's notifications are heard.
+    pub(crate) fn publishing(&self) -> &'static Publishing {
+        Publishing::of(self.primary.epoch().notifier.pubsub())
     }
 
     /// Whether `other` talks to the same primary through the same connections.
@@ -203,7 +209,7 @@ impl RedisBackend {
     ) -> Result<AcquireReply> {
         let mut invocation = redis::cmd("EVALSHA");
         invocation
-            .arg(scripts::ACQUIRE.get_hash())
+            .arg(self.publishing().acquire.get_hash())
             .arg(4)
             .arg(&keys.acquire()[..])
             .arg(&self.acquire_args(request, queued_as)[..]);
@@ -333,11 +339,13 @@ impl RedisBackend {
         let owner_hex = &owner.expose_hex();
         let fence_ttl = millis(self.config.fence_ttl);
         let sends = &AtomicUsize::new(0);
+        let publishing = self.publishing();
         let released: i64 = self
             .primary
             .request_on("releasing", pick, |mut con| async move {
                 sends.fetch_add(1, Ordering::SeqCst);
-                scripts::RELEASE
+                publishing
+                    .release
                     .key(&keys.release()[..])
                     .arg(owner_hex)
                     .arg(&keys.channel)
@@ -432,7 +440,7 @@ impl RedisBackend {
         let notifier = &self.primary.epoch().notifier;
         let handover = notifier.inbox().expect(&request.owner.digest_hex());
         let subscription = match notifier
-            .subscribe(notifier.inbox().name(), contention.marker)
+            .subscribe(&notifier.inbox_channel(&request.key), contention.marker)
             .await
         {
             Ok(subscription) => subscription,
@@ -523,7 +531,7 @@ impl LockBackend for RedisBackend {
             Some(notifier) => {
                 let digest = request.owner.digest_hex();
                 let queued_as = notifier.inbox().expect(&digest).attempting(&digest);
-                let marker = notifier.marker(notifier.inbox().name());
+                let marker = notifier.marker(&notifier.inbox_channel(&request.key));
                 (marker, Some(digest), Some(queued_as))
             }
             None => (None, None, None),
@@ -532,13 +540,14 @@ impl LockBackend for RedisBackend {
             self.acquire_replicated(&keys, request, queued_as.as_deref())
                 .await?
         } else {
+            let publishing = self.publishing();
             let (script_keys, args) = (
                 &keys.acquire(),
                 &self.acquire_args(request, queued_as.as_deref()),
             );
             self.primary
                 .request("acquiring", |mut con| async move {
-                    let mut invocation = scripts::ACQUIRE.prepare_invoke();
+                    let mut invocation = publishing.acquire.prepare_invoke();
                     invocation.key(&script_keys[..]).arg(&args[..]);
                     invocation.invoke_async::<Value>(&mut con).await
                 })
@@ -735,10 +744,12 @@ impl LockBackend for RedisBackend {
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let keys = &Keys::of(key);
         let fence_ttl = millis(self.config.fence_ttl);
+        let publishing = self.publishing();
         let reply: Value = self
             .primary
             .request("breaking the lock", |mut con| async move {
-                scripts::FORCE_RELEASE
+                publishing
+                    .force_release
                     .key(&keys.release()[..])
                     .arg(&keys.channel)
                     .arg(fence_ttl)

@@ -14,6 +14,7 @@ use redis::{
 
 use crate::error::{from_redis, timed_out};
 use crate::notify::Notifier;
+use crate::scripts::PubSub;
 
 /// How to open connections to the servers of one backend.
 #[derive(Clone)]
@@ -291,16 +292,17 @@ pub(crate) struct Sentinels {
 const RESOLVE_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Primary {
-    /// Connects to a fixed server.
-    pub(crate) async fn fixed(dialer: Dialer, addr: (String, u16)) -> Result<Self> {
-        let epoch = Epoch::open(&dialer, addr).await?;
+    /// Connects to a fixed server, whose scripts publish as `pubsub` says (sharded only if
+    /// the server has `SPUBLISH`).
+    pub(crate) async fn fixed(dialer: Dialer, addr: (String, u16), pubsub: PubSub) -> Result<Self> {
+        let epoch = Epoch::open(&dialer, addr, pubsub).await?;
         Ok(Primary::new(dialer, None, epoch))
     }
 
     /// Asks the Sentinels for the primary they know by their master name and connects to it.
     pub(crate) async fn sentinel(dialer: Dialer, sentinels: Sentinels) -> Result<Self> {
         let addr = sentinels.resolve(&dialer).await?;
-        let epoch = Epoch::open(&dialer, addr).await?;
+        let epoch = Epoch::open(&dialer, addr, PubSub::Classic).await?;
         Ok(Primary::new(dialer, Some(sentinels), epoch))
     }
 
@@ -403,7 +405,7 @@ impl Primary {
             if addr == failed.addr {
                 return;
             }
-            match Epoch::open(&this.dialer, addr.clone()).await {
+            match Epoch::open(&this.dialer, addr.clone(), PubSub::Classic).await {
                 Ok(epoch) => {
                     tracing::info!(primary = %format!("{}:{}", addr.0, addr.1), "following a Sentinel failover");
                     *this
@@ -436,7 +438,9 @@ impl Epoch {
     }
 
     /// Connects to `addr`, on lockkit's runtime so that the connection drivers live there.
-    async fn open(dialer: &Dialer, addr: (String, u16)) -> Result<Self> {
+    /// `PubSub::Sharded` falls back to classic pub/sub on a server without `SPUBLISH`
+    /// (before Redis 7).
+    async fn open(dialer: &Dialer, addr: (String, u16), pubsub: PubSub) -> Result<Self> {
         let dialer = dialer.clone();
         lockkit_core::backend::runtime::run(async move {
             let info = dialer.info(&addr.0, addr.1, ProtocolVersion::RESP2)?;
@@ -444,9 +448,16 @@ impl Epoch {
             let (connection, renewals) =
                 tokio::try_join!(dialer.connect(info.clone()), dialer.connect(info.clone()))?;
             let replication = dialer.lazy(info)?;
+            let pubsub = match pubsub {
+                PubSub::Sharded if !has_spublish(&dialer, connection.clone()).await? => {
+                    PubSub::Classic
+                }
+                pubsub => pubsub,
+            };
             let notifier = Notifier::new(
                 dialer.clone(),
                 dialer.info(&addr.0, addr.1, ProtocolVersion::RESP3)?,
+                pubsub,
             );
             Ok(Epoch {
                 caller: CallerConnection::new(&dialer, info_for_caller),
@@ -459,6 +470,27 @@ impl Epoch {
         })
         .await?
     }
+}
+
+/// Whether the server has sharded pub/sub (`SPUBLISH`, Redis 7 or later), as the version in
+/// `INFO server` says (`INFO` is in the minimal ACL already; `COMMAND INFO` is not).
+async fn has_spublish(dialer: &Dialer, mut connection: ConnectionManager) -> Result<bool> {
+    let info: String = dialer
+        .bounded("reading the server's version", async move {
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut connection)
+                .await
+        })
+        .await?;
+    Ok(major_version(&info).is_some_and(|major| major >= 7))
+}
+
+/// The major version in an `INFO server` answer (`redis_version:7.0.15`).
+fn major_version(info: &str) -> Option<u32> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .and_then(|version| version.trim().split('.').next()?.parse().ok())
 }
 
 impl Sentinels {
@@ -660,5 +692,18 @@ impl Drop for ForgetOnDrop {
                 *slot = None;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_major_version_is_read_from_info_server() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        assert_eq!(major_version(info), Some(7));
+        assert_eq!(major_version("redis_version:6.2.14\r\n"), Some(6));
+        assert_eq!(major_version("# Server\r\nredis_mode:cluster\r\n"), None);
     }
 }

@@ -40,7 +40,7 @@ impl RedisBackend {
         // that never saw the script) is reloaded by `query_reloading`.
         pipe.ignore_errors();
         pipe.cmd("EVALSHA")
-            .arg(scripts::PROCLAIM.get_hash())
+            .arg(self.publishing().proclaim.get_hash())
             .arg(2)
             .arg(&keys.lock)
             .arg(&keys.value)

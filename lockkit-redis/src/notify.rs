@@ -56,13 +56,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lockkit_core::Result;
 use lockkit_core::backend::Backoff;
+use lockkit_core::{LockKey, Result};
 use redis::aio::ConnectionManager;
 use redis::{ConnectionInfo, PushInfo, PushKind, Value};
-use tokio::sync::{Notify, OnceCell, mpsc};
+use tokio::sync::{Notify, mpsc};
 
 use crate::connection::Dialer;
+use crate::scripts::{Keys, PubSub};
 
 /// A channel stays subscribed this long after its last waiter left, so that a waiter that
 /// retries and waits again finds it still subscribed.
@@ -128,7 +129,13 @@ struct Inner {
     /// notifiers of one Redlock backend), and this notifier's server among those.
     inbox: Arc<Inbox>,
     node: usize,
-    connection: OnceCell<ConnectionManager>,
+    /// Classic or sharded channels (a Redis Cluster's primary, Redis 7 or later).
+    pubsub: PubSub,
+    /// The pub/sub connection, opened on first use, and dropped when the server dropped one
+    /// of its sharded subscriptions (see [`Inner::dropped_by_server`]).
+    connection: StdMutex<Option<ConnectionManager>>,
+    /// Counts the pub/sub connections opened: the pushes of an earlier one are ignored.
+    generation: AtomicU64,
     channels: StdMutex<HashMap<String, Channel>>,
     /// Counts changes of any channel: releases, (re)subscriptions, disconnections (shared
     /// by the notifiers of one Redlock backend, so that one marker speaks for all nodes).
@@ -339,8 +346,16 @@ pub(crate) struct Subscription {
 }
 
 impl Notifier {
-    pub(crate) fn new(dialer: Dialer, info: ConnectionInfo) -> Self {
-        Notifier::sharing(dialer, info, Arc::default(), Arc::new(Inbox::new(1)), 0)
+    /// The notifier of one server, whose scripts publish as `pubsub` says.
+    pub(crate) fn new(dialer: Dialer, info: ConnectionInfo, pubsub: PubSub) -> Self {
+        Notifier::with(
+            dialer,
+            info,
+            pubsub,
+            Arc::default(),
+            Arc::new(Inbox::new(1)),
+            0,
+        )
     }
 
     /// A notifier whose changes count on `sequence` and whose hand-overs go to `inbox`, both
@@ -353,13 +368,26 @@ impl Notifier {
         inbox: Arc<Inbox>,
         node: usize,
     ) -> Self {
+        Notifier::with(dialer, info, PubSub::Classic, sequence, inbox, node)
+    }
+
+    fn with(
+        dialer: Dialer,
+        info: ConnectionInfo,
+        pubsub: PubSub,
+        sequence: Arc<AtomicU64>,
+        inbox: Arc<Inbox>,
+        node: usize,
+    ) -> Self {
         Notifier {
             inner: Arc::new(Inner {
                 dialer,
                 info,
                 inbox,
                 node,
-                connection: OnceCell::new(),
+                pubsub,
+                connection: StdMutex::new(None),
+                generation: AtomicU64::new(0),
                 channels: StdMutex::new(HashMap::new()),
                 sequence,
                 changes: tokio::sync::Mutex::new(()),
@@ -377,6 +405,21 @@ impl Notifier {
     /// Where the hand-overs to this notifier's waiters are announced.
     pub(crate) fn inbox(&self) -> &Inbox {
         &self.inner.inbox
+    }
+
+    /// Classic or sharded pub/sub.
+    pub(crate) fn pubsub(&self) -> PubSub {
+        self.inner.pubsub
+    }
+
+    /// The channel a hand-over of `key`'s lock to one of this notifier's waiters is announced
+    /// on: the inbox itself, or with sharded pub/sub, the inbox and the lock key (in the
+    /// lock's slot, as the release script must publish there).
+    pub(crate) fn inbox_channel(&self, key: &LockKey) -> String {
+        match self.inner.pubsub {
+            PubSub::Classic => self.inner.inbox.name.clone(),
+            PubSub::Sharded => format!("{}:{}", self.inner.inbox.name, Keys::of(key).lock),
+        }
     }
 
     /// Hands a wake-up to another waiter of `channel`: called when an acquisition ends
@@ -480,12 +523,20 @@ impl Inner {
         let channel = channel.to_owned();
         lockkit_core::backend::runtime::run(async move {
             let disconnections = inner.disconnections.load(Ordering::SeqCst);
-            let mut connection = inner.connection().await?;
-            let name = channel.clone();
+            let mut connection = inner.connection()?;
+            let (name, pubsub) = (channel.clone(), inner.pubsub);
             inner
                 .dialer
                 .bounded("subscribing to release notifications", async move {
-                    connection.subscribe(&name).await
+                    match pubsub {
+                        PubSub::Classic => connection.subscribe(&name).await,
+                        // One channel: its confirmation is the command's reply.
+                        PubSub::Sharded => redis::cmd("SSUBSCRIBE")
+                            .arg(&name)
+                            .query_async::<Value>(&mut connection)
+                            .await
+                            .map(drop),
+                    }
                 })
                 .await?;
             // Confirmed here, not by the waiter: it may have been cancelled meanwhile. Not if
@@ -525,17 +576,53 @@ impl Inner {
     }
 
     /// The pub/sub connection, opened on first use with a task that dispatches its pushes.
-    async fn connection(self: &Arc<Self>) -> Result<ConnectionManager> {
-        let connection = self
+    fn connection(self: &Arc<Self>) -> Result<ConnectionManager> {
+        let mut current = self
             .connection
-            .get_or_try_init(|| async {
-                let (pushes, received) = mpsc::unbounded_channel();
-                let connection = self.dialer.pubsub(self.info.clone(), pushes)?;
-                lockkit_core::backend::runtime::spawn(dispatch(Arc::downgrade(self), received));
-                Ok::<_, lockkit_core::Error>(connection)
-            })
-            .await?;
-        Ok(connection.clone())
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(connection) = &*current {
+            return Ok(connection.clone());
+        }
+        let (pushes, received) = mpsc::unbounded_channel();
+        let connection = self.dialer.pubsub(self.info.clone(), pushes)?;
+        let generation = self.generation.load(Ordering::SeqCst);
+        lockkit_core::backend::runtime::spawn(dispatch(Arc::downgrade(self), received, generation));
+        *current = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// The server ended a sharded subscription we did not end: the channel's slot
+    /// moved to another node. The connection is dropped, and the notifier starts over as
+    /// after a disconnection (every waiter retries, and finds where the lock went), on a new
+    /// connection: the client library takes such an unrequested `sunsubscribe` for the reply
+    /// of whatever request is in flight on the connection, which would shift every later
+    /// reply by one.
+    fn dropped_by_server(self: &Arc<Self>) {
+        {
+            let mut current = self
+                .connection
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            *current = None;
+        }
+        self.disconnected();
+    }
+
+    /// Whether `channel` is one of this notifier's inbox channels.
+    fn is_inbox(&self, channel: &str) -> bool {
+        channel
+            .strip_prefix(self.inbox.name.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
+    }
+
+    /// Whether the server ended the subscription to `channel` unasked: we still take it for
+    /// subscribed (an unsubscribe of ours unconfirms the channel first).
+    fn unasked_unsubscribe(&self, channel: &str) -> bool {
+        self.channels()
+            .get(channel)
+            .is_some_and(|entry| entry.confirmed)
     }
 
     fn leave(self: &Arc<Self>, channel: &str) {
@@ -602,13 +689,24 @@ impl Inner {
                 _ => return,
             }
         }
-        let unsubscribed = match self.connection.get() {
-            Some(connection) => {
-                let mut connection = connection.clone();
-                let name = channel.to_owned();
+        let connection = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let unsubscribed = match connection {
+            Some(mut connection) => {
+                let (name, pubsub) = (channel.to_owned(), self.pubsub);
                 self.dialer
                     .bounded("unsubscribing", async move {
-                        connection.unsubscribe(&name).await
+                        match pubsub {
+                            PubSub::Classic => connection.unsubscribe(&name).await,
+                            PubSub::Sharded => redis::cmd("SUNSUBSCRIBE")
+                                .arg(&name)
+                                .query_async::<Value>(&mut connection)
+                                .await
+                                .map(drop),
+                        }
                     })
                     .await
             }
@@ -700,19 +798,28 @@ impl Inner {
     }
 }
 
-async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedReceiver<PushInfo>) {
+/// Hands the pushes of the pub/sub connection of `generation` to the notifier, until the
+/// notifier is gone or has another connection.
+async fn dispatch(
+    inner: std::sync::Weak<Inner>,
+    mut received: mpsc::UnboundedReceiver<PushInfo>,
+    generation: u64,
+) {
     while let Some(push) = received.recv().await {
         let Some(inner) = inner.upgrade() else {
             return;
         };
+        if inner.generation.load(Ordering::SeqCst) != generation {
+            return;
+        }
         match push.kind {
-            PushKind::Message => {
+            PushKind::Message | PushKind::SMessage => {
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
                 {
                     // A proclamation changes no holder: it is for observers only.
                     match push.data.get(1) {
-                        Some(Value::BulkString(m)) if channel == inner.inbox.name => {
+                        Some(Value::BulkString(m)) if inner.is_inbox(channel) => {
                             inner.inbox.announced(inner.node, m);
                         }
                         Some(Value::BulkString(m)) if m == PROCLAIMED.as_bytes() => {
@@ -722,11 +829,23 @@ async fn dispatch(inner: std::sync::Weak<Inner>, mut received: mpsc::UnboundedRe
                     }
                 }
             }
-            PushKind::Subscribe => {
+            PushKind::Subscribe | PushKind::SSubscribe => {
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
                 {
                     inner.confirmed(channel);
+                }
+            }
+            PushKind::SUnsubscribe => {
+                if let Some(Value::BulkString(channel)) = push.data.first()
+                    && let Ok(channel) = std::str::from_utf8(channel)
+                    && inner.unasked_unsubscribe(channel)
+                {
+                    tracing::debug!(
+                        channel,
+                        "a shard channel's slot moved: renewing the pub/sub connection"
+                    );
+                    inner.dropped_by_server();
                 }
             }
             PushKind::Disconnection => inner.disconnected(),
@@ -771,7 +890,7 @@ async fn recover(inner: std::sync::Weak<Inner>) {
 impl Inner {
     /// Whether the pub/sub connection answers a PING (a failure makes it reconnect).
     async fn reconnected(self: &Arc<Self>) -> bool {
-        let Ok(mut connection) = self.connection().await else {
+        let Ok(mut connection) = self.connection() else {
             return false;
         };
         self.dialer

@@ -57,7 +57,7 @@ use redis::Value;
 use crate::backend::{RedisBackend, Released};
 use crate::connection::Epoch;
 use crate::error::{BACKEND, unexpected};
-use crate::scripts::{self, millis};
+use crate::scripts::millis;
 
 /// The Redis names of one read-write lock.
 ///
@@ -207,7 +207,7 @@ impl RedisBackend {
         let reply = if self.config.min_replicas > 0 {
             let mut invocation = redis::cmd("EVALSHA");
             invocation
-                .arg(scripts::RWLOCK_ACQUIRE.get_hash())
+                .arg(self.publishing().rwlock_acquire.get_hash())
                 .arg(5)
                 .arg(&keys.all()[..])
                 .arg(&args[..]);
@@ -224,7 +224,7 @@ impl RedisBackend {
             }
             reply
         } else {
-            let mut invocation = scripts::RWLOCK_ACQUIRE.prepare_invoke();
+            let mut invocation = self.publishing().rwlock_acquire.prepare_invoke();
             invocation.key(&keys.all()[..]).arg(&args[..]);
             let invocation = &invocation;
             self.primary
@@ -276,7 +276,7 @@ impl RedisBackend {
         pick: fn(&Epoch) -> redis::aio::ConnectionManager,
     ) -> Result<Released> {
         let keys = RwKeys::of(key);
-        let mut invocation = scripts::RWLOCK_RELEASE.prepare_invoke();
+        let mut invocation = self.publishing().rwlock_release.prepare_invoke();
         invocation
             .key(&keys.all()[..])
             .arg(owner_digest)
@@ -315,6 +315,7 @@ impl RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scripts;
     use crate::semaphore::PermitKeys;
 
     #[test]

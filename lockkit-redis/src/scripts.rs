@@ -53,65 +53,136 @@ const RWLOCK_RELEASE_LUA: &str = concat!(
     include_str!("../scripts/rwlock_release.lua")
 );
 
-/// Takes a free lock and returns its fencing token, or queues the waiter and returns the
-/// holder's remaining TTL.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-/// Compare-and-delete, or a hand-over to the first waiter in the queue, plus a release
-/// notification.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 /// Compare-and-`PEXPIRE` of the lock, keeping its fence counter alive.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 /// The holder's value and remaining TTL, read atomically.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 /// Redlock: raise a node's fence counter to the token a majority agreed on.
 pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_LUA));
-/// Delete the lock whoever holds it, plus a release notification (an operator's break).
-pub(crate) static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
-/// Elections: the holder's compare-and-`SET` of its value beside the lock, plus a notification.
-pub(crate) static PROCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(PROCLAIM_LUA));
-/// Semaphores: takes a permit if one is free (expired holders removed first), or says when
-/// the first holder expires, or that the holders agreed on another count.
-pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(SEMAPHORE_ACQUIRE_LUA));
-/// Semaphores: gives a permit back, plus a release notification.
-pub(crate) static SEMAPHORE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(SEMAPHORE_RELEASE_LUA));
 /// Semaphores: extends a held permit, and the semaphore's keys with it.
 pub(crate) static SEMAPHORE_RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(SEMAPHORE_RENEW_LUA));
 /// Semaphores: whether a grant still holds its permit (read-write locks use it too).
 pub(crate) static SEMAPHORE_HOLDS: LazyLock<Script> =
     LazyLock::new(|| Script::new(SEMAPHORE_HOLDS_LUA));
-/// Read-write locks: takes a read or the write lock if the holders and waiting writers let
-/// it (expired ones removed first), or records a waiting writer and says when the first of
-/// what keeps it out expires. Renewal and `is_held` are the semaphore's scripts.
-pub(crate) static RWLOCK_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(RWLOCK_ACQUIRE_LUA));
-/// Read-write locks: gives a grant back and drops a waiting writer's record, plus the
-/// notifications of those it concerns.
-pub(crate) static RWLOCK_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(RWLOCK_RELEASE_LUA));
 
-/// One pipeline of `SCRIPT LOAD`s of every script, so that the first calls need no
-/// `NOSCRIPT` round trip.
+/// How a server's scripts publish release notifications and hand-overs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PubSub {
+    /// `PUBLISH` and `SUBSCRIBE`: one server, a Sentinel-managed primary, Redlock's nodes, and
+    /// a Redis Cluster before Redis 7 (where the cluster bus carries every message to every
+    /// node).
+    Classic,
+    /// `SPUBLISH` and `SSUBSCRIBE` (Redis 7 or later): a Redis Cluster's primaries, where a
+    /// message reaches only the nodes that serve its channel's slot, the lock's.
+    Sharded,
+}
+
+/// The scripts that publish, written for one [`PubSub`]: each is its body with that kind's
+/// `publish` and `announce` functions prepended (`scripts/publish_*.lua`).
+pub(crate) struct Publishing {
+    /// Takes a free lock and returns its fencing token, or queues the waiter and returns the
+    /// holder's remaining TTL.
+    pub(crate) acquire: Script,
+    /// Compare-and-delete, or a hand-over to the first waiter in the queue, plus a release
+    /// notification.
+    pub(crate) release: Script,
+    /// Delete the lock whoever holds it, plus a release notification (an operator's break).
+    pub(crate) force_release: Script,
+    /// Elections: the holder's compare-and-`SET` of its value beside the lock, plus a
+    /// notification.
+    pub(crate) proclaim: Script,
+    /// Semaphores: takes a permit if one is free (expired holders removed first), or says
+    /// when the first holder expires, or that the holders agreed on another count.
+    pub(crate) semaphore_acquire: Script,
+    /// Semaphores: gives a permit back, plus a release notification.
+    pub(crate) semaphore_release: Script,
+    /// Read-write locks: takes a read or the write lock if the holders and waiting writers
+    /// let it (expired ones removed first), or records a waiting writer and says when the
+    /// first of what keeps it out expires. Renewal and `is_held` are the semaphore's scripts.
+    pub(crate) rwlock_acquire: Script,
+    /// Read-write locks: gives a grant back and drops a waiting writer's record, plus the
+    /// notifications of those it concerns.
+    pub(crate) rwlock_release: Script,
+}
+
+/// The bodies of the publishing scripts, in [`Publishing`]'s order.
+const PUBLISHING_LUA: [&str; 8] = [
+    ACQUIRE_LUA,
+    RELEASE_LUA,
+    FORCE_RELEASE_LUA,
+    PROCLAIM_LUA,
+    SEMAPHORE_ACQUIRE_LUA,
+    SEMAPHORE_RELEASE_LUA,
+    RWLOCK_ACQUIRE_LUA,
+    RWLOCK_RELEASE_LUA,
+];
+
+impl Publishing {
+    /// The publishing scripts' sources for `pubsub`, in [`Publishing`]'s order.
+    fn sources(pubsub: PubSub) -> [String; 8] {
+        let prelude = match pubsub {
+            PubSub::Classic => include_str!("../scripts/publish_classic.lua"),
+            PubSub::Sharded => include_str!("../scripts/publish_sharded.lua"),
+        };
+        PUBLISHING_LUA.map(|body| format!("{prelude}{body}"))
+    }
+
+    fn new(pubsub: PubSub) -> Self {
+        let [
+            acquire,
+            release,
+            force_release,
+            proclaim,
+            semaphore_acquire,
+            semaphore_release,
+            rwlock_acquire,
+            rwlock_release,
+        ] = Publishing::sources(pubsub).map(|source| Script::new(&source));
+        Publishing {
+            acquire,
+            release,
+            force_release,
+            proclaim,
+            semaphore_acquire,
+            semaphore_release,
+            rwlock_acquire,
+            rwlock_release,
+        }
+    }
+
+    /// The scripts that publish as `pubsub` says.
+    pub(crate) fn of(pubsub: PubSub) -> &'static Publishing {
+        static CLASSIC: LazyLock<Publishing> = LazyLock::new(|| Publishing::new(PubSub::Classic));
+        static SHARDED: LazyLock<Publishing> = LazyLock::new(|| Publishing::new(PubSub::Sharded));
+        match pubsub {
+            PubSub::Classic => &CLASSIC,
+            PubSub::Sharded => &SHARDED,
+        }
+    }
+}
+
+/// The scripts that publish with `PUBLISH` (Redlock's nodes).
+pub(crate) fn classic() -> &'static Publishing {
+    Publishing::of(PubSub::Classic)
+}
+
+/// One pipeline of `SCRIPT LOAD`s of every script (both kinds of the publishing ones: a
+/// script is only compiled when loaded, so a server without `SPUBLISH` loads them too), so
+/// that the first calls need no `NOSCRIPT` round trip.
 pub(crate) fn load_all() -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    for source in [
-        ACQUIRE_LUA,
-        RELEASE_LUA,
+    let plain = [
         RENEW_LUA,
         INSPECT_LUA,
         RAISE_FENCE_LUA,
-        FORCE_RELEASE_LUA,
-        PROCLAIM_LUA,
-        SEMAPHORE_ACQUIRE_LUA,
-        SEMAPHORE_RELEASE_LUA,
         SEMAPHORE_RENEW_LUA,
         SEMAPHORE_HOLDS_LUA,
-        RWLOCK_ACQUIRE_LUA,
-        RWLOCK_RELEASE_LUA,
-    ] {
+    ];
+    let publishing = [PubSub::Classic, PubSub::Sharded]
+        .into_iter()
+        .flat_map(Publishing::sources);
+    for source in plain.into_iter().map(str::to_owned).chain(publishing) {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source);
     }
     pipe

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
 use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
-use redis::Value;
+use redis::{Script, Value};
 
 use crate::backend::{RedisBackend, Released};
 use crate::connection::Epoch;
@@ -120,13 +120,14 @@ pub(crate) fn permit_reply(value: &Value) -> Result<PermitReply> {
 
 /// The acquire script's invocation for `request`, as one command (for a `WAIT` pipeline).
 fn acquire_command(
+    script: &Script,
     keys: &PermitKeys,
     request: &AcquireRequest,
     permits: u32,
     fence_ttl: Duration,
 ) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts::SEMAPHORE_ACQUIRE.get_hash())
+    cmd.arg(script.get_hash())
         .arg(4)
         .arg(&keys.holders)
         .arg(&keys.tokens)
@@ -161,7 +162,8 @@ impl RedisBackend {
             .flatten();
         let fence_ttl = self.config.fence_ttl;
         let reply = if self.config.min_replicas > 0 {
-            let invocation = acquire_command(&keys, request, permits, fence_ttl);
+            let script = &self.publishing().semaphore_acquire;
+            let invocation = acquire_command(script, &keys, request, permits, fence_ttl);
             let (reply, acked) = self
                 .invoke_replicated(&invocation, "the semaphore's acquire script")
                 .await?;
@@ -179,9 +181,11 @@ impl RedisBackend {
             let owner = &request.owner.digest_hex();
             let keys = &keys;
             let (ttl, fence_ttl) = (millis(request.ttl), millis(fence_ttl));
+            let publishing = self.publishing();
             self.primary
                 .request("acquiring a permit", |mut con| async move {
-                    scripts::SEMAPHORE_ACQUIRE
+                    publishing
+                        .semaphore_acquire
                         .key(&keys.holders)
                         .key(&keys.tokens)
                         .key(&keys.permits)
@@ -236,11 +240,13 @@ impl RedisBackend {
     ) -> Result<Released> {
         let (keys, owner) = (&PermitKeys::of(key), &owner_digest);
         let sends = &AtomicUsize::new(0);
+        let publishing = self.publishing();
         let released: i64 = self
             .primary
             .request_on("giving a permit back", pick, |mut con| async move {
                 sends.fetch_add(1, Ordering::SeqCst);
-                scripts::SEMAPHORE_RELEASE
+                publishing
+                    .semaphore_release
                     .key(&keys.holders)
                     .key(&keys.tokens)
                     .key(&keys.permits)

@@ -17,60 +17,6 @@ use redis::aio::MultiplexedConnection;
 
 const CONTENDERS: usize = 8;
 
-/// Moves `slot` from the node `from` to the node `to`, keys and all.
-async fn migrate(slot: u16, from: &common::ClusterNode, to: &common::ClusterNode) {
-    let mut source = common::connect(&from.addr).await.unwrap();
-    let mut target = common::connect(&to.addr).await.unwrap();
-    let setslot = |state: &str, id: &str| {
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SETSLOT").arg(slot).arg(state).arg(id);
-        cmd
-    };
-    let () = setslot("IMPORTING", &from.id)
-        .query_async(&mut target)
-        .await
-        .unwrap();
-    let () = setslot("MIGRATING", &to.id)
-        .query_async(&mut source)
-        .await
-        .unwrap();
-    let (host, port) = to.addr.rsplit_once(':').unwrap();
-    loop {
-        let keys: Vec<String> = redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(10)
-            .query_async(&mut source)
-            .await
-            .unwrap();
-        if keys.is_empty() {
-            break;
-        }
-        // A few keys at a time, with pauses between batches, so that clients meet the
-        // migration half done (ASK, TRYAGAIN).
-        let () = redis::cmd("MIGRATE")
-            .arg(host)
-            .arg(port)
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("KEYS")
-            .arg(&keys)
-            .query_async(&mut source)
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let () = setslot("NODE", &to.id)
-        .query_async(&mut target)
-        .await
-        .unwrap();
-    let () = setslot("NODE", &to.id)
-        .query_async(&mut source)
-        .await
-        .unwrap();
-}
-
 /// The number of keys of `slot` on a node.
 async fn keys_in_slot(con: &mut MultiplexedConnection, slot: u16) -> i64 {
     redis::cmd("CLUSTER")
@@ -152,9 +98,9 @@ async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
     }
 
     tokio::time::sleep(Duration::from_millis(300)).await;
-    migrate(slot, &origin, &destination).await;
+    common::migrate_slot(slot, &origin, &destination).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    migrate(slot, &destination, &origin).await;
+    common::migrate_slot(slot, &destination, &origin).await;
     // Longer than the held lock's TTL since the last move: only renewals on the slot's
     // primary of the moment can have kept it.
     tokio::time::sleep(Duration::from_millis(1000)).await;

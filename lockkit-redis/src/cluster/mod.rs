@@ -66,9 +66,14 @@ const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 ///   primary: its next renewal finds it missing, and the guard reports `lost()`. The same
 ///   asynchronous replication lets another client be granted it meanwhile: `min_replicas`
 ///   (`WAIT`) narrows that window as it does for Sentinel, and does not close it.
-/// - **Waiting**: each primary's [`RedisBackend`] keeps its own notification connection.
-///   Releases are published with `PUBLISH`, which a Redis Cluster delivers to subscribers
-///   on every node, so a waiter keeps hearing its lock's releases when the slot moves.
+/// - **Waiting**: each primary's [`RedisBackend`] keeps its own notification connection,
+///   with sharded pub/sub (Redis 7 and later): the scripts `SPUBLISH` on channels of the
+///   lock's slot (a waiter's inbox is one channel per lock, `inbox:lock`), heard only by the
+///   nodes of that slot's shard, and a waiter `SSUBSCRIBE`s on the primary it queued on.
+///   When the slot moves, that primary ends the subscription: the notifier wakes its
+///   waiters, which attempt again, queue on the slot's new primary and listen there. A
+///   primary before Redis 7 publishes and subscribes the classic way, which the cluster
+///   delivers on every node. A refused subscription makes waiters poll, as elsewhere.
 #[derive(Clone)]
 pub struct RedisClusterBackend {
     inner: Arc<Inner>,

@@ -224,7 +224,7 @@ impl RedlockBackend {
             ]);
         }
         let rollback = Arc::new(fanout::invocation(
-            &scripts::RELEASE,
+            &scripts::classic().release,
             &keys.release()[..4],
             &rollback_args,
         ));
@@ -249,7 +249,7 @@ impl RedlockBackend {
         let replies = self
             .fan_out(
                 &request.owner,
-                &scripts::ACQUIRE,
+                &scripts::classic().acquire,
                 &keys.acquire(),
                 &[
                     request.owner.expose_hex(),
@@ -332,7 +332,7 @@ impl RedlockBackend {
         let keys = Keys::of(&request.key);
         let sent = self.send_script(
             &request.owner,
-            &scripts::RELEASE,
+            &scripts::classic().release,
             &keys.release()[..4],
             args,
             request.ttl,

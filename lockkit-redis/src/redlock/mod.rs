@@ -275,7 +275,7 @@ impl RedlockBackend {
         let keys = Keys::of(key);
         self.script_on_all(
             owner,
-            &scripts::RELEASE,
+            &scripts::classic().release,
             &keys.release()[..4],
             &self.release_args(owner),
             ttl,
@@ -518,7 +518,7 @@ impl LockBackend for RedlockBackend {
         let answers = self
             .script_until(
                 lease.owner(),
-                &scripts::RELEASE,
+                &scripts::classic().release,
                 &keys.release()[..4],
                 &self.release_args(lease.owner()),
                 lease.ttl(),

@@ -129,7 +129,8 @@ impl RedlockBackend {
             .on_all(self.config.node_timeout, false, move |mut con| {
                 let keys = keys.clone();
                 async move {
-                    scripts::FORCE_RELEASE
+                    scripts::classic()
+                        .force_release
                         .key(&keys.release()[..4])
                         .arg("")
                         .arg(fence_ttl)

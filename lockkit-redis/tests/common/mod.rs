@@ -133,38 +133,14 @@ pub async fn primary_addr(config: &RedisConfig) -> redis::RedisResult<String> {
     Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no Sentinel knows the primary").into()))
 }
 
-/// The primaries of the cluster that `config`'s nodes belong to (`CLUSTER NODES` of the first
-/// node that answers; failed ones left out).
+/// The primaries of the cluster that `config`'s nodes belong to (see [`cluster_nodes`]).
 pub async fn cluster_primaries(config: &RedisConfig) -> redis::RedisResult<Vec<String>> {
-    let mut last = None;
-    for node in &config.hosts {
-        let nodes: redis::RedisResult<String> = match connect(node).await {
-            Ok(mut con) => {
-                redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query_async(&mut con)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        match nodes {
-            Ok(nodes) => {
-                // "<id> <host:port@bus> <flags> <primary> ... <slots>"
-                return Ok(nodes
-                    .lines()
-                    .filter_map(|line| {
-                        let fields: Vec<&str> = line.split_whitespace().collect();
-                        let flags = fields.get(2)?;
-                        (flags.contains("master") && !flags.contains("fail"))
-                            .then(|| fields.get(1)?.split('@').next().map(str::to_owned))
-                            .flatten()
-                    })
-                    .collect());
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no cluster node answered").into()))
+    Ok(cluster_nodes(config)
+        .await
+        .into_iter()
+        .filter(|node| node.primary)
+        .map(|node| node.addr)
+        .collect())
 }
 
 /// The Redis lock key of `key` (the layout the crate documents).
@@ -563,4 +539,59 @@ pub fn cluster_member(addr: &str) -> &'static str {
         .and_then(|(_, p)| p.parse().ok())
         .expect("host:port");
     MEMBERS[usize::from(port - offset - 20041)]
+}
+
+/// Moves `slot` from the node `from` to the node `to`, keys and all, as `redis-cli --cluster
+/// reshard` does (`SETSLOT ... IMPORTING / MIGRATING`, `MIGRATE` in batches, `SETSLOT ... NODE`).
+pub async fn migrate_slot(slot: u16, from: &ClusterNode, to: &ClusterNode) {
+    let mut source = connect(&from.addr).await.unwrap();
+    let mut target = connect(&to.addr).await.unwrap();
+    let setslot = |state: &str, id: &str| {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT").arg(slot).arg(state).arg(id);
+        cmd
+    };
+    let () = setslot("IMPORTING", &from.id)
+        .query_async(&mut target)
+        .await
+        .unwrap();
+    let () = setslot("MIGRATING", &to.id)
+        .query_async(&mut source)
+        .await
+        .unwrap();
+    let (host, port) = to.addr.rsplit_once(':').unwrap();
+    loop {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(10)
+            .query_async(&mut source)
+            .await
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        // A few keys at a time, with pauses between batches, so that clients meet the
+        // migration half done (ASK, TRYAGAIN).
+        let () = redis::cmd("MIGRATE")
+            .arg(host)
+            .arg(port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&keys)
+            .query_async(&mut source)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let () = setslot("NODE", &to.id)
+        .query_async(&mut target)
+        .await
+        .unwrap();
+    let () = setslot("NODE", &to.id)
+        .query_async(&mut source)
+        .await
+        .unwrap();
 }

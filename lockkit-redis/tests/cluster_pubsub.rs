@@ -1,0 +1,195 @@
+//! Waiting on a Redis Cluster by sharded pub/sub: a queued waiter listens on a shard channel
+//! of its lock's slot (`SSUBSCRIBE` on the slot's primary; no classic subscription anywhere),
+//! the hand-over is announced there (`SPUBLISH`, heard by that shard only), and when the
+//! slot moves to another primary the waiter follows it: the old primary ends the
+//! subscription, the waiter queues again on the new one and listens there, and is handed
+//! the lock there.
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use lockkit_core::{LockClient, LockKey, LockOptions};
+
+/// The tests of this file read server-wide counters and subscriptions: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The shard channels subscribed on the node at `addr` whose name ends with `suffix`.
+async fn shard_channels(addr: &str, suffix: &str) -> Vec<String> {
+    let mut con = common::connect(addr).await.unwrap();
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .arg("lockkit:*")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    channels
+        .into_iter()
+        .filter(|c| c.ends_with(suffix))
+        .collect()
+}
+
+/// Waits until the node at `addr` has a waiter's inbox channel for `lock` (a lock key),
+/// and returns it; panics after `within`.
+async fn inbox_channel_on(addr: &str, lock: &str, within: Duration) -> String {
+    let started = Instant::now();
+    loop {
+        let found = shard_channels(addr, &format!(":{lock}")).await;
+        if let Some(channel) = found.into_iter().find(|c| c.starts_with("lockkit:inbox:")) {
+            return channel;
+        }
+        assert!(
+            started.elapsed() < within,
+            "no inbox channel of {lock} on {addr} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// No node of the cluster has a classic subscription to a lockkit channel.
+async fn assert_no_classic_subscription(config: &lockkit_redis::RedisConfig) {
+    for node in common::cluster_nodes(config).await {
+        let mut con = common::connect(&node.addr).await.unwrap();
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("lockkit:*")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(
+            channels.is_empty(),
+            "classic subscriptions on {}: {channels:?}",
+            node.addr
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_is_announced_on_a_shard_channel_of_the_locks_slot() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let common::Topology::Cluster(config) = &harness.topology else {
+        panic!("the cluster harness runs on a cluster");
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let key = LockKey::new(&namespace, "handed-over").unwrap();
+    let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
+    let owner = common::cluster_owner(config, slot).await.unwrap();
+    // Long TTLs: nothing but the hand-over's announcement ends the waiter's wait early, and
+    // no renewal runs while the commands are counted.
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(60))
+        .with_wait_timeout(Some(Duration::from_secs(60)));
+    let holder = LockClient::with_options(
+        harness.backend().await.unwrap(),
+        &namespace,
+        options.clone(),
+    )
+    .unwrap();
+    let waiter =
+        LockClient::with_options(harness.backend().await.unwrap(), &namespace, options).unwrap();
+    let held = holder.mutex("handed-over").unwrap().lock().await.unwrap();
+    let held_token = held.fencing_token();
+    let waiting = {
+        let mutex = waiter.mutex("handed-over").unwrap();
+        tokio::spawn(async move { mutex.lock().await })
+    };
+
+    let lock_key = common::lock_key(&key);
+    let channel = inbox_channel_on(&owner.addr, &lock_key, Duration::from_secs(10)).await;
+    assert_no_classic_subscription(config).await;
+
+    let mut raw = common::connect(&owner.addr).await.unwrap();
+    let before = common::command_calls(&mut raw).await;
+    assert!(held.release().await.unwrap());
+    let guard = waiting.await.unwrap().unwrap();
+    let after = common::command_calls(&mut raw).await;
+    let calls =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    assert_eq!(
+        calls("evalsha"),
+        1,
+        "the release alone: the waiter was handed the lock without asking again"
+    );
+    assert_eq!(
+        calls("spublish"),
+        2,
+        "the hand-over's announcement, and the release on the lock's channel (for election observers)"
+    );
+    assert_eq!(calls("publish"), 0, "nothing broadcast on the cluster bus");
+    assert!(guard.fencing_token() > held_token);
+    assert!(guard.release().await.unwrap());
+    holder.close().await;
+    waiter.close().await;
+    eprintln!("announced on {channel} at {}", owner.addr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_follows_its_lock_to_the_primary_its_slot_moved_to() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let common::Topology::Cluster(config) = &harness.topology else {
+        panic!("the cluster harness runs on a cluster");
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let key = LockKey::new(&namespace, "moving").unwrap();
+    let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
+    let origin = common::cluster_owner(config, slot).await.unwrap();
+    let destination = common::cluster_nodes(config)
+        .await
+        .into_iter()
+        .find(|n| n.primary && n.id != origin.id)
+        .unwrap();
+    // A waiter that is not woken waits a third of its TTL or `backoff_max` (20 s) before it
+    // looks again: the 10 s given to find it on the new primary are only met by following
+    // the slot.
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(60))
+        .with_backoff(Duration::from_millis(10), Duration::from_secs(20))
+        .with_wait_timeout(Some(Duration::from_secs(60)));
+    let holder = LockClient::with_options(
+        harness.backend().await.unwrap(),
+        &namespace,
+        options.clone(),
+    )
+    .unwrap();
+    let waiter =
+        LockClient::with_options(harness.backend().await.unwrap(), &namespace, options).unwrap();
+    let held = holder.mutex("moving").unwrap().lock().await.unwrap();
+    let held_token = held.fencing_token();
+    let waiting = {
+        let mutex = waiter.mutex("moving").unwrap();
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    let lock_key = common::lock_key(&key);
+    inbox_channel_on(&origin.addr, &lock_key, Duration::from_secs(10)).await;
+
+    common::migrate_slot(slot, &origin, &destination).await;
+    // Each primary's notifier has an inbox of its own: the waiter's channel there.
+    inbox_channel_on(&destination.addr, &lock_key, Duration::from_secs(10)).await;
+    assert!(
+        shard_channels(&origin.addr, &format!(":{lock_key}"))
+            .await
+            .is_empty(),
+        "the slot's old primary still has its subscription"
+    );
+    assert!(!waiting.is_finished(), "granted while the holder holds");
+
+    assert!(held.release().await.unwrap());
+    let guard = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiter was handed the lock on the new primary")
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token() > held_token);
+    assert!(guard.release().await.unwrap());
+    assert_no_classic_subscription(config).await;
+    holder.close().await;
+    waiter.close().await;
+    common::migrate_slot(slot, &destination, &origin).await;
+}
