@@ -473,7 +473,7 @@ impl RedisBackend {
 
     /// Whether waiters are woken by release notifications now (configured, and the server
     /// did not refuse them lately).
-    fn notifies(&self) -> bool {
+    pub(crate) fn notifies(&self) -> bool {
         self.config.notifications && self.refusal.allows()
     }
 

@@ -337,6 +337,23 @@ async fn refused_subscriptions_on_every_redlock_node_fall_back_to_polling() {
     drop(users);
 }
 
+/// The same on a Redis Cluster whose nodes refuse `SSUBSCRIBE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_shard_subscriptions_on_a_cluster_fall_back_to_polling() {
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let namespace = format!("lk-ns-{:08x}", rand::random::<u32>());
+    let common::Topology::Cluster(config) = &harness.topology else {
+        panic!("the cluster harness runs on a cluster");
+    };
+    let (users, config) =
+        common::cluster_users(config, &namespace, &common::cluster_commands(false)).await;
+    let backend = RedisClusterBackend::connect(config).await.expect("connect");
+    expect_polling_works(std::sync::Arc::new(backend), &namespace).await;
+    drop(users);
+}
+
 /// A waiter on `backend` (whose server refuses SUBSCRIBE) is granted soon after the release,
 /// and the backend says it polls.
 async fn expect_polling_works(backend: std::sync::Arc<dyn LockBackend>, namespace: &str) {

@@ -15,7 +15,9 @@ use lockkit_core::testing::{
     TraceCapture, assert_nothing_shown, exercise, owner_token_spellings, secret_spellings,
 };
 use lockkit_core::{ErrorKind, LockClient, LockOptions, WaitStrategy};
-use lockkit_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use lockkit_redis::{
+    RedisBackend, RedisClusterBackend, RedisConfig, RedlockBackend, RedlockConfig,
+};
 
 fn namespace() -> String {
     format!("lk-sec-{:08x}", rand::random::<u32>())
@@ -315,6 +317,74 @@ async fn redlock_works_under_the_minimal_acl() {
     let guard = locks.mutex("job").unwrap().lock().await.unwrap();
     guard.extend().await.unwrap();
     assert!(guard.release().await.unwrap());
+    for user in &users {
+        assert_eq!(user.denials().await, [], "a node refused lockkit something");
+    }
+}
+
+/// A Redis Cluster: the README's ACL with sharded pub/sub, on every node. A waiter is woken by
+/// the hand-over's announcement on a shard channel (not by polling, which would take 20 s
+/// here), an idle shard channel is unsubscribed, and no node logs a denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_works_under_the_minimal_acl() {
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let Topology::Cluster(cluster) = &harness.topology else {
+        panic!("the cluster harness runs on a cluster");
+    };
+    let ns = namespace();
+    let (users, config) =
+        common::cluster_users(cluster, &ns, &common::cluster_commands(true)).await;
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(60))
+        .with_backoff(Duration::from_millis(10), Duration::from_secs(20));
+    let backend = Arc::new(RedisClusterBackend::connect(config.clone()).await.unwrap());
+    assert_eq!(backend.capabilities().wait, WaitStrategy::Notify);
+    let holder = LockClient::with_options(backend, &ns, options.clone()).unwrap();
+    let waiter = LockClient::with_options(
+        Arc::new(RedisClusterBackend::connect(config).await.unwrap()),
+        &ns,
+        options,
+    )
+    .unwrap();
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    let queued = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.mutex("job")?.lock().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    guard.extend().await.unwrap();
+    assert!(guard.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the waiter was not woken by the hand-over")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap());
+
+    // The idle inbox channel is dropped after a linger of 2 s: SUNSUBSCRIBE is needed too.
+    let suffix = format!(":{{{ns}/job}}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    'idle: loop {
+        for node in common::cluster_nodes(cluster).await {
+            let mut admin = common::connect(&node.addr).await.unwrap();
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("SHARDCHANNELS")
+                .arg("lockkit:*")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            if channels.iter().any(|c| c.ends_with(&suffix)) {
+                assert!(Instant::now() < deadline, "the waiter never unsubscribed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue 'idle;
+            }
+        }
+        break;
+    }
+    holder.close().await;
+    waiter.close().await;
     for user in &users {
         assert_eq!(user.denials().await, [], "a node refused lockkit something");
     }

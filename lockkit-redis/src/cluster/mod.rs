@@ -433,8 +433,23 @@ impl LockBackend for RedisClusterBackend {
         Tier::Replicated
     }
 
+    /// Waiters are notified while every connected primary notifies them (one that refused a
+    /// subscription lately makes its waiters poll).
     fn capabilities(&self) -> Capabilities {
-        RedisBackend::capabilities_with(self.inner.config.notifications)
+        let nodes: Vec<_> = self
+            .inner
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let notifies = self.inner.config.notifications
+            && nodes
+                .iter()
+                .filter_map(|cell| cell.get())
+                .all(RedisBackend::notifies);
+        RedisBackend::capabilities_with(notifies)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {

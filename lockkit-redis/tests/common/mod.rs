@@ -305,6 +305,50 @@ pub const LOCKKIT_COMMANDS: &[&str] = &[
 /// What release notifications need on top of [`LOCKKIT_COMMANDS`].
 pub const NOTIFY_COMMANDS: &[&str] = &["+subscribe", "+unsubscribe"];
 
+/// What a Redis Cluster's nodes need, [`LOCKKIT_COMMANDS`] with sharded pub/sub in place of
+/// the classic kind: the map of slots, the scripts' `SPUBLISH`, and with `notify`, the
+/// waiters' `SSUBSCRIBE` and `SUNSUBSCRIBE`.
+pub fn cluster_commands(notify: bool) -> Vec<&'static str> {
+    let mut commands: Vec<&str> = LOCKKIT_COMMANDS
+        .iter()
+        .copied()
+        .filter(|c| *c != "+publish")
+        .chain(["+cluster|slots", "+spublish"])
+        .collect();
+    if notify {
+        commands.extend(["+ssubscribe", "+sunsubscribe"]);
+    }
+    commands
+}
+
+/// One ACL user, with one name and password, on every node of the cluster (replicas too:
+/// ACL users are not replicated), and `config` logging in as it.
+pub async fn cluster_users(
+    config: &RedisConfig,
+    namespace: &str,
+    commands: &[&str],
+) -> (Vec<AclUser>, RedisConfig) {
+    let name = format!("lk-test-{:08x}", rand::random::<u32>());
+    let password = format!("pw-{:032x}", rand::random::<u128>());
+    let mut users = Vec::new();
+    for node in cluster_nodes(config).await {
+        users.push(
+            AclUser::create_as(
+                &node.addr,
+                name.clone(),
+                password.clone(),
+                namespace,
+                commands,
+            )
+            .await,
+        );
+    }
+    let mut config = config.clone();
+    config.username = Some(name);
+    config.password = Some(password);
+    (users, config)
+}
+
 /// What a Sentinel-managed primary needs on top: `ROLE` to check it is the primary, `WAIT`
 /// for `min_replicas`.
 pub const SENTINEL_COMMANDS: &[&str] = &["+role", "+wait"];
