@@ -103,14 +103,16 @@ impl RedisBackend {
         RedisBackend::on(primary, Arc::new(config)).await
     }
 
-    /// The backend of one primary of a Redis Cluster, at `addr`.
+    /// The backend of one primary of a Redis Cluster, at `addr`, publishing as `pubsub` says
+    /// (classic if the server has no sharded pub/sub).
     pub(crate) async fn cluster_node(
         dialer: Dialer,
         config: Arc<RedisConfig>,
         addr: (String, u16),
+        pubsub: PubSub,
     ) -> Result<Self> {
         let primary = lockkit_core::backend::runtime::run(async move {
-            Primary::fixed(dialer, addr, PubSub::Sharded).await
+            Primary::fixed(dialer, addr, pubsub).await
         })
         .await??;
         RedisBackend::on(primary, config).await
@@ -444,6 +446,7 @@ impl RedisBackend {
             .await
         {
             Ok(subscription) => subscription,
+            Err(e) if crate::cluster::redirected(&e) => return Err(e),
             Err(e) => {
                 self.poll_for_a_while(&e);
                 return Ok(None);
@@ -477,7 +480,9 @@ impl RedisBackend {
         self.config.notifications && self.refusal.allows()
     }
 
-    /// Falls back to polling for a while after the server refused a subscription.
+    /// Falls back to polling for a while after the server refused a subscription. (A
+    /// subscription a cluster answered `MOVED` is no refusal: the waits return that error, and
+    /// the cluster's router follows the slot.)
     pub(crate) fn poll_for_a_while(&self, error: &Error) {
         if self.refusal.refused(error) {
             tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
@@ -594,6 +599,7 @@ impl LockBackend for RedisBackend {
         let epoch = self.primary.epoch();
         let mut subscription = match epoch.notifier.subscribe(&channel, contention.marker).await {
             Ok(subscription) => subscription,
+            Err(e) if crate::cluster::redirected(&e) => return Err(e),
             Err(e) => {
                 self.poll_for_a_while(&e);
                 return Ok(None);

@@ -449,7 +449,7 @@ impl Epoch {
                 tokio::try_join!(dialer.connect(info.clone()), dialer.connect(info.clone()))?;
             let replication = dialer.lazy(info)?;
             let pubsub = match pubsub {
-                PubSub::Sharded if !has_spublish(&dialer, connection.clone()).await? => {
+                PubSub::Sharded if !has_sharded_pubsub(&dialer, connection.clone()).await => {
                     PubSub::Classic
                 }
                 pubsub => pubsub,
@@ -473,17 +473,27 @@ impl Epoch {
 }
 
 /// Whether the server has sharded pub/sub (`SPUBLISH`, Redis 7 or later), as the version in
-/// `INFO server` says (`INFO` is in the minimal ACL already; `COMMAND INFO` is not).
-async fn has_spublish(dialer: &Dialer, mut connection: ConnectionManager) -> Result<bool> {
-    let info: String = dialer
+/// `INFO server` says (`INFO` is in the minimal ACL already; `COMMAND INFO` is not). A server
+/// that does not say (`INFO` refused, no answer) is taken for one without, with a warning.
+pub(crate) async fn has_sharded_pubsub(
+    dialer: &Dialer,
+    mut connection: impl redis::aio::ConnectionLike + Send,
+) -> bool {
+    let info = dialer
         .bounded("reading the server's version", async move {
             redis::cmd("INFO")
                 .arg("server")
-                .query_async(&mut connection)
+                .query_async::<String>(&mut connection)
                 .await
         })
-        .await?;
-    Ok(major_version(&info).is_some_and(|major| major >= 7))
+        .await;
+    match info {
+        Ok(info) => major_version(&info).is_some_and(|major| major >= 7),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the server's version (INFO server): waiters listen by classic pub/sub");
+            false
+        }
+    }
 }
 
 /// The major version in an `INFO server` answer (`redis_version:7.0.15`).

@@ -128,6 +128,7 @@ impl RedisBackend {
             .await
         {
             Ok(subscription) => subscription,
+            Err(e) if crate::cluster::redirected(&e) => return Err(e),
             Err(e) => {
                 self.poll_for_a_while(&e);
                 tokio::time::sleep(max_wait).await;

@@ -60,7 +60,7 @@ fn describe(error: &RedisError) -> String {
             "the server requires a password and none was configured".to_owned()
         }
         _ if error.code() == Some("NOPERM") => {
-            "the Redis user lacks a permission lockkit needs (EVALSHA, SCRIPT LOAD, PUBLISH, SUBSCRIBE on its keys)".to_owned()
+            "the Redis user lacks a permission lockkit needs (EVALSHA, SCRIPT LOAD, PUBLISH and SUBSCRIBE, or on a Redis Cluster SPUBLISH and SSUBSCRIBE, on its keys and channels)".to_owned()
         }
         _ => format!("redis: {error}"),
     }

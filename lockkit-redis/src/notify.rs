@@ -523,22 +523,19 @@ impl Inner {
         let channel = channel.to_owned();
         lockkit_core::backend::runtime::run(async move {
             let disconnections = inner.disconnections.load(Ordering::SeqCst);
-            let mut connection = inner.connection()?;
-            let (name, pubsub) = (channel.clone(), inner.pubsub);
-            inner
-                .dialer
-                .bounded("subscribing to release notifications", async move {
-                    match pubsub {
-                        PubSub::Classic => connection.subscribe(&name).await,
-                        // One channel: its confirmation is the command's reply.
-                        PubSub::Sharded => redis::cmd("SSUBSCRIBE")
-                            .arg(&name)
-                            .query_async::<Value>(&mut connection)
-                            .await
-                            .map(drop),
-                    }
-                })
-                .await?;
+            match inner.pubsub {
+                PubSub::Classic => {
+                    let mut connection = inner.connection()?;
+                    let name = channel.clone();
+                    inner
+                        .dialer
+                        .bounded("subscribing to release notifications", async move {
+                            connection.subscribe(&name).await
+                        })
+                        .await?;
+                }
+                PubSub::Sharded => inner.sharded("SSUBSCRIBE", &channel).await?,
+            }
             // Confirmed here, not by the waiter: it may have been cancelled meanwhile. Not if
             // the connection it was confirmed on went down since (the recovery renews it).
             let mut channels = inner.channels();
@@ -592,13 +589,44 @@ impl Inner {
         Ok(connection)
     }
 
-    /// The server ended a sharded subscription we did not end: the channel's slot
-    /// moved to another node. The connection is dropped, and the notifier starts over as
-    /// after a disconnection (every waiter retries, and finds where the lock went), on a new
-    /// connection: the client library takes such an unrequested `sunsubscribe` for the reply
-    /// of whatever request is in flight on the connection, which would shift every later
-    /// reply by one.
-    fn dropped_by_server(self: &Arc<Self>) {
+    /// `SSUBSCRIBE` or `SUNSUBSCRIBE` of one shard channel, whose confirmation is the
+    /// command's reply. A reply that confirms something else was meant for an earlier
+    /// request: the client library takes a `sunsubscribe` the server sends unasked (a slot
+    /// moved away) for the reply of the request in flight, and every later reply for the one
+    /// before. The connection then starts over ([`Inner::start_over`]), and this fails.
+    async fn sharded(self: &Arc<Self>, command: &'static str, channel: &str) -> Result<()> {
+        let mut connection = self.connection()?;
+        let name = channel.to_owned();
+        let reply = self
+            .dialer
+            .bounded("changing a shard channel subscription", async move {
+                redis::cmd(command)
+                    .arg(&name)
+                    .query_async::<Value>(&mut connection)
+                    .await
+            })
+            .await?;
+        let kind = match command {
+            "SSUBSCRIBE" => PushKind::SSubscribe,
+            _ => PushKind::SUnsubscribe,
+        };
+        if confirms(&reply, &kind, channel) {
+            return Ok(());
+        }
+        self.start_over();
+        Err(lockkit_core::Error::new(
+            lockkit_core::ErrorKind::Unavailable,
+            crate::error::BACKEND,
+            "the pub/sub connection's replies were out of step (a push the server sent unasked): reconnecting",
+        )
+        .with_retryable(true))
+    }
+
+    /// Drops the pub/sub connection and starts over as after a disconnection (every waiter
+    /// retries, and finds where its lock is now), on a new connection. Called when the
+    /// server ended a sharded subscription we did not end (its slot moved to another node),
+    /// or a reply was out of step (see [`Inner::sharded`]).
+    fn start_over(self: &Arc<Self>) {
         {
             let mut current = self
                 .connection
@@ -652,7 +680,7 @@ impl Inner {
 
     /// Unsubscribes `channel` once it has had no waiter for [`LINGER`]; stops watching as
     /// soon as it has one.
-    async fn linger(&self, channel: &str) {
+    async fn linger(self: &Arc<Self>, channel: &str) {
         loop {
             let until = {
                 let mut channels = self.channels();
@@ -679,7 +707,7 @@ impl Inner {
         self.unsubscribe_if_idle(channel).await;
     }
 
-    async fn unsubscribe_if_idle(&self, channel: &str) {
+    async fn unsubscribe_if_idle(self: &Arc<Self>, channel: &str) {
         let _changes = self.changes.lock().await;
         {
             // Unconfirmed while it goes: a new waiter takes the slow path and waits for us.
@@ -694,23 +722,17 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let unsubscribed = match connection {
-            Some(mut connection) => {
-                let (name, pubsub) = (channel.to_owned(), self.pubsub);
+        let unsubscribed = match (connection, self.pubsub) {
+            (Some(mut connection), PubSub::Classic) => {
+                let name = channel.to_owned();
                 self.dialer
                     .bounded("unsubscribing", async move {
-                        match pubsub {
-                            PubSub::Classic => connection.unsubscribe(&name).await,
-                            PubSub::Sharded => redis::cmd("SUNSUBSCRIBE")
-                                .arg(&name)
-                                .query_async::<Value>(&mut connection)
-                                .await
-                                .map(drop),
-                        }
+                        connection.unsubscribe(&name).await
                     })
                     .await
             }
-            None => Ok(()),
+            (Some(_), PubSub::Sharded) => self.sharded("SUNSUBSCRIBE", channel).await,
+            (None, _) => Ok(()),
         };
         let mut channels = self.channels();
         match unsubscribed {
@@ -798,6 +820,17 @@ impl Inner {
     }
 }
 
+/// Whether `reply` is the server's confirmation `kind` (`ssubscribe`, `sunsubscribe`) of
+/// `channel`.
+fn confirms(reply: &Value, kind: &PushKind, channel: &str) -> bool {
+    matches!(
+        reply,
+        Value::Push { kind: confirmed, data }
+            if confirmed == kind
+                && matches!(data.first(), Some(Value::BulkString(c)) if c == channel.as_bytes())
+    )
+}
+
 /// Hands the pushes of the pub/sub connection of `generation` to the notifier, until the
 /// notifier is gone or has another connection.
 async fn dispatch(
@@ -845,7 +878,7 @@ async fn dispatch(
                         channel,
                         "a shard channel's slot moved: renewing the pub/sub connection"
                     );
-                    inner.dropped_by_server();
+                    inner.start_over();
                 }
             }
             PushKind::Disconnection => inner.disconnected(),
@@ -868,10 +901,15 @@ async fn recover(inner: std::sync::Weak<Inner>) {
             let mut renewed = true;
             for channel in this.unconfirmed() {
                 let _changes = this.changes.lock().await;
-                if let Err(e) = this.send_subscribe(&channel).await {
-                    tracing::debug!(error = %e, "could not renew a release subscription");
-                    renewed = false;
-                    break;
+                match this.send_subscribe(&channel).await {
+                    // Its slot moved to another node: its waiters, woken, follow it there.
+                    Err(e) if crate::cluster::redirected(&e) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "could not renew a release subscription");
+                        renewed = false;
+                        break;
+                    }
+                    Ok(()) => {}
                 }
             }
             if renewed {
@@ -889,18 +927,28 @@ async fn recover(inner: std::sync::Weak<Inner>) {
 
 impl Inner {
     /// Whether the pub/sub connection answers a PING (a failure makes it reconnect).
+    /// A reply other than `PONG` was meant for an earlier request (see [`Inner::sharded`]):
+    /// the connection starts over.
     async fn reconnected(self: &Arc<Self>) -> bool {
         let Ok(mut connection) = self.connection() else {
             return false;
         };
-        self.dialer
+        let pong = self
+            .dialer
             .bounded("pinging the pub/sub connection", async move {
                 redis::cmd("PING")
                     .query_async::<Value>(&mut connection)
                     .await
             })
-            .await
-            .is_ok()
+            .await;
+        match pong {
+            Ok(Value::SimpleString(pong)) if pong == "PONG" => true,
+            Ok(_) => {
+                self.start_over();
+                false
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -944,6 +992,42 @@ impl std::fmt::Debug for Notifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shard subscription's reply is its own only if it confirms that command for that
+    /// channel: an unasked `sunsubscribe` of another channel, or of the same one when a
+    /// subscription was asked, is an earlier reply.
+    #[test]
+    fn only_its_own_confirmation_answers_a_shard_subscription() {
+        let push = |kind: PushKind, channel: &str| Value::Push {
+            kind,
+            data: vec![Value::BulkString(channel.into()), Value::Int(1)],
+        };
+        assert!(confirms(
+            &push(PushKind::SSubscribe, "a"),
+            &PushKind::SSubscribe,
+            "a"
+        ));
+        assert!(!confirms(
+            &push(PushKind::SSubscribe, "b"),
+            &PushKind::SSubscribe,
+            "a"
+        ));
+        assert!(!confirms(
+            &push(PushKind::SUnsubscribe, "a"),
+            &PushKind::SSubscribe,
+            "a"
+        ));
+        assert!(confirms(
+            &push(PushKind::SUnsubscribe, "a"),
+            &PushKind::SUnsubscribe,
+            "a"
+        ));
+        assert!(!confirms(
+            &Value::SimpleString("PONG".into()),
+            &PushKind::SSubscribe,
+            "a"
+        ));
+    }
 
     /// A waiter paused past the life of a grant handed to it (SIGSTOP in the fault campaign)
     /// reads that grant's announcement only after it has attempted again and queued behind

@@ -69,12 +69,8 @@ async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
     let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut contenders = Vec::new();
     for _ in 0..CONTENDERS {
-        let locks = LockClient::with_options(
-            harness.backend().await.unwrap(),
-            &namespace,
-            options.clone(),
-        )
-        .unwrap();
+        let backend = harness.backend().await.unwrap();
+        let locks = LockClient::with_options(backend.clone(), &namespace, options.clone()).unwrap();
         let (stop, inside, tokens) = (stop.clone(), inside.clone(), tokens.clone());
         contenders.push(tokio::spawn(async move {
             let mutex = locks.mutex("contended").unwrap();
@@ -93,6 +89,13 @@ async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
                 grants += 1;
             }
             locks.close().await;
+            // A subscription the moving slot's old primary answered with MOVED is no
+            // refusal: the waiters still listen, not poll.
+            assert_eq!(
+                backend.capabilities().wait,
+                lockkit_core::WaitStrategy::Notify,
+                "the migration made waiters poll"
+            );
             grants
         }));
     }

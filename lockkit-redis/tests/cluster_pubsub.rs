@@ -10,6 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use lockkit_core::backend::LockBackend;
 use lockkit_core::{LockClient, LockKey, LockOptions};
 
 /// The tests of this file read server-wide counters and subscriptions: one at a time.
@@ -191,5 +192,62 @@ async fn a_waiter_follows_its_lock_to_the_primary_its_slot_moved_to() {
     assert_no_classic_subscription(config).await;
     holder.close().await;
     waiter.close().await;
+    common::migrate_slot(slot, &destination, &origin).await;
+}
+
+/// An observer whose map still names the slot's old primary subscribes there and is answered
+/// `MOVED`: that is no refusal (which would make every waiter of that primary poll for 30 s),
+/// the wait follows the slot and listens on its new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_answered_moved_follows_the_slot() {
+    let _serial = SERIAL.lock().await;
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let common::Topology::Cluster(config) = &harness.topology else {
+        panic!("the cluster harness runs on a cluster");
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let key = LockKey::new(&namespace, "observed").unwrap();
+    let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
+    let origin = common::cluster_owner(config, slot).await.unwrap();
+    let destination = common::cluster_nodes(config)
+        .await
+        .into_iter()
+        .find(|n| n.primary && n.id != origin.id)
+        .unwrap();
+    let backend = std::sync::Arc::new(
+        lockkit_redis::RedisClusterBackend::connect(config.clone())
+            .await
+            .unwrap(),
+    );
+    common::migrate_slot(slot, &origin, &destination).await;
+
+    let observing = {
+        let (backend, key) = (backend.clone(), key.clone());
+        tokio::spawn(async move {
+            backend
+                .wait_for_leader_change(&key, None, Duration::from_secs(3))
+                .await
+        })
+    };
+    let channel = format!("lockkit:released:{}", common::lock_key(&key));
+    let started = Instant::now();
+    while !shard_channels(&destination.addr, &channel)
+        .await
+        .contains(&channel)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the observer does not listen on the slot's new primary"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    observing.await.unwrap().unwrap();
+    assert_eq!(
+        backend.capabilities().wait,
+        lockkit_core::WaitStrategy::Notify,
+        "a MOVED subscription was taken for a refusal"
+    );
     common::migrate_slot(slot, &destination, &origin).await;
 }

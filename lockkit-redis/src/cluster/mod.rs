@@ -3,9 +3,11 @@
 mod route;
 mod slots;
 
+pub(crate) use route::redirected;
+
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex as StdMutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -20,8 +22,9 @@ use tokio::sync::OnceCell;
 
 use crate::backend::RedisBackend;
 use crate::config::{RedisConfig, parse_host};
-use crate::connection::Dialer;
+use crate::connection::{Dialer, has_sharded_pubsub};
 use crate::error::BACKEND;
+use crate::scripts::PubSub;
 use route::Reroute;
 use slots::{Addr, SlotMap, slot_of};
 
@@ -71,9 +74,12 @@ const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 ///   lock's slot (a waiter's inbox is one channel per lock, `inbox:lock`), heard only by the
 ///   nodes of that slot's shard, and a waiter `SSUBSCRIBE`s on the primary it queued on.
 ///   When the slot moves, that primary ends the subscription: the notifier wakes its
-///   waiters, which attempt again, queue on the slot's new primary and listen there. A
-///   primary before Redis 7 publishes and subscribes the classic way, which the cluster
-///   delivers on every node. A refused subscription makes waiters poll, as elsewhere.
+///   waiters, which attempt again, queue on the slot's new primary and listen there (a
+///   subscription answered `MOVED` is not a refusal: the next attempt follows the slot).
+///   Sharded pub/sub is chosen at connect time when every primary runs Redis 7 or later;
+///   otherwise every primary publishes and subscribes the classic way, which the cluster
+///   delivers on every node (a primary that joins later without sharded pub/sub does so
+///   too). A refused subscription makes waiters poll, as elsewhere.
 #[derive(Clone)]
 pub struct RedisClusterBackend {
     inner: Arc<Inner>,
@@ -92,6 +98,8 @@ struct Inner {
     /// The primary each queued mutex waiter (by owner digest) last attempted on: the one
     /// that registered it for a hand-over, and the one whose notifier its wait listens to.
     waiters: StdMutex<HashMap<String, RedisBackend>>,
+    /// How every primary publishes and its waiters listen, decided at connect time.
+    pubsub: OnceLock<PubSub>,
 }
 
 impl RedisClusterBackend {
@@ -124,6 +132,7 @@ impl RedisClusterBackend {
                 nodes: StdMutex::default(),
                 refreshed: tokio::sync::Mutex::new(None),
                 waiters: StdMutex::default(),
+                pubsub: OnceLock::new(),
             }),
         };
         backend.refresh(None, None).await?;
@@ -136,6 +145,18 @@ impl RedisClusterBackend {
             .with_retryable(true));
         }
         let primaries = backend.map().primaries();
+        let sharded = join_all(
+            primaries
+                .iter()
+                .map(|addr| backend.has_sharded_pubsub(addr)),
+        )
+        .await;
+        let pubsub = if sharded.iter().all(|sharded| *sharded) {
+            PubSub::Sharded
+        } else {
+            PubSub::Classic
+        };
+        let _ = backend.inner.pubsub.set(pubsub);
         for connected in join_all(primaries.iter().map(|addr| backend.node(addr))).await {
             connected?;
         }
@@ -156,24 +177,34 @@ impl RedisClusterBackend {
         &self.inner.config
     }
 
+    /// Whether the primary at `addr` has sharded pub/sub, asked on a connection of its own.
+    async fn has_sharded_pubsub(&self, addr: &Addr) -> bool {
+        let dialer = &self.inner.dialer;
+        let client = dialer
+            .info(&addr.0, addr.1, redis::ProtocolVersion::RESP2)
+            .and_then(|info| dialer.client(info));
+        let connection = match client {
+            Ok(client) => {
+                dialer
+                    .bounded("connecting", client.get_multiplexed_async_connection())
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match connection {
+            Ok(connection) => has_sharded_pubsub(dialer, connection).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not ask a primary for its version: waiters listen by classic pub/sub");
+                false
+            }
+        }
+    }
+
     fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<String, RedisBackend>> {
         self.inner
             .waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The backend of the primary that serves `key`'s slot now, if it is connected.
-    fn current_node(&self, key: &LockKey) -> Option<RedisBackend> {
-        let owner = slot_of(key).and_then(|slot| self.owner(slot))?;
-        let cell = self
-            .inner
-            .nodes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&owner)
-            .cloned()?;
-        cell.get().cloned()
     }
 
     /// The primary that serves `slot`, as the map says now.
@@ -210,6 +241,7 @@ impl RedisClusterBackend {
                     self.inner.dialer.clone(),
                     self.inner.config.clone(),
                     addr.clone(),
+                    self.inner.pubsub.get().copied().unwrap_or(PubSub::Classic),
                 )
             })
             .await?;
@@ -489,19 +521,17 @@ impl LockBackend for RedisClusterBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        // A wait listens where the attempt queued: if the slot has moved since, the next
-        // attempt goes to its new primary at once.
+        // A wait listens where the attempt queued: if the slot has moved since (the map says
+        // so, or the subscription was answered `MOVED`), the next attempt queues on its new
+        // primary first, so that its queue entry names the inbox it listens to there.
         let digest = request.owner.digest_hex();
         let queued_on = self.waiters().get(&digest).cloned();
-        if let Some(queued_on) = &queued_on
-            && !self
-                .current_node(&request.key)
-                .is_some_and(|now| now.same_node(queued_on))
-        {
-            return Ok(None);
-        }
+        let queued_on = &queued_on;
         let waited = self
             .on_key(&request.key, "waiting", |node, _| async move {
+                if queued_on.as_ref().is_some_and(|q| !node.same_node(q)) {
+                    return Ok(None);
+                }
                 node.wait_for_change(request, contention, max_wait).await
             })
             .await;

@@ -48,6 +48,13 @@ impl Reroute {
     }
 }
 
+/// Whether `error` is a cluster's answer that a key's slot is served elsewhere or not served
+/// now (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`), which the next attempt follows: not a
+/// refusal, and not an outage.
+pub(crate) fn redirected(error: &Error) -> bool {
+    error.kind() != ErrorKind::Unavailable && Reroute::of(error).is_some()
+}
+
 /// The redis client error behind `error`, if it has one.
 fn redis_error(error: &Error) -> Option<&RedisError> {
     let mut source = std::error::Error::source(error);
@@ -98,5 +105,24 @@ mod tests {
         );
         let lost = Error::new(ErrorKind::Lost, "redis", "gone");
         assert_eq!(Reroute::of(&lost), None);
+    }
+
+    #[test]
+    fn a_redirect_is_neither_a_refusal_nor_an_outage() {
+        for (code, detail) in [
+            ("MOVED", "3999 127.0.0.1:7002"),
+            ("ASK", "3999 127.0.0.1:7002"),
+            ("TRYAGAIN", ""),
+            ("CLUSTERDOWN", ""),
+        ] {
+            assert!(redirected(&server(code, detail)), "{code}");
+        }
+        let outage = Error::new(ErrorKind::Unavailable, "redis", "timed out");
+        assert!(!redirected(&outage), "an outage polls a while");
+        let refused = crate::error::from_redis(
+            crate::error::BACKEND,
+            RedisError::from((redis::ErrorKind::Server(ServerErrorKind::NoPerm), "denied")),
+        );
+        assert!(!redirected(&refused), "a refusal polls");
     }
 }
