@@ -10,7 +10,8 @@
 //! simplest one:
 //! - Redis (single, the Sentinel primary directly, and the cluster primary that serves the
 //!   floor's key directly): lockkit-redis's own `acquire.lua` and
-//!   `release.lua`. Each worker subscribes once, up front, to the release channel that
+//!   `release.lua` (publishing the classic way, also on the cluster, where lockkit uses
+//!   sharded pub/sub). Each worker subscribes once, up front, to the release channel that
 //!   `release.lua` publishes on; a contended attempt waits for the next release message, or
 //!   for the holder's remaining TTL (the `PTTL` the script returns) if the holder dies
 //!   without releasing, and then retries at once, without jitter: Redisson's waiting. It
@@ -57,12 +58,14 @@ pub(crate) enum Floor {
 
 static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
+        include_str!("../../lockkit-redis/scripts/publish_classic.lua"),
         include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
         include_str!("../../lockkit-redis/scripts/acquire.lua")
     ))
 });
 static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
+        include_str!("../../lockkit-redis/scripts/publish_classic.lua"),
         include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
         include_str!("../../lockkit-redis/scripts/release.lua")
     ))
