@@ -46,12 +46,7 @@ async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
                 == Some(slot)
         })
         .unwrap();
-    let origin = common::cluster_owner(config, slot).await.unwrap();
-    let destination = common::cluster_nodes(config)
-        .await
-        .into_iter()
-        .find(|n| n.primary && n.id != origin.id)
-        .unwrap();
+    let (origin, destination) = common::owner_and_another_primary(config, slot).await;
 
     let options = LockOptions::default()
         .with_ttl(Duration::from_millis(800))

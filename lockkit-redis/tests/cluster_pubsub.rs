@@ -140,12 +140,7 @@ async fn a_waiter_follows_its_lock_to_the_primary_its_slot_moved_to() {
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let key = LockKey::new(&namespace, "moving").unwrap();
     let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
-    let origin = common::cluster_owner(config, slot).await.unwrap();
-    let destination = common::cluster_nodes(config)
-        .await
-        .into_iter()
-        .find(|n| n.primary && n.id != origin.id)
-        .unwrap();
+    let (origin, destination) = common::owner_and_another_primary(config, slot).await;
     // A waiter that is not woken waits a third of its TTL or `backoff_max` (20 s) before it
     // looks again: the 10 s given to find it on the new primary are only met by following
     // the slot.
@@ -210,12 +205,7 @@ async fn a_subscription_answered_moved_follows_the_slot() {
     let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
     let key = LockKey::new(&namespace, "observed").unwrap();
     let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
-    let origin = common::cluster_owner(config, slot).await.unwrap();
-    let destination = common::cluster_nodes(config)
-        .await
-        .into_iter()
-        .find(|n| n.primary && n.id != origin.id)
-        .unwrap();
+    let (origin, destination) = common::owner_and_another_primary(config, slot).await;
     let backend = std::sync::Arc::new(
         lockkit_redis::RedisClusterBackend::connect(config.clone())
             .await

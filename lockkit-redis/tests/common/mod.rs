@@ -564,6 +564,22 @@ pub async fn cluster_owner(config: &RedisConfig, slot: u16) -> Option<ClusterNod
         .find(|node| node.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
 }
 
+/// The primary that serves `slot`, and another primary to move it to.
+pub async fn owner_and_another_primary(
+    config: &RedisConfig,
+    slot: u16,
+) -> (ClusterNode, ClusterNode) {
+    let owner = cluster_owner(config, slot)
+        .await
+        .expect("the slot's primary");
+    let another = cluster_nodes(config)
+        .await
+        .into_iter()
+        .find(|n| n.primary && n.id != owner.id)
+        .expect("another primary");
+    (owner, another)
+}
+
 /// The compose member name (`cluster-N`) of the cluster node at `addr`.
 pub fn cluster_member(addr: &str) -> &'static str {
     const MEMBERS: [&str; 6] = [
