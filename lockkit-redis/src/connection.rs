@@ -449,10 +449,23 @@ impl Epoch {
                 tokio::try_join!(dialer.connect(info.clone()), dialer.connect(info.clone()))?;
             let replication = dialer.lazy(info)?;
             let pubsub = match pubsub {
-                PubSub::Sharded if !has_sharded_pubsub(&dialer, connection.clone()).await => {
-                    PubSub::Classic
+                PubSub::Sharded => {
+                    let mut connection = connection.clone();
+                    let info = dialer
+                        .bounded("reading the server's version", async move {
+                            redis::cmd("INFO")
+                                .arg("server")
+                                .query_async::<String>(&mut connection)
+                                .await
+                        })
+                        .await;
+                    if sharded_pubsub_in(info) {
+                        PubSub::Sharded
+                    } else {
+                        PubSub::Classic
+                    }
                 }
-                pubsub => pubsub,
+                PubSub::Classic => PubSub::Classic,
             };
             let notifier = Notifier::new(
                 dialer.clone(),
@@ -472,21 +485,11 @@ impl Epoch {
     }
 }
 
-/// Whether the server has sharded pub/sub (`SPUBLISH`, Redis 7 or later), as the version in
-/// `INFO server` says (`INFO` is in the minimal ACL already; `COMMAND INFO` is not). A server
-/// that does not say (`INFO` refused, no answer) is taken for one without, with a warning.
-pub(crate) async fn has_sharded_pubsub(
-    dialer: &Dialer,
-    mut connection: impl redis::aio::ConnectionLike + Send,
-) -> bool {
-    let info = dialer
-        .bounded("reading the server's version", async move {
-            redis::cmd("INFO")
-                .arg("server")
-                .query_async::<String>(&mut connection)
-                .await
-        })
-        .await;
+/// Whether a server has sharded pub/sub (`SPUBLISH`, Redis 7 or later), as the version in
+/// its answer to `INFO server` says (`INFO` is in the minimal ACL already; `COMMAND INFO` is
+/// not). A server that does not say (`INFO` refused, no answer) is taken for one without,
+/// with a warning.
+pub(crate) fn sharded_pubsub_in(info: Result<String>) -> bool {
     match info {
         Ok(info) => major_version(&info).is_some_and(|major| major >= 7),
         Err(e) => {

@@ -132,7 +132,7 @@ struct Inner {
     /// Classic or sharded channels (a Redis Cluster's primary, Redis 7 or later).
     pubsub: PubSub,
     /// The pub/sub connection, opened on first use, and dropped when the server dropped one
-    /// of its sharded subscriptions (see [`Inner::dropped_by_server`]).
+    /// of its sharded subscriptions (see [`Inner::start_over`]).
     connection: StdMutex<Option<ConnectionManager>>,
     /// Counts the pub/sub connections opened: the pushes of an earlier one are ignored.
     generation: AtomicU64,
@@ -831,6 +831,14 @@ fn confirms(reply: &Value, kind: &PushKind, channel: &str) -> bool {
     )
 }
 
+/// The channel a push names first (a message's, a confirmation's).
+fn channel_of(push: &PushInfo) -> Option<&str> {
+    match push.data.first() {
+        Some(Value::BulkString(channel)) => std::str::from_utf8(channel).ok(),
+        _ => None,
+    }
+}
+
 /// Hands the pushes of the pub/sub connection of `generation` to the notifier, until the
 /// notifier is gone or has another connection.
 async fn dispatch(
@@ -847,9 +855,7 @@ async fn dispatch(
         }
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
-                if let Some(Value::BulkString(channel)) = push.data.first()
-                    && let Ok(channel) = std::str::from_utf8(channel)
-                {
+                if let Some(channel) = channel_of(&push) {
                     // A proclamation changes no holder: it is for observers only.
                     match push.data.get(1) {
                         Some(Value::BulkString(m)) if inner.is_inbox(channel) => {
@@ -863,15 +869,12 @@ async fn dispatch(
                 }
             }
             PushKind::Subscribe | PushKind::SSubscribe => {
-                if let Some(Value::BulkString(channel)) = push.data.first()
-                    && let Ok(channel) = std::str::from_utf8(channel)
-                {
+                if let Some(channel) = channel_of(&push) {
                     inner.confirmed(channel);
                 }
             }
             PushKind::SUnsubscribe => {
-                if let Some(Value::BulkString(channel)) = push.data.first()
-                    && let Ok(channel) = std::str::from_utf8(channel)
+                if let Some(channel) = channel_of(&push)
                     && inner.unasked_unsubscribe(channel)
                 {
                     tracing::debug!(

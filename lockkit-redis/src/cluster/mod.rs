@@ -22,7 +22,7 @@ use tokio::sync::OnceCell;
 
 use crate::backend::RedisBackend;
 use crate::config::{RedisConfig, parse_host};
-use crate::connection::{Dialer, has_sharded_pubsub};
+use crate::connection::{Dialer, sharded_pubsub_in};
 use crate::error::BACKEND;
 use crate::scripts::PubSub;
 use route::Reroute;
@@ -177,27 +177,29 @@ impl RedisClusterBackend {
         &self.inner.config
     }
 
-    /// Whether the primary at `addr` has sharded pub/sub, asked on a connection of its own.
+    /// Whether the primary at `addr` has sharded pub/sub.
     async fn has_sharded_pubsub(&self, addr: &Addr) -> bool {
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        sharded_pubsub_in(self.ask(addr, "reading the server's version", &info).await)
+    }
+
+    /// `command` to the node at `addr`, on a connection of its own.
+    async fn ask<T: redis::FromRedisValue>(
+        &self,
+        addr: &Addr,
+        what: &str,
+        command: &redis::Cmd,
+    ) -> Result<T> {
         let dialer = &self.inner.dialer;
-        let client = dialer
-            .info(&addr.0, addr.1, redis::ProtocolVersion::RESP2)
-            .and_then(|info| dialer.client(info));
-        let connection = match client {
-            Ok(client) => {
-                dialer
-                    .bounded("connecting", client.get_multiplexed_async_connection())
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        match connection {
-            Ok(connection) => has_sharded_pubsub(dialer, connection).await,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not ask a primary for its version: waiters listen by classic pub/sub");
-                false
-            }
-        }
+        let client =
+            dialer.client(dialer.info(&addr.0, addr.1, redis::ProtocolVersion::RESP2)?)?;
+        dialer
+            .bounded(what, async move {
+                let mut con = client.get_multiplexed_async_connection().await?;
+                command.query_async(&mut con).await
+            })
+            .await
     }
 
     fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<String, RedisBackend>> {
@@ -309,17 +311,10 @@ impl RedisClusterBackend {
 
     /// `CLUSTER SLOTS` from the node at `addr`, on a connection of its own.
     async fn read_map(&self, addr: &Addr) -> Result<SlotMap> {
-        let dialer = &self.inner.dialer;
-        let client =
-            dialer.client(dialer.info(&addr.0, addr.1, redis::ProtocolVersion::RESP2)?)?;
-        let reply: redis::Value = dialer
-            .bounded("reading the cluster's slots", async move {
-                let mut con = client.get_multiplexed_async_connection().await?;
-                redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async(&mut con)
-                    .await
-            })
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let reply: redis::Value = self
+            .ask(addr, "reading the cluster's slots", &slots)
             .await
             .map_err(|e| {
                 if e.message().contains("cluster support disabled") {
@@ -468,17 +463,13 @@ impl LockBackend for RedisClusterBackend {
     /// Waiters are notified while every connected primary notifies them (one that refused a
     /// subscription lately makes its waiters poll).
     fn capabilities(&self) -> Capabilities {
-        let nodes: Vec<_> = self
-            .inner
-            .nodes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
         let notifies = self.inner.config.notifications
-            && nodes
-                .iter()
+            && self
+                .inner
+                .nodes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
                 .filter_map(|cell| cell.get())
                 .all(RedisBackend::notifies);
         RedisBackend::capabilities_with(notifies)
