@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use lockkit_core::backend::LockBackend;
-use lockkit_core::{LockClient, LockKey, LockOptions};
+use lockkit_core::{LockClient, LockKey, LockOptions, MutexGuard};
 
 /// The tests of this file read server-wide counters and subscriptions: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -66,6 +66,45 @@ async fn assert_no_classic_subscription(config: &lockkit_redis::RedisConfig) {
     }
 }
 
+/// A lock held by one client and waited for by another (each with a backend of its own).
+/// Their TTL is 60 s and their `backoff_max` 20 s: a waiter that is not woken looks again
+/// only after 20 s, and no renewal runs for 20 s.
+struct Queue {
+    holder: LockClient,
+    waiter: LockClient,
+    held: MutexGuard,
+    waiting: tokio::task::JoinHandle<lockkit_core::Result<MutexGuard>>,
+}
+
+impl Queue {
+    async fn on(harness: &common::RedisHarness, key: &LockKey) -> Queue {
+        let options = LockOptions::default()
+            .with_ttl(Duration::from_secs(60))
+            .with_backoff(Duration::from_millis(10), Duration::from_secs(20))
+            .with_wait_timeout(Some(Duration::from_secs(60)));
+        let client = || async {
+            LockClient::with_options(
+                harness.backend().await.unwrap(),
+                key.namespace(),
+                options.clone(),
+            )
+            .unwrap()
+        };
+        let (holder, waiter) = (client().await, client().await);
+        let held = holder.mutex(key.name()).unwrap().lock().await.unwrap();
+        let waiting = {
+            let mutex = waiter.mutex(key.name()).unwrap();
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        Queue {
+            holder,
+            waiter,
+            held,
+            waiting,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_is_announced_on_a_shard_channel_of_the_locks_slot() {
     let _serial = SERIAL.lock().await;
@@ -79,25 +118,13 @@ async fn a_hand_over_is_announced_on_a_shard_channel_of_the_locks_slot() {
     let key = LockKey::new(&namespace, "handed-over").unwrap();
     let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
     let owner = common::cluster_owner(config, slot).await.unwrap();
-    // Long TTLs: nothing but the hand-over's announcement ends the waiter's wait early, and
-    // no renewal runs while the commands are counted.
-    let options = LockOptions::default()
-        .with_ttl(Duration::from_secs(60))
-        .with_wait_timeout(Some(Duration::from_secs(60)));
-    let holder = LockClient::with_options(
-        harness.backend().await.unwrap(),
-        &namespace,
-        options.clone(),
-    )
-    .unwrap();
-    let waiter =
-        LockClient::with_options(harness.backend().await.unwrap(), &namespace, options).unwrap();
-    let held = holder.mutex("handed-over").unwrap().lock().await.unwrap();
+    let Queue {
+        holder,
+        waiter,
+        held,
+        waiting,
+    } = Queue::on(&harness, &key).await;
     let held_token = held.fencing_token();
-    let waiting = {
-        let mutex = waiter.mutex("handed-over").unwrap();
-        tokio::spawn(async move { mutex.lock().await })
-    };
 
     let lock_key = common::lock_key(&key);
     let channel = inbox_channel_on(&owner.addr, &lock_key, Duration::from_secs(10)).await;
@@ -141,27 +168,15 @@ async fn a_waiter_follows_its_lock_to_the_primary_its_slot_moved_to() {
     let key = LockKey::new(&namespace, "moving").unwrap();
     let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
     let (origin, destination) = common::owner_and_another_primary(config, slot).await;
-    // A waiter that is not woken waits a third of its TTL or `backoff_max` (20 s) before it
-    // looks again: the 10 s given to find it on the new primary are only met by following
-    // the slot.
-    let options = LockOptions::default()
-        .with_ttl(Duration::from_secs(60))
-        .with_backoff(Duration::from_millis(10), Duration::from_secs(20))
-        .with_wait_timeout(Some(Duration::from_secs(60)));
-    let holder = LockClient::with_options(
-        harness.backend().await.unwrap(),
-        &namespace,
-        options.clone(),
-    )
-    .unwrap();
-    let waiter =
-        LockClient::with_options(harness.backend().await.unwrap(), &namespace, options).unwrap();
-    let held = holder.mutex("moving").unwrap().lock().await.unwrap();
+    // A waiter that is not woken looks again only after 20 s (see `Queue`): the 10 s given
+    // to find it on the new primary are only met by following the slot.
+    let Queue {
+        holder,
+        waiter,
+        held,
+        waiting,
+    } = Queue::on(&harness, &key).await;
     let held_token = held.fencing_token();
-    let waiting = {
-        let mutex = waiter.mutex("moving").unwrap();
-        tokio::spawn(async move { mutex.lock().await })
-    };
     let lock_key = common::lock_key(&key);
     inbox_channel_on(&origin.addr, &lock_key, Duration::from_secs(10)).await;
 
