@@ -19,13 +19,15 @@ use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 
+use crate::acquire::Wait;
 use crate::backend::SharedBackend;
 use crate::backoff::Backoff;
+use crate::capabilities::FencingGuarantee;
 use crate::capabilities::Support;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{LostSignal, MutexGuard};
 use crate::key::LockKey;
-use crate::mutex::{Mutex, validity_floor};
+use crate::mutex::Mutex;
 use crate::options::LockOptions;
 use crate::token::FencingToken;
 
@@ -197,33 +199,36 @@ impl Election {
     }
 
     /// Takes the lock and proclaims `value` until both succeed or `deadline` passes. A
-    /// retryable error of the proclamation (the grant is then given back) is retried as
-    /// `lock()` retries one of its attempts: for as long as the options' `error_budget`.
+    /// leadership that ends before it is proclaimed (or confirmed), or a retryable error of
+    /// the proclamation (the grant is then given back), is campaigned for again after a
+    /// backoff, as `lock()` retries one of its attempts: while the streak of such failures
+    /// is younger than the options' `error_budget`.
     async fn campaign_until(&self, value: String, deadline: Option<Instant>) -> Result<Leadership> {
-        let left = || {
-            deadline.map_or(Duration::MAX, |d| {
-                d.saturating_duration_since(Instant::now())
-            })
-        };
+        let wait = Wait::Until(deadline);
         let options = self.options();
         let mut backoff = Backoff::new(options.backoff_min, options.backoff_max);
         let mut failing_since = None;
         loop {
-            let guard = self.mutex.lock_timeout(left()).await?;
-            match self.proclaim_first(guard, &value).await {
+            let guard = self.mutex.lock_timeout(left(deadline)).await?;
+            let failure = match self.proclaim_first(guard, &value, wait).await {
                 Ok(Some(leadership)) => return Ok(leadership),
-                Ok(None) => failing_since = None,
-                Err(e)
-                    if e.is_retryable()
-                        && failing_since.get_or_insert_with(Instant::now).elapsed()
-                            < options.error_budget
-                        && left() > Duration::ZERO =>
-                {
-                    tracing::debug!(key = %self.key(), error = %e.display_chain(), "proclaiming failed; campaigning again");
-                    tokio::time::sleep(backoff.next_delay().min(left())).await;
-                }
+                Ok(None) => Error::new(
+                    ErrorKind::Unavailable,
+                    self.backend().name(),
+                    format!(
+                        "each leadership of {} ended before its value was proclaimed with useful validity left",
+                        self.key()
+                    ),
+                ),
+                Err(e) if e.is_retryable() => e,
                 Err(e) => return Err(e),
+            };
+            let failing_for = failing_since.get_or_insert_with(Instant::now).elapsed();
+            if failing_for >= options.error_budget || left(deadline).is_zero() {
+                return Err(failure);
             }
+            tracing::debug!(key = %self.key(), error = %failure.display_chain(), "the leadership could not be proclaimed; campaigning again");
+            tokio::time::sleep(backoff.next_delay().min(left(deadline))).await;
         }
     }
 
@@ -235,39 +240,34 @@ impl Election {
     pub async fn try_campaign(&self, value: impl Into<String>) -> Result<Option<Leadership>> {
         let value = checked(value.into())?;
         match self.mutex.try_lock().await? {
-            Some(guard) => self.proclaim_first(guard, &value).await,
+            Some(guard) => self.proclaim_first(guard, &value, Wait::No).await,
             None => Ok(None),
         }
     }
 
     /// Proclaims the first value of a fresh grant. `None` when the grant was already gone, or
-    /// its validity ran out (or all but ran out) while the proclamation was on its way.
-    async fn proclaim_first(&self, guard: MutexGuard, value: &str) -> Result<Option<Leadership>> {
+    /// when its validity ran down under the floor while the proclamation was on its way (a
+    /// consensus cluster electing its own leader meanwhile) and a renewal could not restore
+    /// it: a leadership is handed out with the floor its grant promised, as a guard is.
+    async fn proclaim_first(
+        &self,
+        guard: MutexGuard,
+        value: &str,
+        wait: Wait,
+    ) -> Result<Option<Leadership>> {
         // A failed or dropped proclamation drops the guard, which releases the grant in the
         // background (and the value with it, wherever it landed).
-        // What the grant promised (at least the mutex's own floor: it was accepted).
-        let floor = validity_floor(guard.remaining());
-        if self.backend().proclaim(guard.lease(), value).await? {
-            // A proclamation slower than the grant's validity (a consensus cluster electing
-            // its own leader meanwhile) leaves a leadership nobody can vouch for any more, or
-            // one whose lost signal would fire before the leader's first step: as a mutex
-            // does with a late grant, it is confirmed by a renewal or given back.
-            if guard.remaining() < floor
-                && !guard.is_lost()
-                && let Err(e) = guard.extend().await
-            {
-                tracing::debug!(key = %self.key(), error = %e.display_chain(), "a leadership proclaimed too late could not be renewed; campaigning again");
-            }
-            if !guard.is_lost() && guard.remaining() >= floor {
-                return Ok(Some(Leadership {
-                    guard,
-                    value: StdMutex::new(value.to_owned()),
-                }));
-            }
+        if !self.backend().proclaim(guard.lease(), value).await? {
+            guard.mark_lost("the leadership ended before its value was proclaimed");
             return Ok(None);
         }
-        guard.mark_lost("the leadership ended before its value was proclaimed");
-        Ok(None)
+        if !guard.vouch(wait.deadline()).await {
+            return Ok(None);
+        }
+        Ok(Some(Leadership {
+            guard,
+            value: StdMutex::new(value.to_owned()),
+        }))
     }
 
     /// Who leads now, if anyone: one read of the holder and its value.
@@ -282,9 +282,11 @@ impl Election {
     ///
     /// The first item is the state when the stream is first polled. A slow observer may miss
     /// intermediate states, but it always ends on the current one (after a change it reads
-    /// the state afresh), and never sees a term lower than one it has seen (a stale read is
-    /// skipped). Changes arrive by the backend's notifications; the options' `backoff_max`
-    /// bounds how late a missed notification (a reconnect) or an expiry, which nobody
+    /// the state afresh). Where terms only go up ([`FencingGuarantee::Monotonic`]) it never
+    /// sees a term lower than one it has seen: such a read is stale and skipped. Where they
+    /// can go back ([`FencingGuarantee::BestEffort`]: a Redis restart without persistence, a
+    /// failover), a lower term is reported, as the new leader it is. Changes arrive by the
+    /// backend's notifications; the options' `backoff_max` bounds how late a missed notification (a reconnect) or an expiry, which nobody
     /// announces, is seen. An error is an item, and the stream goes on after it (with a
     /// backoff); drop the stream to stop observing.
     pub fn observe(&self) -> LeaderChanges {
@@ -296,6 +298,7 @@ impl Election {
             backoff: Backoff::new(options.backoff_min, options.backoff_max),
             seen: None,
             highest: None,
+            monotonic: self.backend().capabilities().fencing == FencingGuarantee::Monotonic,
             failed: false,
         };
         LeaderChanges {
@@ -530,6 +533,10 @@ struct Watch {
     seen: Option<Option<Leader>>,
     /// The highest term handed out: a read showing a lower one is stale.
     highest: Option<FencingToken>,
+    /// Whether terms only go up on this backend. Where they may go back (the Redis tiers,
+    /// after a restart without persistence or a failover), a lower term is a new leader,
+    /// not a stale read: skipping it would hide every later leader.
+    monotonic: bool,
     failed: bool,
 }
 
@@ -559,10 +566,11 @@ impl Watch {
                 }
             };
             self.failed = false;
-            let stale = now
-                .as_ref()
-                .zip(self.highest)
-                .is_some_and(|(leader, highest)| leader.term < highest);
+            let stale = self.monotonic
+                && now
+                    .as_ref()
+                    .zip(self.highest)
+                    .is_some_and(|(leader, highest)| leader.term < highest);
             if stale || self.seen.as_ref() == Some(&now) {
                 // A wake-up that changed nothing (the contract allows them): a backend that
                 // keeps waking at once must not make the observer spin.
@@ -579,4 +587,11 @@ impl Watch {
             return Ok(now);
         }
     }
+}
+
+/// Time left before `deadline` (all the time there is without one).
+fn left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(Instant::now())
+    })
 }

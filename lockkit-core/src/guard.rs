@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::metrics;
-use crate::renewal::{self, HeldLease};
+use crate::renewal::{self, Applied, HeldLease};
 use crate::token::FencingToken;
 
 /// Fires when a held lock is lost: it expired, renewal failed past the validity deadline, the
@@ -145,13 +145,37 @@ impl MutexGuard {
     /// lease's validity deadline.
     ///
     /// # Errors
-    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the lease is no longer ours (the lost signal fires too);
-    /// backend failures otherwise (the lease keeps its previous deadline).
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the lease is no longer ours (the lost
+    /// signal fires too), or its deadline passed before the renewal answered; backend
+    /// failures otherwise (the lease keeps its previous deadline).
     pub async fn extend(&self) -> Result<()> {
-        // On lockkit's runtime, like every renewal: backends keep their renewal connections
-        // there, so a reconnect it triggers puts the connection's driver there too.
-        let held = self.held().clone();
-        crate::backend::runtime::run(async move { renewal::extend_now(&held).await }).await?
+        let held = self.held();
+        let lost = || {
+            Error::new(
+                ErrorKind::Lost,
+                held.backend.name(),
+                format!("lock {} is no longer held", held.lease.key()),
+            )
+        };
+        if held.is_lost() {
+            return Err(lost());
+        }
+        match renewal::renew_now(held, None).await? {
+            Applied::Extended => Ok(()),
+            Applied::Lost => Err(lost()),
+            Applied::Unchanged => Err(Error::new(
+                ErrorKind::Unavailable,
+                held.backend.name(),
+                "the renewal answered with no validity left; the lease keeps its previous deadline",
+            )),
+        }
+    }
+
+    /// Whether the lease has its floor of validity left, after a renewal sent now (bounded by
+    /// `bound`) if not: for guards handed out again (each part of a `lock_all`, a leadership
+    /// after its proclamation).
+    pub(crate) async fn vouch(&self, bound: Option<Instant>) -> bool {
+        crate::acquire::vouch(self.held(), bound).await
     }
 
     /// Releases the lock and says whether it was still ours when the backend got the request

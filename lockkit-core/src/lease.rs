@@ -37,6 +37,20 @@ pub fn validity_deadline(
     sent_at.checked_add(usable.min(crate::LockOptions::MAX_TTL))
 }
 
+/// The least validity a guard is handed out with: a tenth of `promised`, the validity the
+/// backend can promise a grant of the requested TTL
+/// ([`LockBackend::max_validity`](crate::backend::LockBackend::max_validity)), never a tenth
+/// of what one grant's answer says.
+///
+/// Why a tenth: the scheduler renews a lease after a third of its validity, so a guard
+/// handed out with a tenth left still has time for one renewal before its lost signal fires,
+/// while a grant that waited most of its TTL behind a failover (and would be lost before the
+/// caller's first step) is renewed first. A backend's answer cannot lower the floor: a grant
+/// that says it is valid for 3 ms would otherwise be handed out with 0.3 ms.
+pub fn validity_floor(promised: Duration) -> Duration {
+    promised / 10
+}
+
 /// One grant of a lock: key, secret owner token, fencing token and TTL.
 ///
 /// Backends receive leases back in [`renew`](crate::backend::LockBackend::renew) and

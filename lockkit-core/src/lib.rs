@@ -1,11 +1,13 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 pub mod backend;
 mod background;
 mod backoff;
 mod capabilities;
 mod client;
+mod deadline;
 mod election;
 mod error;
 mod guard;

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::acquire::{Wait, acquire};
+use crate::backend::Hold;
 use crate::client::LockClient;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::MutexGuard;
@@ -78,14 +80,6 @@ impl fmt::Debug for MultiGuard {
     }
 }
 
-/// How long `lock_all` may wait for each part.
-#[derive(Clone, Copy)]
-enum Patience {
-    None,
-    /// Until the deadline, if there is one, for all the parts together.
-    Until(Option<Instant>),
-}
-
 impl LockClient {
     /// Takes the locks `names` all or nothing, waiting as [`Mutex::lock`] does (for the
     /// options' `wait_timeout` in all, forever by default), with one guard over all of them.
@@ -121,11 +115,7 @@ impl LockClient {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let deadline = self
-            .options()
-            .wait_timeout
-            .and_then(|timeout| Instant::now().checked_add(timeout));
-        self.take_all(names, Patience::Until(deadline))
+        self.take_all(names, Wait::per(self.options()))
             .await?
             .ok_or_else(|| {
                 Error::new(
@@ -146,8 +136,7 @@ impl LockClient {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let deadline = Instant::now().checked_add(timeout);
-        self.take_all(names, Patience::Until(deadline))
+        self.take_all(names, Wait::at_most(timeout))
             .await?
             .ok_or_else(|| {
                 Error::new(
@@ -168,10 +157,15 @@ impl LockClient {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.take_all(names, Patience::None).await
+        self.take_all(names, Wait::No).await
     }
 
-    async fn take_all<I, S>(&self, names: I, patience: Patience) -> Result<Option<MultiGuard>>
+    /// Takes the parts in order, then makes sure each still has its floor of validity as
+    /// the set is handed out: a part taken first can run down (without auto-renewal, or as
+    /// its renewals fail) while a later one is waited for. A part that cannot be confirmed
+    /// is let go with every part after it, and they are taken again in order, so the set is
+    /// only ever waited for in the canonical order.
+    async fn take_all<I, S>(&self, names: I, wait: Wait) -> Result<Option<MultiGuard>>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -187,27 +181,26 @@ impl LockClient {
         }
         keys.sort();
         keys.dedup();
-        let mut parts = Vec::with_capacity(keys.len());
-        for key in keys {
-            let mutex = self.mutex(key.name())?;
-            // A part not had drops the parts before it: each releases in the background.
-            let part = match patience {
-                Patience::None => mutex.try_lock().await?,
-                Patience::Until(None) => Some(mutex.lock_timeout(Duration::MAX).await?),
-                Patience::Until(Some(deadline)) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match mutex.lock_timeout(left).await {
-                        Ok(part) => Some(part),
-                        Err(e) if e.kind() == ErrorKind::Timeout => None,
-                        Err(e) => return Err(e),
-                    }
+        // A part not had drops the parts before it: each releases in the background.
+        let mut parts: Vec<MutexGuard> = Vec::with_capacity(keys.len());
+        loop {
+            for key in &keys[parts.len()..] {
+                match acquire(self, key, self.options(), Hold::Exclusive, wait).await? {
+                    Some(part) => parts.push(part),
+                    None => return Ok(None),
                 }
-            };
-            match part {
-                Some(part) => parts.push(part),
-                None => return Ok(None),
             }
+            let mut whole = parts.len();
+            for (i, part) in parts.iter().enumerate() {
+                if !part.vouch(wait.deadline()).await {
+                    whole = i;
+                    break;
+                }
+            }
+            if whole == parts.len() {
+                return Ok(Some(MultiGuard { parts }));
+            }
+            parts.truncate(whole);
         }
-        Ok(Some(MultiGuard { parts }))
     }
 }

@@ -1,7 +1,13 @@
-//! The shared renewal scheduler: one task on lockkit's runtime renews every held lease when a
-//! third of its validity has passed, batching the leases of one backend into one `renew_many`
-//! call, and fires the lost signal of every lease whose validity deadline passes without a
-//! renewal.
+//! Held leases and their renewal: the state a grant's guards and the scheduler share
+//! ([`HeldLease`]), one renewal sent now ([`renew_now`]), and the shared scheduler: one task
+//! on lockkit's runtime renews every held lease when a third of its validity has passed,
+//! batching the leases of one backend into one `renew_many` call.
+//!
+//! A lease's deadline only moves forward, and only while it lies ahead: once it has passed,
+//! the lease is lost for good (the [`deadline`](crate::deadline) thread fires its signal at
+//! that instant), and a renewal answered later cannot revive it, so `is_lost()` never goes
+//! back to `false`. Before a grant is first handed out, nobody has seen its deadline, and a
+//! renewal may give it a new one ([`issue`](crate::acquire::issue)).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +22,7 @@ use crate::backend::runtime;
 use crate::backend::{Renewal, SharedBackend};
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
-use crate::lease::{Lease, validity_deadline};
+use crate::lease::{Lease, validity_deadline, validity_floor};
 use crate::metrics;
 
 /// The longest the scheduler sleeps when nothing is due (new leases wake it earlier).
@@ -34,8 +40,9 @@ fn renewal_time(sent_at: Instant, valid_until: Instant) -> Instant {
 pub(crate) enum Origin {
     /// The background scheduler (which marks the lease as being renewed while it waits).
     Scheduler,
-    /// An explicit `MutexGuard::extend`.
-    Extend,
+    /// A renewal sent now: an explicit `extend`, or the confirmation of a grant that is to
+    /// be handed out with less than its floor left.
+    Now,
 }
 
 /// What a renewal answer did to the lease.
@@ -59,6 +66,9 @@ pub(crate) struct HeldLease {
     /// Where the guard's release runs when its caller does not wait for it.
     pub(crate) background: Background,
     drift: Duration,
+    /// The least validity a guard of this lease is handed out with.
+    floor: Duration,
+    auto_renew: bool,
     state: StdMutex<HeldState>,
     /// Whether the hold has ended (released or lost) for the held-locks gauge: once only.
     ended: AtomicBool,
@@ -66,22 +76,29 @@ pub(crate) struct HeldLease {
 
 #[derive(Debug)]
 struct HeldState {
+    /// Until when the lease is ours by the local clock; may lie in the past before the
+    /// lease is first handed out (a grant that came late).
     valid_until: Instant,
-    /// When the scheduler renews next; `None` without auto-renewal.
+    /// When the scheduler renews next; `None` without auto-renewal or before the lease is
+    /// handed out.
     next_renewal: Option<Instant>,
     /// A scheduler renewal is in flight.
     renewing: bool,
-    /// Guards sharing this lease (more than one only for reentrant acquisitions).
+    /// Guards handed out and not yet released or dropped (several for reentrant shares).
     holders: usize,
+    /// Handed out at least once: from then on its deadline is final once passed.
+    issued: bool,
     released: bool,
 }
 
 impl HeldLease {
+    /// A grant, not yet handed out: valid until `valid_until` (`None`: no validity left),
+    /// with its floor measured against what `backend` can promise for its TTL.
     pub(crate) fn new(
         lease: Lease,
         backend: SharedBackend,
         background: Background,
-        valid_until: Instant,
+        valid_until: Option<Instant>,
         drift: Duration,
         auto_renew: bool,
     ) -> Arc<Self> {
@@ -89,20 +106,23 @@ impl HeldLease {
             Some(session) => session.child_token(),
             None => CancellationToken::new(),
         };
-        let next_renewal = auto_renew.then(|| renewal_time(lease.acquired_at(), valid_until));
-        metrics::held(backend.as_ref());
+        let floor = validity_floor(backend.max_validity(lease.ttl()));
+        let valid_until = valid_until.unwrap_or_else(|| lease.acquired_at());
         Arc::new(HeldLease {
             lease,
             backend,
             lost,
             background,
             drift,
+            floor,
+            auto_renew,
             ended: AtomicBool::new(false),
             state: StdMutex::new(HeldState {
                 valid_until,
-                next_renewal,
+                next_renewal: None,
                 renewing: false,
-                holders: 1,
+                holders: 0,
+                issued: false,
                 released: false,
             }),
         })
@@ -117,21 +137,46 @@ impl HeldLease {
         self.state().valid_until
     }
 
-    /// Lost, or past the validity deadline (the scheduler may not have noticed yet).
+    /// Lost, or past the validity deadline (at that instant, whatever has noticed it yet).
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.is_cancelled() || Instant::now() >= self.valid_until()
     }
 
-    /// Adds a holder (a reentrant acquisition) if the lease is still held and valid.
-    pub(crate) fn try_share(&self) -> bool {
-        if self.is_lost() {
-            return false;
-        }
+    /// Whether at least the floor of validity is left now.
+    pub(crate) fn has_floor(&self) -> bool {
+        !self.lost.is_cancelled()
+            && self.valid_until().saturating_duration_since(Instant::now()) >= self.floor
+    }
+
+    /// Whether a renewal could still make this lease useful: it is not lost, and it was
+    /// never handed out or its deadline lies ahead.
+    pub(crate) fn may_confirm(&self) -> bool {
+        let state = self.state();
+        !self.lost.is_cancelled()
+            && !state.released
+            && (!state.issued || Instant::now() < state.valid_until)
+    }
+
+    /// Adds a holder: the first hand-out starts the lease's renewal and its deadline, a
+    /// later one shares it (a reentrant acquisition). `false`, adding nothing, once the
+    /// lease is released, lost or past its deadline.
+    pub(crate) fn hand_out(self: &Arc<Self>) -> bool {
         let mut state = self.state();
-        if state.released || state.holders == 0 {
+        if state.released || self.lost.is_cancelled() || Instant::now() >= state.valid_until {
             return false;
         }
         state.holders += 1;
+        if state.issued {
+            return true;
+        }
+        state.issued = true;
+        if self.auto_renew {
+            state.next_renewal = Some(renewal_time(self.lease.acquired_at(), state.valid_until));
+        }
+        drop(state);
+        metrics::held(self.backend.as_ref());
+        Scheduler::global().register(self.clone());
+        crate::deadline::watch(self);
         true
     }
 
@@ -164,9 +209,25 @@ impl HeldLease {
         self.end();
     }
 
+    /// Fires the lost signal if the deadline has passed by `now`; else returns the deadline
+    /// to look at again (`None` once the lease needs no watching: released or lost).
+    pub(crate) fn expire_by(&self, now: Instant) -> Option<Instant> {
+        let state = self.state();
+        if state.released || self.lost.is_cancelled() {
+            return None;
+        }
+        if now < state.valid_until {
+            return Some(state.valid_until);
+        }
+        drop(state);
+        self.mark_lost("validity deadline passed without a renewal");
+        None
+    }
+
     /// Applies the answer to a renewal sent at `sent_at`. Answers may arrive out of order (a
-    /// slow `extend` beside the scheduler): a deadline only ever moves forward, and nothing is
-    /// applied to a lease that is already lost or released.
+    /// slow `extend` beside the scheduler): a deadline only ever moves forward, nothing is
+    /// applied to a lease that is already lost or released, and an answer that comes after
+    /// the deadline of a lease handed out finds it lost.
     pub(crate) fn apply_renewal(
         &self,
         sent_at: Instant,
@@ -184,13 +245,18 @@ impl HeldLease {
             return Applied::Unchanged;
         }
         let gone = match answer {
-            Ok(Renewal::Lost) => true,
-            Err(e) => e.kind() == ErrorKind::Lost,
-            Ok(Renewal::Extended(_)) => false,
+            Ok(Renewal::Lost) => Some("the backend says the lease is no longer ours"),
+            Err(e) if e.kind() == ErrorKind::Lost => {
+                Some("the backend says the lease is no longer ours")
+            }
+            _ if state.issued && Instant::now() >= state.valid_until => {
+                Some("validity deadline passed before the renewal answered")
+            }
+            _ => None,
         };
-        if gone {
+        if let Some(why) = gone {
             drop(state);
-            self.mark_lost("the backend says the lease is no longer ours");
+            self.mark_lost(why);
             return Applied::Lost;
         }
         let deadline = match answer {
@@ -223,48 +289,60 @@ impl HeldLease {
 }
 
 impl Drop for HeldLease {
-    /// A lease dropped without a release or a loss (a grant never handed out) ends too.
+    /// A lease dropped without a release or a loss ends too (once handed out; a grant never
+    /// handed out was never counted).
     fn drop(&mut self) {
-        self.end();
+        if self.state().issued {
+            self.end();
+        }
     }
 }
 
-/// Sends one renewal of `held` now (for `MutexGuard::extend`), bounded by its validity.
-pub(crate) async fn extend_now(held: &HeldLease) -> Result<()> {
+/// Sends one renewal of `held` now and applies its answer; the call runs on lockkit's
+/// runtime (where backends keep their renewal connections) and is bounded by `bound` and,
+/// once the lease is handed out, by its deadline (a grant not handed out yet, by its TTL:
+/// past it, the grant is gone anyway).
+pub(crate) async fn renew_now(held: &Arc<HeldLease>, bound: Option<Instant>) -> Result<Applied> {
     let backend = held.backend.name();
-    let lost = || {
-        Error::new(
+    let sent_at = Instant::now();
+    let own_bound = {
+        let state = held.state();
+        if state.issued {
+            Some(state.valid_until)
+        } else {
+            sent_at.checked_add(held.lease.ttl())
+        }
+    };
+    let renewing = {
+        let held = held.clone();
+        runtime::run(async move { held.backend.renew(&held.lease).await })
+    };
+    let answer = match own_bound.into_iter().chain(bound).min() {
+        Some(limit) => tokio::time::timeout_at(limit.into(), renewing).await,
+        None => Ok(renewing.await),
+    };
+    let answer = match answer {
+        Ok(Ok(answer)) => {
+            metrics::renewed(held.backend.as_ref(), sent_at.elapsed());
+            answer
+        }
+        Ok(Err(panicked)) => Err(panicked),
+        Err(_) => Err(Error::new(
+            ErrorKind::Unavailable,
+            backend,
+            "renewal did not answer before the validity deadline",
+        )),
+    };
+    let applied = held.apply_renewal(sent_at, &answer, Origin::Now);
+    Scheduler::global().wake.notify_one();
+    match (applied, answer) {
+        (Applied::Lost, _) => Err(Error::new(
             ErrorKind::Lost,
             backend,
             format!("lock {} is no longer held", held.lease.key()),
-        )
-    };
-    if held.is_lost() {
-        return Err(lost());
-    }
-    let sent_at = Instant::now();
-    let answer =
-        tokio::time::timeout_at(held.valid_until().into(), held.backend.renew(&held.lease))
-            .await
-            .inspect(|_| metrics::renewed(held.backend.as_ref(), sent_at.elapsed()))
-            .unwrap_or_else(|_| {
-                Err(Error::new(
-                    ErrorKind::Unavailable,
-                    backend,
-                    "renewal did not answer before the validity deadline",
-                ))
-            });
-    let applied = held.apply_renewal(sent_at, &answer, Origin::Extend);
-    Scheduler::global().wake.notify_one();
-    match (applied, answer) {
-        (Applied::Lost, _) => Err(lost()),
-        (_, Err(e)) => Err(e),
-        (Applied::Unchanged, Ok(_)) => Err(Error::new(
-            ErrorKind::Unavailable,
-            backend,
-            "the renewal answered with no validity left; the lease keeps its previous deadline",
         )),
-        (Applied::Extended, Ok(_)) => Ok(()),
+        (_, Err(e)) => Err(e),
+        (applied, Ok(_)) => Ok(applied),
     }
 }
 
@@ -307,18 +385,15 @@ impl Scheduler {
         })
     }
 
-    /// Starts watching `held`: renewing it (when it auto-renews) and firing its lost signal at
-    /// its validity deadline.
+    /// Starts renewing `held` (it is only watched when it auto-renews: its lost signal at the
+    /// deadline is the [`deadline`](crate::deadline) thread's).
     ///
     /// The scheduler's thread is woken only when the new lease needs it before its next pass,
     /// which keeps a cross-thread wake-up off the acquire path of short-lived locks.
     pub(crate) fn register(&self, held: Arc<HeldLease>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let due = {
-            let state = held.state();
-            state
-                .next_renewal
-                .map_or(state.valid_until, |next| next.min(state.valid_until))
+        let Some(due) = held.state().next_renewal else {
+            return;
         };
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         table.leases.insert(id, held);
@@ -364,7 +439,7 @@ impl Scheduler {
         }
     }
 
-    /// One pass over the held leases: drops finished ones, fires deadlines, and starts one
+    /// One pass over the held leases: drops finished ones and starts one
     /// renewal batch per backend that has a lease due, taking along that backend's leases due
     /// within the next sixth of their TTL (renewing a little early costs nothing and keeps
     /// batches full). Returns when the next pass is needed.
@@ -375,15 +450,10 @@ impl Scheduler {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         table.leases.retain(|_, held| {
             let state = held.state();
-            if state.released || held.lost.is_cancelled() {
+            // A lease past its deadline is the deadline thread's to report lost.
+            if state.released || held.lost.is_cancelled() || now >= state.valid_until {
                 return false;
             }
-            if now >= state.valid_until {
-                drop(state);
-                held.mark_lost("validity deadline passed without a renewal");
-                return false;
-            }
-            next_wake = next_wake.min(state.valid_until);
             if let (false, Some(next)) = (state.renewing, state.next_renewal) {
                 if now >= next {
                     due_backends.insert(backend_id(&held.backend));
@@ -419,8 +489,8 @@ impl Scheduler {
     }
 
     /// Renews a batch and applies each answer. The call is bounded by the latest deadline in
-    /// the batch; leases whose own deadline passes meanwhile are declared lost by `tick`, and a
-    /// late answer cannot revive them.
+    /// the batch; a lease whose own deadline passes meanwhile is lost, and a late answer
+    /// cannot revive it.
     async fn renew_batch(&'static self, backend: SharedBackend, batch: Vec<Arc<HeldLease>>) {
         let leases: Vec<Lease> = batch.iter().map(|h| h.lease.clone()).collect();
         let sent_at = Instant::now();
@@ -465,4 +535,44 @@ impl Scheduler {
 
 fn backend_id(backend: &SharedBackend) -> *const () {
     Arc::as_ptr(backend) as *const ()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryBackend;
+    use crate::key::LockKey;
+    use crate::token::{FencingToken, OwnerToken};
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_renewal_answered_after_the_deadline_cannot_revive_the_lease() {
+        let sent_at = Instant::now();
+        let lease = Lease::new(
+            LockKey::new("ns", "k").expect("key"),
+            OwnerToken::generate().expect("rng"),
+            FencingToken(1),
+            Duration::from_secs(10),
+            sent_at,
+        );
+        let held = HeldLease::new(
+            lease,
+            Arc::new(MemoryBackend::new()),
+            Background::default(),
+            Some(sent_at + Duration::from_millis(20)),
+            Duration::ZERO,
+            true,
+        );
+        assert!(held.hand_out());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(held.is_lost(), "past its deadline");
+        // Sent before the deadline, answered after it: too late to count.
+        let applied = held.apply_renewal(
+            sent_at,
+            &Ok(Renewal::Extended(Duration::from_secs(10))),
+            Origin::Scheduler,
+        );
+        assert_eq!(applied, Applied::Lost);
+        assert!(held.is_lost(), "is_lost() went back to false");
+        assert!(held.lost.is_cancelled(), "the lost signal did not fire");
+    }
 }

@@ -4,12 +4,12 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::acquire::{Wait, acquire, timeout_error};
 use crate::backend::Hold;
 use crate::client::LockClient;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::MutexGuard;
 use crate::key::LockKey;
-use crate::mutex::{Wait, acquire, timeout_error};
 use crate::options::LockOptions;
 
 /// A distributed read-write lock on one key: any number of readers at once, or one writer

@@ -4,12 +4,12 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::acquire::{Wait, acquire, timeout_error};
 use crate::backend::Hold;
 use crate::client::LockClient;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::MutexGuard;
 use crate::key::LockKey;
-use crate::mutex::{Wait, acquire, timeout_error};
 use crate::options::LockOptions;
 
 /// The most permits a semaphore may have: a grant reads the semaphore's live holders, so the

@@ -1,6 +1,7 @@
 //! The renewal scheduler survives a panic inside it: every lease it was watching reports lost
-//! (nobody renewed it meanwhile), and a new scheduler renews the leases that come after. Its own
-//! test binary, since the scheduler is one per process.
+//! (nobody renewed it meanwhile), and a new scheduler renews the leases that come after. The
+//! deadline thread survives one too, and goes on firing lost signals on time. Its own test
+//! binary, since the scheduler and the deadline thread are one per process.
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use std::sync::Arc;
@@ -13,7 +14,8 @@ use lockkit_core::{
 };
 
 /// A memory backend whose `name()` panics once armed: the scheduler asks for it when it
-/// reports a lease lost, so an expiring lease of this backend makes the scheduler panic.
+/// starts a renewal under a subscriber that records debug spans, and the deadline thread
+/// when it reports a lease lost.
 #[derive(Debug, Default)]
 struct Booby {
     memory: MemoryBackend,
@@ -54,6 +56,11 @@ impl LockBackend for Booby {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_panic_fires_lost_on_its_leases_and_a_new_scheduler_takes_over() {
+    // Debug spans on: the scheduler's renewal span then asks the backend for its name.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_test_writer()
+        .init();
     let healthy = LockClient::with_options(
         Arc::new(MemoryBackend::new()),
         "scheduler",
@@ -66,19 +73,50 @@ async fn a_scheduler_panic_fires_lost_on_its_leases_and_a_new_scheduler_takes_ov
     let doomed = LockClient::with_options(
         booby.clone(),
         "scheduler",
-        LockOptions::default()
-            .with_ttl(Duration::from_millis(200))
-            .with_auto_renew(false),
+        LockOptions::default().with_ttl(Duration::from_millis(200)),
     )
     .unwrap();
-    let expiring = doomed.mutex("expiring").unwrap().lock().await.unwrap();
+    let renewing = doomed.mutex("renewing").unwrap().lock().await.unwrap();
+    let expiring = doomed
+        .mutex("expiring")
+        .unwrap()
+        .with_options(
+            LockOptions::default()
+                .with_ttl(Duration::from_millis(200))
+                .with_auto_renew(false),
+        )
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
     booby.armed.store(true, Ordering::SeqCst);
 
     tokio::time::timeout(Duration::from_secs(20), renewed.lost())
         .await
         .expect("the lease of the panicked scheduler reports lost");
+    tokio::time::timeout(Duration::from_secs(20), expiring.lost())
+        .await
+        .expect("the lease whose backend panicked in the deadline thread reports lost");
     booby.armed.store(false, Ordering::SeqCst);
-    drop(expiring);
+    drop((renewing, expiring));
+
+    let unrenewed = healthy
+        .mutex("unrenewed")
+        .unwrap()
+        .with_options(
+            LockOptions::default()
+                .with_ttl(Duration::from_millis(300))
+                .with_auto_renew(false),
+        )
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let deadline = unrenewed.valid_until();
+    tokio::time::timeout(Duration::from_secs(20), unrenewed.lost())
+        .await
+        .expect("the deadline thread still fires lost signals");
+    assert!(std::time::Instant::now() >= deadline);
 
     let after = healthy
         .mutex("after")

@@ -288,6 +288,12 @@ impl LockBackend for ZkBackend {
             .with_rwlock(Support::Supported)
     }
 
+    /// A lock is trusted for at most its share of the session timeout (the session module
+    /// says why).
+    fn max_validity(&self, ttl: Duration) -> Duration {
+        self.trusted_for(ttl)
+    }
+
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         self.attempt(request).await
     }

@@ -22,7 +22,7 @@ pub use crate::backoff::Backoff;
 pub use crate::election::Leader;
 pub use crate::error::BoxError;
 pub use crate::key::validate_segment;
-pub use crate::lease::{Lease, clock_drift, validity_deadline};
+pub use crate::lease::{Lease, clock_drift, validity_deadline, validity_floor};
 pub use crate::token::OwnerToken;
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;
@@ -424,6 +424,15 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// What this backend can do.
     fn capabilities(&self) -> Capabilities;
+
+    /// The longest validity a grant or a renewal of `ttl` comes with on this backend: `ttl`
+    /// itself by default; less where the backend trusts a grant for less than its TTL
+    /// (ZooKeeper, a share of its session timeout). The core hands a guard out only with at
+    /// least a tenth of it left (see [`validity_floor`]), whatever the grant's own answer
+    /// says.
+    fn max_validity(&self, ttl: Duration) -> Duration {
+        ttl
+    }
 
     /// One acquisition attempt. It never waits for the holder.
     ///

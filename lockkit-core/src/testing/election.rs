@@ -20,7 +20,7 @@ use crate::error::ErrorKind;
 
 /// The election `name` of `client`, or `None` (after checking the refusal) where the backend
 /// has no elections.
-fn election(client: &LockClient, name: &str) -> Result<Option<Election>, Failure> {
+pub(super) fn election(client: &LockClient, name: &str) -> Result<Option<Election>, Failure> {
     match client.election(name) {
         Ok(election) => {
             ensure!(

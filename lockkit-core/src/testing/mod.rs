@@ -35,9 +35,11 @@ pub mod queue;
 mod recording;
 mod rwlock;
 mod scenarios;
+mod scripted;
 mod secrets;
 pub mod sections;
 mod semaphore;
+mod validity;
 
 use std::fmt;
 use std::future::Future;
@@ -54,6 +56,7 @@ use crate::options::LockOptions;
 pub use recording::{Call, Recording, Tick};
 pub use scenarios::SCENARIOS;
 pub use scenarios::waiters_are_granted_across_a_server_restart;
+pub use scripted::Scripted;
 pub use secrets::{
     TraceCapture, assert_no_secret, assert_nothing_shown, exercise, owner_token_spellings,
     secret_spellings,
@@ -410,6 +413,12 @@ macro_rules! conformance_tests {
             a_writer_that_gave_up_does_not_block_readers,
             renewal_keeps_a_write_lock_past_its_ttl,
             an_rwlock_is_independent_of_the_mutex_and_semaphore_of_its_name,
+            a_short_mutex_grant_is_confirmed_before_it_is_handed_out,
+            a_short_permit_or_rwlock_grant_is_confirmed_before_it_is_handed_out,
+            a_short_leadership_grant_is_confirmed_before_it_is_handed_out,
+            a_short_grant_that_cannot_be_confirmed_is_given_back_and_taken_again,
+            a_reentrant_share_is_handed_out_with_useful_validity,
+            lock_all_hands_out_every_part_with_useful_validity,
         );
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {

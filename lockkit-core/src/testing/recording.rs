@@ -107,6 +107,10 @@ impl LockBackend for Recording {
         self.inner.capabilities()
     }
 
+    fn max_validity(&self, ttl: Duration) -> Duration {
+        self.inner.max_validity(ttl)
+    }
+
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         self.record("try_acquire", Some(&request.owner), 0);
         self.inner.try_acquire(request).await

@@ -22,7 +22,7 @@ use crate::token::OwnerToken;
 
 /// The read-write lock `name` of `client`, or `None` (after checking the refusal) where the
 /// backend has none.
-fn rwlock(client: &LockClient, name: &str) -> Result<Option<RwLock>, Failure> {
+pub(super) fn rwlock(client: &LockClient, name: &str) -> Result<Option<RwLock>, Failure> {
     match client.rwlock(name) {
         Ok(rwlock) => {
             ensure!(

@@ -32,6 +32,14 @@ use super::semaphore::{
     a_semaphore_never_admits_more_than_its_permits, disagreeing_permit_counts_are_refused,
     renewal_keeps_a_permit_past_its_ttl,
 };
+use super::validity::{
+    a_reentrant_share_is_handed_out_with_useful_validity,
+    a_short_grant_that_cannot_be_confirmed_is_given_back_and_taken_again,
+    a_short_leadership_grant_is_confirmed_before_it_is_handed_out,
+    a_short_mutex_grant_is_confirmed_before_it_is_handed_out,
+    a_short_permit_or_rwlock_grant_is_confirmed_before_it_is_handed_out,
+    lock_all_hands_out_every_part_with_useful_validity,
+};
 use super::{Failure, Harness, Outcome, Scenario};
 use crate::backend::{AcquireRequest, Attempt, Renewal};
 use crate::capabilities::WaitStrategy;
@@ -102,6 +110,12 @@ scenarios!(
     a_writer_that_gave_up_does_not_block_readers,
     renewal_keeps_a_write_lock_past_its_ttl,
     an_rwlock_is_independent_of_the_mutex_and_semaphore_of_its_name,
+    a_short_mutex_grant_is_confirmed_before_it_is_handed_out,
+    a_short_permit_or_rwlock_grant_is_confirmed_before_it_is_handed_out,
+    a_short_leadership_grant_is_confirmed_before_it_is_handed_out,
+    a_short_grant_that_cannot_be_confirmed_is_given_back_and_taken_again,
+    a_reentrant_share_is_handed_out_with_useful_validity,
+    lock_all_hands_out_every_part_with_useful_validity,
 );
 
 /// An acquisition whose future is dropped while its request is in flight (a queue entry

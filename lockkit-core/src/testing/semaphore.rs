@@ -23,7 +23,11 @@ use crate::token::OwnerToken;
 
 /// The semaphore `name` of `client`, or `None` (after checking the refusal) where the
 /// backend has no semaphores.
-fn semaphore(client: &LockClient, name: &str, permits: u32) -> Result<Option<Semaphore>, Failure> {
+pub(super) fn semaphore(
+    client: &LockClient,
+    name: &str,
+    permits: u32,
+) -> Result<Option<Semaphore>, Failure> {
     match client.semaphore(name, permits) {
         Ok(semaphore) => {
             ensure!(
