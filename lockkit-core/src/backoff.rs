@@ -26,7 +26,7 @@ impl Backoff {
     /// The next delay.
     pub fn next_delay(&mut self) -> Duration {
         let delay = jitter(self.min, self.ceiling);
-        self.ceiling = (self.ceiling * 2).min(self.max);
+        self.ceiling = self.ceiling.saturating_mul(2).min(self.max);
         delay
     }
 
@@ -60,6 +60,14 @@ mod tests {
             delays[10..].iter().any(|d| *d > Duration::from_millis(40)),
             "{delays:?}"
         );
+    }
+
+    #[test]
+    fn a_huge_maximum_grows_without_overflow() {
+        let mut b = Backoff::new(Duration::from_millis(1), Duration::MAX);
+        for _ in 0..200 {
+            assert!(b.next_delay() >= Duration::from_millis(1));
+        }
     }
 
     #[test]

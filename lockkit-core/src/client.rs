@@ -185,7 +185,8 @@ impl LockClient {
 
     /// Waits until the work this client (with its clones, mutexes and guards) left running in
     /// the background has finished: the releases of dropped guards, releases whose caller
-    /// stopped waiting, and the clean-up of cancelled acquisitions. Await it before the
+    /// stopped waiting, the clean-up of cancelled acquisitions, and the clean-up sweeps its
+    /// backend runs for them ([`LockBackend::idle`](crate::backend::LockBackend::idle)). Await it before the
     /// process exits, or those locks stay taken until their TTL runs out.
     ///
     /// It does not release guards that are still held: release or drop them first (a guard
@@ -209,6 +210,7 @@ impl LockClient {
     /// ```
     pub async fn close(&self) {
         self.inner.background.idle().await;
+        self.inner.backend.idle().await;
     }
 
     pub(crate) fn background(&self) -> &Background {

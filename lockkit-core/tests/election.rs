@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -30,6 +30,12 @@ struct Restless {
     slow_proclaims: AtomicUsize,
     /// How many proclamations are still answered 8 ms before their grant's validity ends.
     late_proclaims: AtomicUsize,
+    /// How many proclamations still find the leadership gone.
+    refused_proclaims: AtomicUsize,
+    /// How many proclamations were asked for.
+    proclaims: AtomicUsize,
+    /// Whether terms may go back (a Redis tier's best-effort fencing).
+    best_effort: AtomicBool,
 }
 
 #[async_trait]
@@ -41,6 +47,10 @@ impl LockBackend for Restless {
         Tier::Local
     }
     fn capabilities(&self) -> Capabilities {
+        if self.best_effort.load(Ordering::SeqCst) {
+            return Capabilities::new(FencingGuarantee::BestEffort, WaitStrategy::Notify)
+                .with_election(Support::Supported);
+        }
         self.memory.capabilities()
     }
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -62,6 +72,14 @@ impl LockBackend for Restless {
         Ok(())
     }
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
+        self.proclaims.fetch_add(1, Ordering::SeqCst);
+        if self
+            .refused_proclaims
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Ok(false);
+        }
         if self
             .failing_proclaims
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -153,6 +171,59 @@ async fn an_observer_skips_a_read_that_goes_back_in_term() {
         seen.push(changes.next().await.unwrap().unwrap());
     }
     assert_eq!(seen, [leader(5, "five"), None, leader(6, "six")]);
+}
+
+#[tokio::test]
+async fn where_terms_can_go_back_an_observer_reports_a_lower_term() {
+    let backend = Arc::new(Restless::default());
+    backend.best_effort.store(true, Ordering::SeqCst);
+    backend.script.lock().unwrap().extend([
+        leader(5, "five"),
+        leader(1, "one, after a restart without persistence"),
+        leader(2, "two"),
+    ]);
+    let locks = LockClient::with_options(backend, "ns", LockOptions::default()).unwrap();
+    let mut changes = locks.election("restarted").unwrap().observe();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let next = tokio::time::timeout(Duration::from_secs(5), changes.next())
+            .await
+            .unwrap_or_else(|_| panic!("no change after {seen:?}: a lower term was hidden"));
+        seen.push(next.unwrap().unwrap());
+    }
+    assert_eq!(
+        seen,
+        [
+            leader(5, "five"),
+            leader(1, "one, after a restart without persistence"),
+            leader(2, "two")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_campaign_whose_leaderships_keep_ending_backs_off_and_gives_up_after_its_budget() {
+    let backend = Arc::new(Restless::default());
+    backend
+        .refused_proclaims
+        .store(usize::MAX, Ordering::SeqCst);
+    let options = LockOptions::default()
+        .with_backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .with_error_budget(Duration::from_millis(500));
+    let locks = LockClient::with_options(backend.clone(), "ns", options).unwrap();
+    let election = locks.election("ending").unwrap();
+    let failed = tokio::time::timeout(Duration::from_secs(10), election.campaign("v"))
+        .await
+        .expect("the campaign gave up after its error budget")
+        .unwrap_err();
+    assert_eq!(failed.kind(), ErrorKind::Unavailable, "{failed}");
+    let proclaims = backend.proclaims.load(Ordering::SeqCst);
+    assert!(
+        proclaims <= 60,
+        "{proclaims} proclamations in half a second: the campaign does not back off"
+    );
+    locks.close().await;
+    assert!(locks.inspect("ending").await.unwrap().is_none());
 }
 
 #[tokio::test]

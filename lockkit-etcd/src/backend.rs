@@ -13,7 +13,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
     SortOrder, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use lockkit_core::backend::cleanup::Acquisitions;
+use lockkit_core::backend::cleanup::{Acquisitions, Sweeps};
 use lockkit_core::backend::{
     AcquireRequest, Attempt, CancellationToken, Contention, Grant, Hold, Lease, LockBackend,
     LockPage, OwnerToken, Renewal, lease_of, runtime,
@@ -128,6 +128,8 @@ pub(crate) struct Inner {
     pub(crate) entries: Acquisitions<Entry>,
     pub(crate) names: Arc<KeyNames>,
     pub(crate) shutdown: CancellationToken,
+    /// The clean-up deletes left running in the background, for `idle`.
+    pub(crate) sweeps: Sweeps,
 }
 
 impl Drop for Inner {
@@ -167,6 +169,7 @@ impl EtcdBackend {
                 entries: Acquisitions::new(),
                 names: Arc::default(),
                 shutdown: CancellationToken::new(),
+                sweeps: Sweeps::new(),
             }),
         };
         backend.ping().await?;
@@ -691,6 +694,10 @@ impl LockBackend for EtcdBackend {
         max_wait: Duration,
     ) -> Result<()> {
         self.wait_for_leader(key, seen, max_wait).await
+    }
+
+    async fn idle(&self) {
+        self.inner.sweeps.idle().await;
     }
 
     async fn ping(&self) -> Result<()> {

@@ -56,7 +56,7 @@ impl EtcdBackend {
             return;
         };
         let txn = Txn::new().when(guard).and_then([TxnOp::delete(key, None)]);
-        spawn_sweep(
+        self.inner.sweeps.spawn(
             "deleting a lock key",
             session.lost.clone(),
             first,

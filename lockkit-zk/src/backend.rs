@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockkit_core::backend::cleanup::{Acquisitions, Ledger};
+use lockkit_core::backend::cleanup::{Acquisitions, Ledger, Sweeps};
 use lockkit_core::backend::{
     AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage,
     OwnerToken, Renewal, runtime,
@@ -120,6 +120,8 @@ pub(crate) struct Inner {
     pub(crate) watch_events: AtomicU64,
     /// Stops the janitor's sweep (after a last one) when the backend is dropped.
     pub(crate) _sweep: DropGuard,
+    /// The clean-ups left running in the background, for `idle`.
+    pub(crate) sweeps: Sweeps,
 }
 
 /// Shows the configuration (without the password) and the session, never the owner tokens
@@ -179,6 +181,7 @@ impl ZkBackend {
                 janitor,
                 watch_events: AtomicU64::new(0),
                 _sweep: stop.drop_guard(),
+                sweeps: Sweeps::new(),
             }),
         };
         Ok(backend)
@@ -432,6 +435,10 @@ impl LockBackend for ZkBackend {
         max_wait: Duration,
     ) -> Result<()> {
         self.wait_for_leader(key, seen, max_wait).await
+    }
+
+    async fn idle(&self) {
+        self.inner.sweeps.idle().await;
     }
 
     async fn ping(&self) -> Result<()> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lockkit_core::Result;
-use lockkit_core::backend::cleanup::{Ledger, Retry, Sweep, spawn_sweep};
+use lockkit_core::backend::cleanup::{Ledger, Retry, Sweep};
 use lockkit_core::backend::{AcquireRequest, Lease, OwnerToken};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
@@ -254,7 +254,7 @@ impl ZkBackend {
         let (own_prefix, owner) = (own_prefix.to_owned(), owner.clone());
         // ZooKeeper nodes live as long as their session (which a suspension does not end),
         // so the rounds check the session's id rather than its lost token.
-        spawn_sweep(
+        self.inner.sweeps.spawn(
             "sweeping stray lock nodes",
             CancellationToken::new(),
             delay,
@@ -349,7 +349,7 @@ impl ZkBackend {
     /// whose delete failed would otherwise hold the lock for as long as the session lives.
     pub(crate) fn reap(&self, session_id: i64, path: String) {
         let backend = self.clone();
-        spawn_sweep(
+        self.inner.sweeps.spawn(
             "deleting a lock node",
             CancellationToken::new(),
             SWEEP_RETRY,

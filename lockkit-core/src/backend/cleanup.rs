@@ -19,11 +19,12 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::Background;
 use crate::error::Result;
 use crate::token::OwnerToken;
 
@@ -185,28 +186,104 @@ pub enum Sweep {
 }
 
 /// How a background sweep retries a round that failed: doubling pauses, from `first` up to
-/// `max`.
+/// `max`, for as long as the streak of failures is younger than its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retry {
     /// The pause after the first failure.
     pub first: Duration,
     /// The longest pause between two failed rounds.
     pub max: Duration,
+    /// How long a streak of failed rounds may last before the sweep gives up (and logs
+    /// that the records go with their session or TTL).
+    pub budget: Duration,
 }
 
 impl Retry {
-    /// Doubling pauses from `first` to `max`.
+    /// How long a streak of failed rounds lasts before a sweep gives up, unless
+    /// [`Retry::with_budget`] says otherwise: far longer than a failover or a reconnect, short
+    /// enough that [`LockClient::close`](crate::LockClient::close) ends.
+    pub const DEFAULT_BUDGET: Duration = Duration::from_secs(60);
+
+    /// Doubling pauses from `first` to `max`, for [`Retry::DEFAULT_BUDGET`].
     pub fn new(first: Duration, max: Duration) -> Self {
-        Retry { first, max }
+        Retry {
+            first,
+            max,
+            budget: Self::DEFAULT_BUDGET,
+        }
+    }
+
+    /// The same pauses, giving up after a streak of failures of `budget`.
+    #[must_use]
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+}
+
+/// The clean-up sweeps one backend runs in the background, counted so that its
+/// [`LockBackend::idle`](crate::backend::LockBackend::idle), and through it
+/// [`LockClient::close`](crate::LockClient::close), can wait for them to end. Cheap to clone:
+/// clones count together.
+#[derive(Debug, Clone, Default)]
+pub struct Sweeps(Background);
+
+impl Sweeps {
+    /// No sweeps yet.
+    pub fn new() -> Self {
+        Sweeps::default()
+    }
+
+    /// Runs a sweep as [`spawn_sweep`] does, counted until it ends.
+    pub fn spawn<F, Fut>(
+        &self,
+        what: &'static str,
+        session: CancellationToken,
+        delay: Duration,
+        retry: Retry,
+        round: F,
+    ) where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Sweep>> + Send + 'static,
+    {
+        self.0.spawn(sweep(what, session, delay, retry, round));
+    }
+
+    /// Waits until no sweep is running.
+    pub async fn idle(&self) {
+        self.0.idle().await;
+    }
+
+    /// How many sweeps are running.
+    pub fn running(&self) -> usize {
+        self.0.running()
     }
 }
 
 /// Runs `round` on lockkit's runtime after `delay`, and again while it answers
 /// [`Sweep::Again`] (after the pause it gives) or fails with a retryable error (after the
-/// `retry` pauses), until it answers [`Sweep::Done`], fails for good, or `session` is
-/// cancelled: the records it would remove belong to that session and went with it. A
-/// failure that is not retryable is logged (never with secrets: `what` names the work).
+/// `retry` pauses, within its budget), until it answers [`Sweep::Done`], fails for good, runs
+/// out of its retry budget, or `session` is cancelled: the records it would remove belong to
+/// that session and went with it. A failure that ends it is logged (never with secrets:
+/// `what` names the work).
+///
+/// Not counted by anything: for a sweep that lasts as long as its session, which
+/// [`LockClient::close`](crate::LockClient::close) does not wait for. A clean-up that must be
+/// over before the process exits runs in [`Sweeps::spawn`].
 pub fn spawn_sweep<F, Fut>(
+    what: &'static str,
+    session: CancellationToken,
+    delay: Duration,
+    retry: Retry,
+    round: F,
+) where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Sweep>> + Send + 'static,
+{
+    crate::backend::runtime::spawn(sweep(what, session, delay, retry, round));
+}
+
+async fn sweep<F, Fut>(
     what: &'static str,
     session: CancellationToken,
     delay: Duration,
@@ -216,35 +293,38 @@ pub fn spawn_sweep<F, Fut>(
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = Result<Sweep>> + Send + 'static,
 {
-    crate::backend::runtime::spawn(async move {
-        let mut pause = delay;
-        let mut failed = crate::backoff::Backoff::new(retry.first, retry.max);
-        loop {
-            tokio::select! {
-                () = session.cancelled() => return,
-                () = tokio::time::sleep(pause) => {}
+    let mut pause = delay;
+    let mut failed = crate::backoff::Backoff::new(retry.first, retry.max);
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            () = session.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        let outcome = tokio::select! {
+            () = session.cancelled() => return,
+            outcome = round() => outcome,
+        };
+        match outcome {
+            Ok(Sweep::Done) => return,
+            Ok(Sweep::Again(next)) => {
+                pause = next;
+                failed.reset();
+                failing_since = None;
             }
-            let outcome = tokio::select! {
-                () = session.cancelled() => return,
-                outcome = round() => outcome,
-            };
-            match outcome {
-                Ok(Sweep::Done) => return,
-                Ok(Sweep::Again(next)) => {
-                    pause = next;
-                    failed.reset();
-                }
-                Err(e) if e.is_retryable() => {
-                    tracing::debug!(error = %e, what, "a background clean-up failed; retrying");
-                    pause = failed.next_delay();
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, what, "a background clean-up failed for good; the records go with their session or TTL");
-                    return;
-                }
+            Err(e)
+                if e.is_retryable()
+                    && failing_since.get_or_insert_with(Instant::now).elapsed() < retry.budget =>
+            {
+                tracing::debug!(error = %e, what, "a background clean-up failed; retrying");
+                pause = failed.next_delay();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, what, "a background clean-up failed for good; the records go with their session or TTL");
+                return;
             }
         }
-    });
+    }
 }
 
 /// Work that must finish even if the future doing it is dropped: unless
@@ -384,6 +464,30 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(after_loss.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_sweep_that_keeps_failing_ends_after_its_budget_and_idle_waits_for_it() {
+        let sweeps = Sweeps::new();
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let counted = rounds.clone();
+        sweeps.spawn(
+            "test",
+            CancellationToken::new(),
+            Duration::ZERO,
+            Retry::new(Duration::from_millis(1), Duration::from_millis(5))
+                .with_budget(Duration::from_millis(100)),
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Err(Error::new(ErrorKind::Unavailable, "test", "down")) }
+            },
+        );
+        assert_eq!(sweeps.running(), 1);
+        tokio::time::timeout(Duration::from_secs(5), sweeps.idle())
+            .await
+            .expect("the sweep gave up within its budget");
+        assert!(rounds.load(Ordering::SeqCst) > 1, "it was retried");
+        assert_eq!(sweeps.running(), 0);
     }
 
     #[test]

@@ -521,6 +521,13 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable), [`ErrorKind::Auth`](crate::ErrorKind::Auth), ...
     async fn ping(&self) -> Result<()>;
 
+    /// Waits until the clean-up this backend started in the background on its own (its
+    /// [`cleanup::Sweeps`]) has ended: [`LockClient::close`](crate::LockClient::close) awaits
+    /// it, after the client's own background work. A sweep ends when its work is done, its
+    /// session is gone, or its [retry budget](cleanup::Retry) runs out. The default has
+    /// nothing to wait for.
+    async fn idle(&self) {}
+
     /// One page of the locks held in `namespace` whose names start with `prefix` (all of them
     /// for `""`), at most `limit` of them, starting at `cursor` (`None` for the first page;
     /// then the [`LockPage::next`] of the page before).

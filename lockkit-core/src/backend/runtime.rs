@@ -6,6 +6,7 @@
 //! stop renewing and lose its locks. The thread starts on first use and lives for the process.
 
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::sync::OnceLock;
 
 use tokio::runtime::{Builder, Handle};
@@ -29,23 +30,27 @@ pub fn is_current() -> bool {
 ///
 /// Backends may create their connections on it (with [`run`]) so that the connection's driver
 /// task keeps running even when the user's runtime is saturated.
+///
+/// The runtime is built in the calling thread and handed to its own: the first call (often
+/// on an async worker) never waits for another thread to start.
 pub fn handle() -> &'static Handle {
     HANDLE.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
+        let runtime = match Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(e) => panic!("lockkit cannot start its background runtime: {e}"),
+        };
+        let handle = runtime.handle().clone();
+        // Never dropped here: dropping a runtime on an async thread panics, and the thread
+        // that runs it lives for the process.
+        let runtime = ManuallyDrop::new(runtime);
         std::thread::Builder::new()
             .name("lockkit-runtime".into())
             .spawn(move || {
                 ON_LOCKKIT.with(|on| on.set(true));
-                let runtime = match Builder::new_current_thread().enable_all().build() {
-                    Ok(rt) => rt,
-                    Err(e) => panic!("lockkit cannot start its background runtime: {e}"),
-                };
-                let _ = tx.send(runtime.handle().clone());
-                runtime.block_on(std::future::pending::<()>());
+                ManuallyDrop::into_inner(runtime).block_on(std::future::pending::<()>());
             })
             .unwrap_or_else(|e| panic!("lockkit cannot start its background thread: {e}"));
-        rx.recv()
-            .unwrap_or_else(|e| panic!("lockkit's background runtime did not start: {e}"))
+        handle
     })
 }
 

@@ -1,4 +1,9 @@
 //! The in-process backend: real lock semantics inside one process, no server.
+//!
+//! Every kind of grant lives in one shape, a [`Slot`] of live holders per key and kind, the
+//! way a server backend keeps them: the kind decides only who may join the holders
+//! ([`Slot::blocked_until`]). So one attempt, one wait, one renewal and one release serve the
+//! mutex, the semaphore and the read-write lock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,29 +47,46 @@ pub struct MemoryBackend {
     inner: Arc<Inner>,
 }
 
-mod rwlock;
-mod semaphore;
-
 #[derive(Debug, Default)]
 struct Inner {
-    state: StdMutex<State>,
+    slots: StdMutex<HashMap<(Kind, LockKey), Slot>>,
     /// One counter for all keys: strictly increasing per key, and slots of free keys can be
     /// dropped without forgetting where their tokens were.
     fence: AtomicU64,
 }
 
-/// The mutexes and, apart from them, the semaphores and the read-write locks.
-#[derive(Debug, Default)]
-struct State {
-    slots: HashMap<LockKey, Slot>,
-    semaphores: HashMap<LockKey, semaphore::PermitSlot>,
-    rwlocks: HashMap<LockKey, rwlock::RwSlot>,
+/// Which primitive a slot belongs to: the mutex, the semaphore and the read-write lock of
+/// one name are independent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Mutex,
+    Semaphore,
+    RwLock,
 }
 
+impl Kind {
+    fn of(hold: Hold) -> Kind {
+        match hold {
+            Hold::Permit { .. } => Kind::Semaphore,
+            Hold::Read | Hold::Write => Kind::RwLock,
+            _ => Kind::Mutex,
+        }
+    }
+}
+
+/// The live grants of one key and kind, the semaphore's agreed permits, and the writers
+/// waiting for a read-write lock.
+///
+/// A waiting writer is recorded with an expiry of one TTL, refreshed by each of its attempts
+/// (its wait is cut to half a TTL so that it attempts in time); while one is recorded,
+/// readers wait. So a stream of readers cannot starve a writer, and a writer that went away
+/// without abandoning blocks readers for at most its TTL.
 #[derive(Debug, Default)]
 struct Slot {
-    holder: Option<Holder>,
-    /// Notified when the holder goes or proclaims a value.
+    holders: Vec<Holder>,
+    permits: u32,
+    waiting_writers: Vec<(OwnerToken, Instant)>,
+    /// Notified when a holder or a waiting writer goes, or a leader proclaims.
     changed: Arc<Notify>,
 }
 
@@ -73,17 +95,57 @@ struct Holder {
     owner: OwnerToken,
     fencing_token: FencingToken,
     expires_at: Instant,
+    writes: bool,
     /// What the holder proclaimed, as an election's leader.
     value: Option<String>,
 }
 
 impl Slot {
-    fn live_holder(&self, now: Instant) -> Option<&Holder> {
-        self.holder.as_ref().filter(|h| h.expires_at > now)
+    fn prune(&mut self, now: Instant) {
+        self.holders.retain(|h| h.expires_at > now);
+        self.waiting_writers.retain(|(_, at)| *at > now);
     }
 
-    fn is_idle(&self, now: Instant) -> bool {
-        self.live_holder(now).is_none() && Arc::strong_count(&self.changed) == 1
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty()
+            && self.waiting_writers.is_empty()
+            && Arc::strong_count(&self.changed) == 1
+    }
+
+    fn holder_mut(&mut self, owner: &OwnerToken) -> Option<&mut Holder> {
+        self.holders.iter_mut().find(|h| h.owner == *owner)
+    }
+
+    /// When the first of what keeps a request of `hold` by `owner` out ends by itself (its
+    /// lease runs out): for a mutex or a writer, any holder; for a permit, a full
+    /// semaphore's holders; for a reader, the writers holding or waiting. `None` when
+    /// nothing keeps it out.
+    fn blocked_until(&self, hold: Hold, owner: &OwnerToken) -> Option<Instant> {
+        let holders = self.holders.iter().filter(|h| match hold {
+            Hold::Read => h.writes,
+            Hold::Permit { .. } => self.holders.len() >= self.permits as usize,
+            _ => true,
+        });
+        let writers = self
+            .waiting_writers
+            .iter()
+            .filter(|(writer, _)| hold == Hold::Read && writer != owner);
+        holders
+            .map(|h| h.expires_at)
+            .chain(writers.map(|(_, at)| *at))
+            .min()
+    }
+
+    /// Removes `owner`'s grant and its waiting record; whether it held.
+    fn remove(&mut self, owner: &OwnerToken) -> bool {
+        let held = self.holders.iter().any(|h| h.owner == *owner);
+        let waited = self.waiting_writers.iter().any(|(w, _)| w == owner);
+        self.holders.retain(|h| h.owner != *owner);
+        self.waiting_writers.retain(|(w, _)| w != owner);
+        if held || waited {
+            self.changed.notify_waiters();
+        }
+        held
     }
 }
 
@@ -93,21 +155,37 @@ impl MemoryBackend {
         MemoryBackend::default()
     }
 
-    fn with_state<T>(&self, f: impl FnOnce(&mut State, Instant) -> T) -> T {
-        let mut state = self
-            .inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        f(&mut state, Instant::now())
+    /// Runs `f` on the live state of `key`'s slot of `kind` (created empty if missing), and
+    /// forgets slots that hold nothing and that nobody waits on.
+    fn with_slot<T>(
+        &self,
+        kind: Kind,
+        key: &LockKey,
+        f: impl FnOnce(&mut Slot, Instant) -> T,
+    ) -> T {
+        self.with_slots(|slots, now| {
+            let slot = slots.entry((kind, key.clone())).or_default();
+            slot.prune(now);
+            f(slot, now)
+        })
     }
 
-    fn with_slots<T>(&self, f: impl FnOnce(&mut HashMap<LockKey, Slot>, Instant) -> T) -> T {
-        self.with_state(|state, now| {
-            let out = f(&mut state.slots, now);
-            state.slots.retain(|_, slot| !slot.is_idle(now));
-            out
-        })
+    fn with_slots<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<(Kind, LockKey), Slot>, Instant) -> T,
+    ) -> T {
+        let mut slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let out = f(&mut slots, now);
+        slots.retain(|_, slot| {
+            slot.prune(now);
+            !slot.is_idle()
+        });
+        out
     }
 
     fn next_token(&self) -> FencingToken {
@@ -118,12 +196,9 @@ impl MemoryBackend {
     /// the holder's renewal then fails and its guard reports the lock lost. Returns whether
     /// the key was held.
     pub fn force_release(&self, key: &LockKey) -> bool {
-        self.with_slots(|slots, now| {
-            let Some(slot) = slots.get_mut(key) else {
-                return false;
-            };
-            let was_held = slot.live_holder(now).is_some();
-            slot.holder = None;
+        self.with_slot(Kind::Mutex, key, |slot, _| {
+            let was_held = !slot.holders.is_empty();
+            slot.holders.clear();
             slot.changed.notify_waiters();
             was_held
         })
@@ -132,31 +207,24 @@ impl MemoryBackend {
     /// The keys held right now in `namespace`: mutexes with a holder, then semaphores with
     /// one, then read-write locks with a holder or a waiting writer (a key can be in all).
     pub fn held_keys(&self, namespace: &str) -> Vec<LockKey> {
-        let mut held: Vec<LockKey> = self.with_slots(|slots, now| {
+        let mut held: Vec<(Kind, LockKey)> = self.with_slots(|slots, _| {
             slots
                 .iter()
-                .filter(|(key, slot)| {
-                    key.namespace() == namespace && slot.live_holder(now).is_some()
+                .filter(|((_, key), slot)| {
+                    key.namespace() == namespace
+                        && !(slot.holders.is_empty() && slot.waiting_writers.is_empty())
                 })
-                .map(|(key, _)| key.clone())
+                .map(|(id, _)| id.clone())
                 .collect()
         });
-        held.extend(self.keys_with_permits(namespace));
-        held.extend(self.keys_with_rwlocks(namespace));
-        held
+        held.sort_by_key(|(kind, _)| *kind as u8);
+        held.into_iter().map(|(_, key)| key).collect()
     }
 
-    fn release_if_owner(&self, key: &LockKey, owner: &OwnerToken) -> bool {
-        self.with_slots(|slots, now| {
-            let Some(slot) = slots.get_mut(key) else {
-                return false;
-            };
-            let ours = slot.live_holder(now).is_some_and(|h| h.owner == *owner);
-            if ours {
-                slot.holder = None;
-                slot.changed.notify_waiters();
-            }
-            ours
+    /// The holder of `key`'s mutex, as `f` sees it.
+    fn mutex_holder<T>(&self, key: &LockKey, f: impl FnOnce(&Holder, Instant) -> T) -> Option<T> {
+        self.with_slot(Kind::Mutex, key, |slot, now| {
+            slot.holders.first().map(|h| f(h, now))
         })
     }
 }
@@ -179,34 +247,47 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        match request.hold {
-            Hold::Read | Hold::Write => return Ok(self.try_acquire_rw(request)),
-            Hold::Permit { .. } => return self.try_acquire_permit(request),
-            Hold::Exclusive => {}
-        }
-        Ok(self.with_slots(|slots, now| {
-            let slot = slots.entry(request.key.clone()).or_default();
-            match slot.live_holder(now) {
-                Some(holder) if holder.owner == request.owner => {
-                    Attempt::Granted(Grant::new(holder.fencing_token, holder.expires_at - now))
+        let hold = request.hold;
+        self.with_slot(Kind::of(hold), &request.key, |slot, now| {
+            if let Hold::Permit { permits } = hold {
+                if slot.holders.is_empty() {
+                    slot.permits = permits;
+                } else if slot.permits != permits {
+                    return Err(Hold::permits_mismatch(
+                        "memory",
+                        &request.key,
+                        permits,
+                        slot.permits,
+                    ));
                 }
-                Some(holder) => Attempt::Contended(
-                    Contention::new()
-                        .with_retry_after(holder.expires_at - now)
-                        .with_nothing_left(),
-                ),
-                None => {
-                    let fencing_token = self.next_token();
-                    slot.holder = Some(Holder {
-                        owner: request.owner.clone(),
-                        fencing_token,
-                        expires_at: now + request.ttl,
-                        value: None,
-                    });
-                    Attempt::Granted(Grant::new(fencing_token, request.ttl))
-                }
+            } else {
+                slot.permits = 1;
             }
-        }))
+            if let Some(holder) = slot.holder_mut(&request.owner) {
+                let left = holder.expires_at - now;
+                return Ok(Attempt::Granted(Grant::new(holder.fencing_token, left)));
+            }
+            let Some(until) = slot.blocked_until(hold, &request.owner) else {
+                let fencing_token = self.next_token();
+                slot.waiting_writers.retain(|(w, _)| *w != request.owner);
+                slot.holders.push(Holder {
+                    owner: request.owner.clone(),
+                    fencing_token,
+                    expires_at: now + request.ttl,
+                    writes: hold == Hold::Write,
+                    value: None,
+                });
+                return Ok(Attempt::Granted(Grant::new(fencing_token, request.ttl)));
+            };
+            let contention = Contention::new().with_retry_after(until - now);
+            if hold == Hold::Write && request.wait {
+                slot.waiting_writers.retain(|(w, _)| *w != request.owner);
+                slot.waiting_writers
+                    .push((request.owner.clone(), now + request.ttl));
+                return Ok(Attempt::Contended(contention));
+            }
+            Ok(Attempt::Contended(contention.with_nothing_left()))
+        })
     }
 
     async fn wait_for_change(
@@ -215,92 +296,75 @@ impl LockBackend for MemoryBackend {
         _contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        match request.hold {
-            Hold::Read | Hold::Write => {
-                self.wait_for_rw(request, max_wait).await;
-                return Ok(None);
-            }
-            Hold::Permit { .. } => {
-                return self.wait_for_permit(request, max_wait).await.map(|()| None);
-            }
-            Hold::Exclusive => {}
-        }
-        let released = self.with_slots(|slots, now| {
-            let slot = slots.entry(request.key.clone()).or_default();
-            let holder_left = slot.live_holder(now).map(|h| h.expires_at - now);
-            (slot.changed.clone(), holder_left)
+        let (kind, hold) = (Kind::of(request.hold), request.hold);
+        let (changed, until) = self.with_slot(kind, &request.key, |slot, now| {
+            let until = slot.blocked_until(hold, &request.owner);
+            (slot.changed.clone(), until.map(|at| at - now))
         });
-        let (notify, holder_left) = released;
-        let Some(holder_left) = holder_left else {
+        let Some(until) = until else {
             return Ok(None);
         };
-        let notified = notify.notified();
+        let notified = changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        // The holder may have released between the check above and `enable`.
-        if self.inspect(&request.key).await?.is_none() {
+        // What blocked it may have gone before `enable`.
+        let blocked = self.with_slot(kind, &request.key, |slot, _| {
+            slot.blocked_until(hold, &request.owner).is_some()
+        });
+        if !blocked {
             return Ok(None);
         }
-        let _ = tokio::time::timeout(max_wait.min(holder_left), notified).await;
+        // Expiries are announced by nobody: wake when the first blocker's lease ends. A
+        // waiting writer also refreshes its record in time.
+        let mut max_wait = max_wait.min(until);
+        if hold == Hold::Write {
+            max_wait = max_wait.min(request.ttl / 2);
+        }
+        let _ = tokio::time::timeout(max_wait, notified).await;
         Ok(None)
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        match request.hold {
-            Hold::Read | Hold::Write => self.release_rw(&request.key, &request.owner),
-            Hold::Permit { .. } => self.release_permit(&request.key, &request.owner),
-            Hold::Exclusive => self.release_if_owner(&request.key, &request.owner),
-        };
+        self.with_slot(Kind::of(request.hold), &request.key, |slot, _| {
+            slot.remove(&request.owner)
+        });
         Ok(())
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        match lease.hold() {
-            Hold::Read | Hold::Write => return Ok(self.renew_rw(lease)),
-            Hold::Permit { .. } => return Ok(self.renew_permit(lease)),
-            Hold::Exclusive => {}
-        }
-        Ok(self.with_slots(|slots, now| {
-            match slots
-                .get_mut(lease.key())
-                .and_then(|slot| slot.holder.as_mut())
+        Ok(
+            self.with_slot(Kind::of(lease.hold()), lease.key(), |slot, now| match slot
+                .holder_mut(lease.owner())
             {
-                Some(holder) if holder.expires_at > now && holder.owner == *lease.owner() => {
+                Some(holder) => {
                     holder.expires_at = now + lease.ttl();
                     Renewal::Extended(lease.ttl())
                 }
-                _ => Renewal::Lost,
-            }
-        }))
+                None => Renewal::Lost,
+            }),
+        )
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        match lease.hold() {
-            Hold::Read | Hold::Write => return Ok(self.release_rw(lease.key(), lease.owner())),
-            Hold::Permit { .. } => return Ok(self.release_permit(lease.key(), lease.owner())),
-            Hold::Exclusive => {}
-        }
-        Ok(self.release_if_owner(lease.key(), lease.owner()))
+        Ok(
+            self.with_slot(Kind::of(lease.hold()), lease.key(), |slot, _| {
+                slot.remove(lease.owner())
+            }),
+        )
     }
 
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        match lease.hold() {
-            Hold::Read | Hold::Write => return Ok(self.holds_rw(lease)),
-            Hold::Permit { .. } => return Ok(self.holds_permit(lease)),
-            Hold::Exclusive => {}
-        }
-        let info = self.inspect(lease.key()).await?;
-        Ok(info.is_some_and(|info| info.fencing_token == lease.fencing_token()))
+        Ok(
+            self.with_slot(Kind::of(lease.hold()), lease.key(), |slot, _| {
+                slot.holder_mut(lease.owner())
+                    .is_some_and(|holder| holder.fencing_token == lease.fencing_token())
+            }),
+        )
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        Ok(self.with_slots(|slots, now| {
-            slots
-                .get(key)
-                .and_then(|slot| slot.live_holder(now))
-                .map(|holder| {
-                    LockInfo::new(holder.fencing_token).with_remaining_ttl(holder.expires_at - now)
-                })
+        Ok(self.mutex_holder(key, |holder, now| {
+            LockInfo::new(holder.fencing_token).with_remaining_ttl(holder.expires_at - now)
         }))
     }
 
@@ -321,13 +385,14 @@ impl LockBackend for MemoryBackend {
         let mut held: Vec<(LockKey, LockInfo)> = self.with_slots(|slots, now| {
             slots
                 .iter()
-                .filter(|(key, _)| {
-                    key.namespace() == namespace
+                .filter(|((kind, key), _)| {
+                    *kind == Kind::Mutex
+                        && key.namespace() == namespace
                         && key.name().starts_with(prefix)
                         && cursor.is_none_or(|after| key.name() > after)
                 })
-                .filter_map(|(key, slot)| {
-                    let holder = slot.live_holder(now)?;
+                .filter_map(|((_, key), slot)| {
+                    let holder = slot.holders.iter().find(|h| h.expires_at > now)?;
                     let info = LockInfo::new(holder.fencing_token)
                         .with_remaining_ttl(holder.expires_at - now);
                     Some((key.clone(), info))
@@ -348,16 +413,9 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {
-        Ok(self.with_slots(|slots, now| {
-            let Some(slot) = slots.get_mut(lease.key()) else {
-                return false;
-            };
-            match slot.holder.as_mut() {
-                Some(holder)
-                    if holder.expires_at > now
-                        && holder.owner == *lease.owner()
-                        && holder.fencing_token == lease.fencing_token() =>
-                {
+        Ok(self.with_slot(Kind::Mutex, lease.key(), |slot, _| {
+            match slot.holder_mut(lease.owner()) {
+                Some(holder) if holder.fencing_token == lease.fencing_token() => {
                     holder.value = Some(value.to_owned());
                     slot.changed.notify_waiters();
                     true
@@ -368,9 +426,8 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn leader(&self, key: &LockKey) -> Result<Option<Leader>> {
-        Ok(self.with_slots(|slots, now| {
-            let holder = slots.get(key)?.live_holder(now)?;
-            Some(Leader::new(holder.fencing_token, holder.value.clone()))
+        Ok(self.mutex_holder(key, |holder, _| {
+            Leader::new(holder.fencing_token, holder.value.clone())
         }))
     }
 
@@ -380,9 +437,8 @@ impl LockBackend for MemoryBackend {
         seen: Option<&Leader>,
         max_wait: Duration,
     ) -> Result<()> {
-        let (changed, expires_in) = self.with_slots(|slots, now| {
-            let slot = slots.entry(key.clone()).or_default();
-            let expires_in = slot.live_holder(now).map(|h| h.expires_at - now);
+        let (changed, expires_in) = self.with_slot(Kind::Mutex, key, |slot, now| {
+            let expires_in = slot.holders.first().map(|h| h.expires_at - now);
             (slot.changed.clone(), expires_in)
         });
         let notified = changed.notified();

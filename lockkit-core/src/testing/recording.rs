@@ -183,6 +183,10 @@ impl LockBackend for Recording {
         self.inner.ping().await
     }
 
+    async fn idle(&self) {
+        self.inner.idle().await;
+    }
+
     async fn list(
         &self,
         namespace: &str,

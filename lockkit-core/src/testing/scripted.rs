@@ -166,6 +166,10 @@ impl LockBackend for Scripted {
         self.inner.ping().await
     }
 
+    async fn idle(&self) {
+        self.inner.idle().await;
+    }
+
     async fn list(
         &self,
         namespace: &str,
