@@ -52,6 +52,7 @@ pub fn broken(outcome: &Outcome, topology: Topology, scenario: Scenario) -> Vec<
     require(v.foreign_extends == 0, "no foreign extend");
     require(outcome.leaked == 0, "nothing left on the servers");
     require(v.late_grants == 0, "no grant after its validity");
+    require(v.under_floor == 0, "no grant under its validity floor");
     if topology.is_consensus() {
         require(v.stale_accepted == 0, "no stale write accepted");
         require(v.token_regressions == 0, "no token regression");
@@ -167,6 +168,7 @@ mod tests {
             What::Granted {
                 token: 2,
                 remaining_ms: 1000,
+                floor_ms: 100,
                 kind: GrantKind::Exclusive,
             },
         )

@@ -192,6 +192,10 @@ impl RandomOutcome {
             format!("no grant after its validity ({})", v.late_grants),
         );
         require(
+            v.under_floor == 0,
+            format!("no grant under its validity floor ({})", v.under_floor),
+        );
+        require(
             self.outcome.leaked == 0,
             format!("nothing left on the servers ({})", self.outcome.leaked),
         );
@@ -638,7 +642,7 @@ fn millis(d: Duration) -> u64 {
 /// The Markdown table of randomized runs, one row per tier.
 pub fn markdown(rows: &[RandomOutcome]) -> String {
     let mut out = String::from(
-        "| tier | seed | s | grants | faults | overlaps (unexplained) | stale refused / accepted (split brain) | token regressions + duplicates | foreign releases + extends | late grants | leaked | availability | p99 wait ms | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| tier | seed | s | grants | faults | overlaps (unexplained) | stale refused / accepted (split brain) | token regressions + duplicates | foreign releases + extends | late grants / under the floor | leaked | availability | p99 wait ms | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let v = &row.outcome.verdict;
@@ -651,7 +655,7 @@ pub fn markdown(rows: &[RandomOutcome]) -> String {
         let broken = row.broken();
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {} | {} | {} ({}) | {} / {} ({}) | {} | {} | {} | {} | {:.1}% | {:.0} | {} |",
+            "| {} | {} | {:.0} | {} | {} | {} ({}) | {} / {} ({}) | {} | {} | {} / {} | {} | {:.1}% | {:.0} | {} |",
             row.outcome.tier,
             row.seed,
             row.duration.as_secs_f64(),
@@ -669,6 +673,7 @@ pub fn markdown(rows: &[RandomOutcome]) -> String {
             v.token_regressions + v.token_duplicates,
             v.foreign_releases + v.foreign_extends,
             v.late_grants,
+            v.under_floor,
             row.outcome.leaked,
             row.availability * 100.0,
             row.wait_p99.as_secs_f64() * 1e3,

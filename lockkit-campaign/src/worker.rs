@@ -22,6 +22,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use lockkit::backend::validity_floor;
 use lockkit::{
     Election, Leadership, LockClient, LockkitConfig, Mutex as LockMutex, MutexGuard, Permit,
     ReadGuard, RwLock, Semaphore, WriteGuard,
@@ -332,12 +333,16 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             guard.fencing_token().get()
         };
         let remaining_ms = u64::try_from(guard.remaining().as_millis()).unwrap_or(u64::MAX);
+        let floor = locks.as_ref().map_or(Duration::ZERO, |locks| {
+            validity_floor(locks.backend().max_validity(guard.ttl()))
+        });
         record(
             &history,
             key,
             What::Granted {
                 token,
                 remaining_ms,
+                floor_ms: u64::try_from(floor.as_millis()).unwrap_or(u64::MAX),
                 kind: contender.kind(),
             },
         )?;

@@ -305,7 +305,7 @@ impl Acquisition<'_> {
             // (the `WaitStrategy::Queue` contract), so there is no message to miss and no
             // timer: only the wait deadline bounds it. A periodic re-check would cost an
             // attempt and a new watch per waiter each period, whatever changed
-            // (docs/measurements.md, "Idle waiters").
+            // (docs/measurements.md, "Queue waiters, measured").
             _ => holder_gone_by.unwrap_or(Duration::MAX),
         };
         let pause = self.wait.left().map_or(pause, |left| pause.min(left));

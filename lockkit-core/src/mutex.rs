@@ -72,7 +72,7 @@ impl Mutex {
     /// default).
     ///
     /// # Errors
-    /// [`ErrorKind::Timeout`] when `wait_timeout` passes; backend errors that are not
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when `wait_timeout` passes; backend errors that are not
     /// retryable, or retryable ones that keep coming for longer than the options'
     /// `error_budget`.
     pub async fn lock(&self) -> Result<MutexGuard> {
@@ -83,7 +83,7 @@ impl Mutex {
     /// as `Duration::MAX`, waits for as long as it takes).
     ///
     /// # Errors
-    /// [`ErrorKind::Timeout`] when `timeout` passes; backend errors as for [`Mutex::lock`].
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when `timeout` passes; backend errors as for [`Mutex::lock`].
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
         self.acquire_guard(Wait::at_most(timeout)).await
     }

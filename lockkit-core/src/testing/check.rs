@@ -25,7 +25,9 @@
 //! - A *foreign extend* is an extend that answered `ok` after a later grant had been handed
 //!   out that its kind does not admit beside it (for a permit: while `N` others were live):
 //!   the holder's lease had passed on, and it claimed the lock back.
-//! - A *late grant* is one handed over with no validity left.
+//! - A *late grant* is one handed over with no validity left; a grant *under the floor*,
+//!   one handed over with less than its floor of validity (a tenth of what the backend can
+//!   promise), where the history records the floor.
 //! - *Recovery* is the time from a fault to the next grant of a worker it did not hit;
 //!   *lost-signal lag* the time from a fault to the lost signal of the worker it hit.
 
@@ -61,6 +63,8 @@ pub struct Verdict {
     pub foreign_extends: usize,
     /// Grants handed over with no validity left.
     pub late_grants: usize,
+    /// Grants handed over with validity left, but less than their floor.
+    pub under_floor: usize,
     /// Lost signals that fired.
     pub lost_signals: usize,
     /// Per fault: time to the next grant of a worker it did not hit (`None`: none came,
@@ -158,6 +162,7 @@ pub fn check(events: &[Event]) -> Verdict {
             What::Granted {
                 token,
                 remaining_ms,
+                floor_ms,
                 kind,
             } => {
                 verdict.acquisitions += 1;
@@ -165,6 +170,12 @@ pub fn check(events: &[Event]) -> Verdict {
                     verdict.late_grants += 1;
                     verdict.violation(format!(
                         "{} was granted {} with no validity left",
+                        event.process, event.key
+                    ));
+                } else if remaining_ms < floor_ms {
+                    verdict.under_floor += 1;
+                    verdict.violation(format!(
+                        "{} was granted {} with {remaining_ms} ms left, under its floor of {floor_ms} ms",
                         event.process, event.key
                     ));
                 }
@@ -503,6 +514,7 @@ mod tests {
         What::Granted {
             token,
             remaining_ms: 1000,
+            floor_ms: 100,
             kind,
         }
     }
@@ -748,10 +760,30 @@ mod tests {
             What::Granted {
                 token: 1,
                 remaining_ms: 0,
+                floor_ms: 100,
                 kind: GrantKind::Exclusive,
             },
         )]));
         assert_eq!(verdict.late_grants, 1);
+    }
+
+    #[test]
+    fn catches_a_grant_under_its_floor() {
+        let verdict = check(&history(&[(
+            0,
+            "a",
+            What::Granted {
+                token: 1,
+                remaining_ms: 37,
+                floor_ms: 100,
+                kind: GrantKind::Exclusive,
+            },
+        )]));
+        assert_eq!((verdict.late_grants, verdict.under_floor), (0, 1));
+        assert!(
+            verdict.violations[0].contains("under its floor"),
+            "{verdict:?}"
+        );
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub enum What {
         token: u64,
         /// The validity the guard reported when it was handed over.
         remaining_ms: u64,
+        /// The floor it had to be handed over with: a tenth of what the backend can promise
+        /// ([`validity_floor`](crate::backend::validity_floor)); 0 when not recorded.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        floor_ms: u64,
         /// What was granted: the key's only holder (a mutex, a leadership; left out of the
         /// file), one of a semaphore's permits, a read or the write lock of a read-write lock.
         #[serde(default, skip_serializing_if = "GrantKind::is_exclusive")]
@@ -208,6 +212,10 @@ pub fn merge(histories: impl IntoIterator<Item = Vec<Event>>) -> Vec<Event> {
     all
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +231,7 @@ mod tests {
                 What::Granted {
                     token: 3,
                     remaining_ms: 900,
+                    floor_ms: 100,
                     kind: GrantKind::Permit { permits: 3 },
                 },
             )
