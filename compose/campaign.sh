@@ -7,7 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-topologies=(redis sentinel redlock etcd zk)
+topologies=(redis sentinel redlock redis-cluster etcd zk)
 trap 'compose/down.sh "${topologies[@]}"' EXIT
 compose/up.sh "${topologies[@]}"
 set -a

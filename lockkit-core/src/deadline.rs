@@ -8,59 +8,49 @@
 //! The thread does nothing else, so its lag is the operating system's wake-up latency
 //! (measured in `docs/measurements.md`).
 //!
-//! Each lease has one entry in the queue. A renewal moves a deadline forward without telling
-//! the thread: when it wakes for the old deadline it finds the new one and queues that. An
-//! entry is never later than its lease's deadline, since deadlines only move forward.
+//! Each lease has one entry in the queue while it is held. A renewal moves a deadline forward
+//! without telling the thread: when it wakes for the old deadline it finds the new one and
+//! queues that. An entry is never later than its lease's deadline, since deadlines only move
+//! forward. A lease that ends (released, lost) takes its entry out, so the queue holds only
+//! the leases held now, whatever their TTLs.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
 use crate::renewal::HeldLease;
 
-/// Starts watching `held`'s deadline.
-pub(crate) fn watch(held: &Arc<HeldLease>) {
-    deadlines().push(held.valid_until(), Arc::downgrade(held));
+/// Queues `held`'s entry under `at`, its deadline.
+pub(crate) fn watch(held: &Arc<HeldLease>, at: Instant) {
+    let deadlines = deadlines();
+    let mut queue = deadlines.queue();
+    let earliest = queue
+        .first_key_value()
+        .is_none_or(|(first, _)| at < first.0);
+    queue.insert((at, held.id), Arc::downgrade(held));
+    drop(queue);
+    if earliest {
+        deadlines.wake.notify_one();
+    }
 }
 
+/// Takes the entry queued under `at` for the lease `id` out.
+pub(crate) fn unwatch(id: u64, at: Instant) {
+    deadlines().queue().remove(&(at, id));
+}
+
+/// The leases' entries by deadline (and lease id, for leases with the same deadline).
 struct Deadlines {
-    queue: Mutex<BinaryHeap<Entry>>,
+    queue: Mutex<BTreeMap<(Instant, u64), Weak<HeldLease>>>,
     wake: Condvar,
-}
-
-/// One lease's deadline as last seen; ordered so that the heap's top is the earliest.
-struct Entry {
-    at: Instant,
-    lease: Weak<HeldLease>,
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.at == other.at
-    }
-}
-
-impl Eq for Entry {}
-
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Entry {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.at.cmp(&self.at)
-    }
 }
 
 fn deadlines() -> &'static Deadlines {
     static DEADLINES: OnceLock<&'static Deadlines> = OnceLock::new();
     DEADLINES.get_or_init(|| {
         let deadlines: &'static Deadlines = Box::leak(Box::new(Deadlines {
-            queue: Mutex::new(BinaryHeap::new()),
+            queue: Mutex::new(BTreeMap::new()),
             wake: Condvar::new(),
         }));
         std::thread::Builder::new()
@@ -72,21 +62,15 @@ fn deadlines() -> &'static Deadlines {
 }
 
 impl Deadlines {
-    fn push(&self, at: Instant, lease: Weak<HeldLease>) {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let earliest = queue.peek().is_none_or(|top| at < top.at);
-        queue.push(Entry { at, lease });
-        drop(queue);
-        if earliest {
-            self.wake.notify_one();
-        }
+    fn queue(&self) -> MutexGuard<'_, BTreeMap<(Instant, u64), Weak<HeldLease>>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn run(&self) {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut queue = self.queue();
         loop {
             let now = Instant::now();
-            let Some(next) = queue.peek().map(|top| top.at) else {
+            let Some(next) = queue.first_key_value().map(|(key, _)| key.0) else {
                 queue = self
                     .wake
                     .wait(queue)
@@ -101,32 +85,66 @@ impl Deadlines {
                     .0;
                 continue;
             }
-            let due = queue.pop();
-            // Not under the queue's lock: firing a signal wakes tasks and logs.
+            let due = queue.pop_first();
+            // Not under the queue's lock: firing a signal wakes tasks and logs, and a lease
+            // that ends takes its entry out of the queue.
             drop(queue);
-            let later = due.and_then(|entry| {
-                let held = entry.lease.upgrade()?;
-                let at = expire(&held, now)?;
-                Some(Entry {
-                    at,
-                    lease: entry.lease,
-                })
-            });
-            queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(entry) = later {
-                queue.push(entry);
+            if let Some((_, lease)) = due
+                && let Some(held) = lease.upgrade()
+            {
+                expire(&held, now);
             }
+            queue = self.queue();
         }
     }
 }
 
-/// [`HeldLease::expire_by`], proof against a backend whose code panics inside it (reporting
+/// `HeldLease::expire_by`, proof against a backend whose code panics inside it (reporting
 /// a loss asks the backend for its name): the thread must outlive it, and the lease is then
 /// reported lost without the backend's help.
-fn expire(held: &HeldLease, now: Instant) -> Option<Instant> {
-    std::panic::catch_unwind(AssertUnwindSafe(|| held.expire_by(now))).unwrap_or_else(|_| {
+fn expire(held: &Arc<HeldLease>, now: Instant) {
+    if std::panic::catch_unwind(AssertUnwindSafe(|| held.expire_by(now))).is_err() {
         tracing::error!("a backend panicked while lockkit reported a lease lost; it is lost");
         held.lost.cancel();
-        None
-    })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryBackend;
+    use crate::background::Background;
+    use crate::key::LockKey;
+    use crate::lease::Lease;
+    use crate::token::{FencingToken, OwnerToken};
+
+    fn queued(id: u64) -> bool {
+        deadlines().queue().keys().any(|(_, queued)| *queued == id)
+    }
+
+    #[test]
+    fn a_released_lease_leaves_nothing_in_the_queue() {
+        let now = Instant::now();
+        let lease = Lease::new(
+            LockKey::new("ns", "k").expect("key"),
+            OwnerToken::generate().expect("rng"),
+            FencingToken(1),
+            Duration::from_secs(3600),
+            now,
+        );
+        let held = HeldLease::new(
+            lease,
+            Arc::new(MemoryBackend::new()),
+            Background::default(),
+            Some(now + Duration::from_secs(3600)),
+            Duration::ZERO,
+            false,
+        );
+        assert!(held.hand_out());
+        assert!(queued(held.id), "a lease handed out is watched");
+        assert!(held.drop_holder());
+        assert!(!queued(held.id), "a released lease is still queued");
+    }
 }

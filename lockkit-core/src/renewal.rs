@@ -60,6 +60,9 @@ pub(crate) enum Applied {
 /// A granted lease while it is held: the state shared by its guards and the scheduler.
 #[derive(Debug)]
 pub(crate) struct HeldLease {
+    /// Unique in the process: the lease's place in the scheduler's table and in the
+    /// deadline queue.
+    pub(crate) id: u64,
     pub(crate) lease: Lease,
     pub(crate) backend: SharedBackend,
     pub(crate) lost: CancellationToken,
@@ -79,6 +82,8 @@ struct HeldState {
     /// Until when the lease is ours by the local clock; may lie in the past before the
     /// lease is first handed out (a grant that came late).
     valid_until: Instant,
+    /// The send time `valid_until` counts from: the grant's attempt, or the renewal that set it.
+    valid_from: Instant,
     /// When the scheduler renews next; `None` without auto-renewal or before the lease is
     /// handed out.
     next_renewal: Option<Instant>,
@@ -88,6 +93,8 @@ struct HeldState {
     holders: usize,
     /// Handed out at least once: from then on its deadline is final once passed.
     issued: bool,
+    /// The deadline its entry in the deadline queue is under, while it has one.
+    watched: Option<Instant>,
     released: bool,
 }
 
@@ -107,8 +114,11 @@ impl HeldLease {
             None => CancellationToken::new(),
         };
         let floor = validity_floor(backend.max_validity(lease.ttl()));
-        let valid_until = valid_until.unwrap_or_else(|| lease.acquired_at());
+        let valid_from = lease.acquired_at();
+        let valid_until = valid_until.unwrap_or(valid_from);
+        static IDS: AtomicU64 = AtomicU64::new(0);
         Arc::new(HeldLease {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             lease,
             backend,
             lost,
@@ -119,10 +129,12 @@ impl HeldLease {
             ended: AtomicBool::new(false),
             state: StdMutex::new(HeldState {
                 valid_until,
+                valid_from,
                 next_renewal: None,
                 renewing: false,
                 holders: 0,
                 issued: false,
+                watched: None,
                 released: false,
             }),
         })
@@ -171,12 +183,13 @@ impl HeldLease {
         }
         state.issued = true;
         if self.auto_renew {
-            state.next_renewal = Some(renewal_time(self.lease.acquired_at(), state.valid_until));
+            state.next_renewal = Some(renewal_time(state.valid_from, state.valid_until));
         }
+        state.watched = Some(state.valid_until);
+        crate::deadline::watch(self, state.valid_until);
         drop(state);
         metrics::held(self.backend.as_ref());
         Scheduler::global().register(self.clone());
-        crate::deadline::watch(self);
         true
     }
 
@@ -193,8 +206,19 @@ impl HeldLease {
         false
     }
 
-    /// The hold ends (first release or loss): the gauge and the hold-duration histogram.
+    /// The hold of a lease handed out ends (first release or loss): its deadline needs no
+    /// watching, and the gauge and the hold-duration histogram count it.
     fn end(&self) {
+        let watched = {
+            let mut state = self.state();
+            if !state.issued {
+                return;
+            }
+            state.watched.take()
+        };
+        if let Some(at) = watched {
+            crate::deadline::unwatch(self.id, at);
+        }
         if !self.ended.swap(true, Ordering::AcqRel) {
             metrics::no_longer_held(self.backend.as_ref(), self.lease.acquired_at().elapsed());
         }
@@ -202,26 +226,31 @@ impl HeldLease {
 
     pub(crate) fn mark_lost(&self, why: &str) {
         if !self.lost.is_cancelled() {
-            tracing::warn!(key = %self.lease.key(), backend = self.backend.name(), why, "lock lost");
-            metrics::lost(self.backend.as_ref());
+            if self.state().issued {
+                tracing::warn!(key = %self.lease.key(), backend = self.backend.name(), why, "lock lost");
+                metrics::lost(self.backend.as_ref());
+            }
             self.lost.cancel();
         }
         self.end();
     }
 
-    /// Fires the lost signal if the deadline has passed by `now`; else returns the deadline
-    /// to look at again (`None` once the lease needs no watching: released or lost).
-    pub(crate) fn expire_by(&self, now: Instant) -> Option<Instant> {
-        let state = self.state();
+    /// For the deadline thread, whose entry for this lease came due at `now`: fires the lost
+    /// signal if the deadline has passed, else queues the entry again under the deadline a
+    /// renewal moved it to (nothing once the lease is released or lost).
+    pub(crate) fn expire_by(self: &Arc<Self>, now: Instant) {
+        let mut state = self.state();
+        state.watched = None;
         if state.released || self.lost.is_cancelled() {
-            return None;
+            return;
         }
         if now < state.valid_until {
-            return Some(state.valid_until);
+            state.watched = Some(state.valid_until);
+            crate::deadline::watch(self, state.valid_until);
+            return;
         }
         drop(state);
         self.mark_lost("validity deadline passed without a renewal");
-        None
     }
 
     /// Applies the answer to a renewal sent at `sent_at`. Answers may arrive out of order (a
@@ -267,6 +296,7 @@ impl HeldLease {
             Some(deadline) => {
                 if deadline > state.valid_until {
                     state.valid_until = deadline;
+                    state.valid_from = sent_at;
                     if state.next_renewal.is_some() {
                         state.next_renewal = Some(renewal_time(sent_at, deadline));
                     }
@@ -292,9 +322,7 @@ impl Drop for HeldLease {
     /// A lease dropped without a release or a loss ends too (once handed out; a grant never
     /// handed out was never counted).
     fn drop(&mut self) {
-        if self.state().issued {
-            self.end();
-        }
+        self.end();
     }
 }
 
@@ -351,7 +379,6 @@ pub(crate) async fn renew_now(held: &Arc<HeldLease>, bound: Option<Instant>) -> 
 pub(crate) struct Scheduler {
     table: StdMutex<Table>,
     wake: Notify,
-    next_id: AtomicU64,
 }
 
 /// The leases the scheduler watches, and when it will look at them next. Both live under one
@@ -378,7 +405,6 @@ impl Scheduler {
                     next_wake: Instant::now(),
                 }),
                 wake: Notify::new(),
-                next_id: AtomicU64::new(0),
             }));
             runtime::spawn(scheduler.supervise());
             scheduler
@@ -391,12 +417,11 @@ impl Scheduler {
     /// The scheduler's thread is woken only when the new lease needs it before its next pass,
     /// which keeps a cross-thread wake-up off the acquire path of short-lived locks.
     pub(crate) fn register(&self, held: Arc<HeldLease>) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let Some(due) = held.state().next_renewal else {
             return;
         };
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        table.leases.insert(id, held);
+        table.leases.insert(held.id, held);
         let wake = due < table.next_wake;
         drop(table);
         if wake {
