@@ -80,6 +80,8 @@ pub struct Verdict {
     pub overlapping: Vec<Overlap>,
     /// Every stale write the resource accepted, for the same judgement.
     pub stale: Vec<StaleWrite>,
+    /// Every foreign release, for the same judgement.
+    pub foreign: Vec<ForeignRelease>,
 }
 
 /// A write the fenced resource stored although a grant that started after the writer's had
@@ -92,6 +94,18 @@ pub struct StaleWrite {
     pub writer: (String, u64),
     /// The later grant that had written first, and when it started.
     pub newer: (String, u64),
+}
+
+/// A release that answered `ok` while a later grant was live, after which that later holder
+/// found its lock gone: counted in [`Verdict::foreign_releases`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignRelease {
+    /// The key.
+    pub key: String,
+    /// The releaser, and when its grant started.
+    pub releaser: (String, u64),
+    /// The later holder whose lock was gone, and when its grant started.
+    pub victim: (String, u64),
 }
 
 /// Two critical sections of one key that overlapped: `first` was granted before `second`,
@@ -447,6 +461,11 @@ fn foreign_releases(verdict: &mut Verdict, key: &str, grants: &[&Grant]) {
         });
         if let Some(b) = victim {
             verdict.foreign_releases += 1;
+            verdict.foreign.push(ForeignRelease {
+                key: key.to_owned(),
+                releaser: (a.process.clone(), a.start),
+                victim: (b.process.clone(), b.start),
+            });
             verdict.violation(format!(
                 "{key}: the release by {} (token {}) deleted the lock of {} (token {})",
                 a.process, a.token, b.process, b.token
