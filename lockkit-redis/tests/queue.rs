@@ -221,3 +221,54 @@ async fn the_entry_of_a_vanished_waiter_keeps_the_lock_only_until_it_lapses() {
     );
     assert!(guard.release().await.unwrap());
 }
+
+/// However many lapsed entries are ahead of a live waiter (their waiters vanished), a
+/// release hands the lock to that waiter: never frees it without telling anyone, and never
+/// lets a caller who asks next take it ahead of the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lapsed_entries_ahead_never_let_a_late_caller_take_the_lock_from_a_live_waiter() {
+    let Some(mut s) = setup(3).await else {
+        return;
+    };
+    let held = s.clients[0].mutex("k").unwrap().lock().await.unwrap();
+    // 250 entries of waiters that vanished: turns 1-250, each lapsed a minute ago.
+    let lapsed = s.server_ms().await - 60_000;
+    for turn in 1..=250_u32 {
+        let owner = format!("{turn:032x}");
+        let _: () = redis::pipe()
+            .cmd("ZADD")
+            .arg(&s.queue)
+            .arg(turn)
+            .arg(&owner)
+            .ignore()
+            .cmd("HSET")
+            .arg(&s.entries)
+            .arg(&owner)
+            .arg(format!("{lapsed} d "))
+            .ignore()
+            .query_async(&mut s.raw)
+            .await
+            .unwrap();
+    }
+    for key in [&s.queue, &s.entries] {
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(key)
+            .arg(60_000)
+            .query_async(&mut s.raw)
+            .await
+            .unwrap();
+    }
+    let (_task, granted) = s.waiter(1);
+    s.until_queued(251).await;
+    assert!(held.release().await.unwrap());
+    assert!(
+        !s.free_for(2).await,
+        "a caller took the lock ahead of the live waiter behind 250 lapsed entries"
+    );
+    let guard = tokio::time::timeout(Duration::from_secs(5), granted)
+        .await
+        .expect("the live waiter behind 250 lapsed entries was not granted")
+        .unwrap();
+    assert!(guard.release().await.unwrap());
+    assert_eq!(s.queued().await, 0, "lapsed entries are left in the queue");
+}
