@@ -18,6 +18,7 @@ use redis::Value;
 
 use crate::config::{RedisConfig, parse_host};
 use crate::connection::{Dialer, Epoch, Primary, Sentinels};
+use crate::election::Proclaimed;
 use crate::error::{BACKEND, refused_in_pipeline, unexpected};
 use crate::listing;
 use crate::notify::Refusal;
@@ -57,6 +58,9 @@ pub struct RedisBackend {
     pub(crate) config: Arc<RedisConfig>,
     /// Whether the server lately refused a subscription (waiters then poll).
     refusal: Arc<Refusal>,
+    /// The grants that proclaimed a value (shared by a cluster's primaries, so that it
+    /// follows a lock whose slot moves).
+    pub(crate) proclaimed: Arc<Proclaimed>,
 }
 
 impl RedisBackend {
@@ -100,7 +104,7 @@ impl RedisBackend {
             }
         })
         .await??;
-        RedisBackend::on(primary, Arc::new(config)).await
+        RedisBackend::on(primary, Arc::new(config), Arc::default()).await
     }
 
     /// The backend of one primary of a Redis Cluster, at `addr`, publishing as `pubsub` says
@@ -110,20 +114,26 @@ impl RedisBackend {
         config: Arc<RedisConfig>,
         addr: (String, u16),
         pubsub: PubSub,
+        proclaimed: Arc<Proclaimed>,
     ) -> Result<Self> {
         let primary = lockkit_core::backend::runtime::run(async move {
             Primary::fixed(dialer, addr, pubsub).await
         })
         .await??;
-        RedisBackend::on(primary, config).await
+        RedisBackend::on(primary, config, proclaimed).await
     }
 
     /// The backend on `primary`, once its scripts are loaded and its eviction policy checked.
-    async fn on(primary: Primary, config: Arc<RedisConfig>) -> Result<Self> {
+    async fn on(
+        primary: Primary,
+        config: Arc<RedisConfig>,
+        proclaimed: Arc<Proclaimed>,
+    ) -> Result<Self> {
         let backend = RedisBackend {
             primary: Arc::new(primary),
             config,
             refusal: Arc::default(),
+            proclaimed,
         };
         backend.load_scripts().await?;
         backend.check_eviction().await?;
@@ -363,7 +373,32 @@ impl RedisBackend {
         })
     }
 
-    async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
+    /// Runs the force-release script for a lock read holding `expected` (`""`: free).
+    pub(crate) async fn break_lock(&self, key: &LockKey, expected: &str) -> Result<()> {
+        let keys = &Keys::of(key);
+        let fence_ttl = millis(self.config.fence_ttl);
+        let publishing = self.publishing();
+        let reply: Value = self
+            .primary
+            .request("breaking the lock", |mut con| async move {
+                publishing
+                    .force_release
+                    .key(&keys.release()[..])
+                    .arg(&keys.channel)
+                    .arg(fence_ttl)
+                    .arg("")
+                    .arg(expected)
+                    .invoke_async(&mut con)
+                    .await
+            })
+            .await?;
+        match reply {
+            Value::Int(_) => Ok(()),
+            _ => Err(unexpected(BACKEND, "the force-release script")),
+        }
+    }
+
+    pub(crate) async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
         let lock = &Keys::of(key).lock;
         let reply: Value = self
             .primary
@@ -376,7 +411,8 @@ impl RedisBackend {
 
     /// One pipelined round trip of compare-and-`PEXPIRE`s (plus `WAIT` with `min_replicas`).
     async fn renew_batch(&self, leases: &[Lease]) -> Result<Vec<Renewal>> {
-        let mut pipe = scripts::renew_pipeline(leases, self.config.fence_ttl, true);
+        let mut pipe =
+            scripts::renew_pipeline(leases, self.config.fence_ttl, Some(&self.proclaimed));
         if self.config.min_replicas > 0 {
             pipe.cmd("WAIT")
                 .arg(self.config.min_replicas)
@@ -417,7 +453,10 @@ impl RedisBackend {
             .zip(leases)
             .map(|(reply, lease)| match (scripts::renewed(reply), reply) {
                 (Some(true), _) => Ok(Renewal::Extended(lease.ttl())),
-                (Some(false), _) => Ok(Renewal::Lost),
+                (Some(false), _) => {
+                    self.proclaimed.forget(lease);
+                    Ok(Renewal::Lost)
+                }
                 (None, Value::ServerError(e)) => Err(refused_in_pipeline("renewal", e)),
                 (None, _) => Err(Error::new(
                     ErrorKind::Backend,
@@ -680,6 +719,7 @@ impl LockBackend for RedisBackend {
                     .await
             }
             _ => {
+                self.proclaimed.forget(lease);
                 self.release_keys(&Keys::of(lease.key()), lease.owner())
                     .await
             }
@@ -747,26 +787,14 @@ impl LockBackend for RedisBackend {
         Ok(LockPage::new(locks, (next != 0).then(|| next.to_string())))
     }
 
+    /// Reads the holder, then breaks the lock only while it still holds what was read: a
+    /// break sent again after a dropped connection cannot break the grant the first one
+    /// handed to the next waiter. Says whether the lock was held when read.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let keys = &Keys::of(key);
-        let fence_ttl = millis(self.config.fence_ttl);
-        let publishing = self.publishing();
-        let reply: Value = self
-            .primary
-            .request("breaking the lock", |mut con| async move {
-                publishing
-                    .force_release
-                    .key(&keys.release()[..])
-                    .arg(&keys.channel)
-                    .arg(fence_ttl)
-                    .invoke_async(&mut con)
-                    .await
-            })
+        let holder = self.holder(key).await?;
+        self.break_lock(key, &scripts::Holder::value_of(holder.as_ref()))
             .await?;
-        match reply {
-            Value::Int(n) => Ok(n == 1),
-            _ => Err(unexpected(BACKEND, "the force-release script")),
-        }
+        Ok(holder.is_some())
     }
 
     async fn ping(&self) -> Result<()> {

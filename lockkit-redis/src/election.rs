@@ -3,7 +3,8 @@
 //!
 //! - **proclaim**: one script that checks that the lock still holds this very grant (owner
 //!   and token) and sets the value key `{namespace/name}:value` to `token:value`, expiring
-//!   with the lock; renewals extend it with the lock, release and force-release delete it.
+//!   with the lock; renewals of a grant that proclaimed extend it with the lock (the backend
+//!   remembers which: [`Proclaimed`]), release and force-release delete it.
 //!   It publishes `proclaimed` on the lock's release channel. With `min_replicas`, a `WAIT`
 //!   follows in the same pipeline, as for a grant.
 //! - **leader**: `MGET` of the lock and the value key, one atomic read; the value counts
@@ -18,6 +19,8 @@
 //! still believes it leads, until its next renewal tells it; terms are best-effort fencing
 //! tokens, which a failover can make repeat (see the crate docs).
 
+use std::collections::HashSet;
+use std::sync::{Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use lockkit_core::backend::{Leader, Lease};
@@ -29,6 +32,33 @@ use crate::backend::RedisBackend;
 use crate::connection::Epoch;
 use crate::error::{BACKEND, refused_in_pipeline, unexpected};
 use crate::scripts::{self, Keys, millis};
+
+/// The grants of this backend that proclaimed a value, by lock key and token: only their
+/// renewals name the value key. It exists only after a proclamation, and a Cluster refuses a
+/// script that names a missing key (`TRYAGAIN`) for as long as the key's slot migrates, so a
+/// renewal naming it for every lock could lose every lease of a migrating slot.
+#[derive(Debug, Default)]
+pub(crate) struct Proclaimed(StdMutex<HashSet<(String, u64)>>);
+
+impl Proclaimed {
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<(String, u64)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn id(lease: &Lease) -> (String, u64) {
+        (Keys::of(lease.key()).lock, lease.fencing_token().get())
+    }
+
+    /// Whether `lease` proclaimed a value.
+    pub(crate) fn contains(&self, lease: &Lease) -> bool {
+        self.set().contains(&Proclaimed::id(lease))
+    }
+
+    /// `lease` ended (released, or found lost): its value went with it.
+    pub(crate) fn forget(&self, lease: &Lease) {
+        self.set().remove(&Proclaimed::id(lease));
+    }
+}
 
 impl RedisBackend {
     /// See [`LockBackend::proclaim`](lockkit_core::backend::LockBackend::proclaim).
@@ -67,7 +97,10 @@ impl RedisBackend {
             })
             .await?;
         let stored = match replies.first() {
-            Some(Value::Int(1)) => true,
+            Some(Value::Int(1)) => {
+                self.proclaimed.set().insert(Proclaimed::id(lease));
+                true
+            }
             Some(Value::Int(0)) => return Ok(false),
             Some(Value::ServerError(e)) => {
                 return Err(refused_in_pipeline("the proclaim script", e));

@@ -62,7 +62,8 @@ fn describe(error: &RedisError) -> String {
         _ if error.code() == Some("NOPERM") => {
             "the Redis user lacks a permission lockkit needs (EVALSHA, SCRIPT LOAD, PUBLISH and SUBSCRIBE, or on a Redis Cluster SPUBLISH and SSUBSCRIBE, on its keys and channels)".to_owned()
         }
-        _ => format!("redis: {error}"),
+        // The backend's name is in the error already.
+        _ => error.to_string(),
     }
 }
 

@@ -123,12 +123,13 @@ impl RwKeys {
 /// [`scripts::renew_pipeline`]): the semaphore's renew script on the rwlock's keys.
 pub(crate) fn push_renewal(pipe: &mut redis::Pipeline, lease: &Lease, fence_ttl: Duration) {
     let keys = RwKeys::of(lease.key());
-    crate::semaphore::push_holder_renewal(
-        pipe,
-        [&keys.holders, &keys.tokens, &keys.writer, &keys.fence],
-        lease,
-        fence_ttl,
-    );
+    // A reader leaves the writer's marker out: it exists only while a writer holds. A
+    // writer keeps it alive with its grant (readers are kept out while it lives).
+    let mut named = vec![keys.holders.as_str(), &keys.tokens, &keys.fence];
+    if lease.hold() == Hold::Write {
+        named.push(&keys.writer);
+    }
+    crate::semaphore::push_holder_renewal(pipe, &named, lease, fence_ttl);
 }
 
 /// The reply of the rwlock's acquire script.
@@ -408,14 +409,23 @@ mod tests {
         ];
         // The one pipeline `renew_batch` sends on the renewal connection, whose READONLY or
         // MASTERDOWN replies (`scripts::primary_moved`) make it follow a failover.
-        let pipe = scripts::renew_pipeline(&leases, Duration::from_secs(3600), true);
+        let pipe = scripts::renew_pipeline(&leases, Duration::from_secs(3600), None);
         let packed = String::from_utf8_lossy(&pipe.get_packed_pipeline()).into_owned();
         let renewals = packed.matches(scripts::SEMAPHORE_RENEW.get_hash()).count();
         assert_eq!(renewals, 2, "one semaphore-style renewal per rwlock lease");
         let keys = RwKeys::of(&key);
-        for k in [&keys.holders, &keys.tokens, &keys.writer, &keys.fence] {
+        for k in [&keys.holders, &keys.tokens, &keys.fence] {
             assert_eq!(packed.matches(k.as_str()).count(), 2, "{k}");
         }
+        assert_eq!(
+            packed.matches(keys.writer.as_str()).count(),
+            1,
+            "only the write lease names the writer's marker"
+        );
+        assert!(
+            !packed.contains(&scripts::Keys::of(&key).value),
+            "a lock that proclaimed nothing names no value key"
+        );
         assert!(
             !packed.contains(&keys.waiting),
             "a renewal touches no waiting record"

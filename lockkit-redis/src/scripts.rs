@@ -189,14 +189,16 @@ pub(crate) fn load_all() -> redis::Pipeline {
 }
 
 /// One pipeline of compare-and-`PEXPIRE` calls, one per lease, each also keeping the lock's
-/// fence counter alive for at least `fence_ttl` (and, `with_values`, its election value with
-/// the lock); a permit's lease gets the semaphore's renewal in its place, a read or write
-/// lock's the same script on the rwlock's keys. A failed call gives an error reply in its
-/// place instead of failing the pipeline (see [`primary_moved`] for the replies that fail it).
+/// fence counter alive for at least `fence_ttl` (and the election value of a grant in
+/// `proclaimed` with the lock); a permit's lease gets the semaphore's renewal in its place, a
+/// read or write lock's the same script on the rwlock's keys. Each names only keys that exist
+/// while its grant does (a Cluster refuses a script naming a missing key while its slot
+/// migrates). A failed call gives an error reply in its place instead of failing the
+/// pipeline (see [`primary_moved`] for the replies that fail it).
 pub(crate) fn renew_pipeline(
     leases: &[Lease],
     fence_ttl: Duration,
-    with_values: bool,
+    proclaimed: Option<&crate::election::Proclaimed>,
 ) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
@@ -213,12 +215,13 @@ pub(crate) fn renew_pipeline(
             _ => {}
         }
         let keys = Keys::of(lease.key());
+        let with_value = proclaimed.is_some_and(|p| p.contains(lease));
         pipe.cmd("EVALSHA")
             .arg(RENEW.get_hash())
-            .arg(if with_values { 3 } else { 2 })
+            .arg(if with_value { 3 } else { 2 })
             .arg(keys.lock)
             .arg(keys.fence);
-        if with_values {
+        if with_value {
             pipe.arg(keys.value);
         }
         pipe.arg(lease.owner().expose_hex())
@@ -342,6 +345,14 @@ pub(crate) struct Holder {
 impl Holder {
     pub(crate) fn is(&self, owner: &OwnerToken) -> bool {
         self.owner_hex == owner.expose_hex()
+    }
+
+    /// The lock key's value for `holder`, `""` for none (what the force-release script
+    /// compares).
+    pub(crate) fn value_of(holder: Option<&Holder>) -> String {
+        holder.map_or_else(String::new, |h| {
+            format!("{}:{}", h.owner_hex, h.info.fencing_token.get())
+        })
     }
 }
 

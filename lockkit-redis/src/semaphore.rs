@@ -63,24 +63,25 @@ pub(crate) fn push_renewal(pipe: &mut redis::Pipeline, lease: &Lease, fence_ttl:
     let keys = PermitKeys::of(lease.key());
     push_holder_renewal(
         pipe,
-        [&keys.holders, &keys.tokens, &keys.permits, &keys.fence],
+        &[&keys.holders, &keys.tokens, &keys.fence, &keys.permits],
         lease,
         fence_ttl,
     );
 }
 
-/// Adds the semaphore's renew script for `lease` on `keys` (holders, tokens, the key that
-/// lives with them, fence counter) to a renewal pipeline; the read-write locks use it too.
+/// Adds the semaphore's renew script for `lease` on `keys` (holders, tokens, fence counter,
+/// and the key that lives with the holders if the lease keeps one alive) to a renewal
+/// pipeline; the read-write locks use it too.
 pub(crate) fn push_holder_renewal(
     pipe: &mut redis::Pipeline,
-    keys: [&str; 4],
+    keys: &[&str],
     lease: &Lease,
     fence_ttl: Duration,
 ) {
     pipe.cmd("EVALSHA")
         .arg(scripts::SEMAPHORE_RENEW.get_hash())
-        .arg(4)
-        .arg(&keys[..])
+        .arg(keys.len())
+        .arg(keys)
         .arg(lease.owner().digest_hex())
         .arg(millis(lease.ttl()))
         .arg(millis(fence_ttl));

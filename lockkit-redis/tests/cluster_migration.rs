@@ -153,3 +153,92 @@ async fn a_slot_migrating_under_contention_loses_nothing_and_leaves_nothing() {
         origin.addr, destination.addr, origin.addr
     );
 }
+
+/// Sets a slot back to `STABLE` on both nodes when dropped, so that a failing test leaves the
+/// cluster as it found it.
+struct Migrating {
+    slot: u16,
+    nodes: [String; 2],
+}
+
+impl Drop for Migrating {
+    fn drop(&mut self) {
+        for addr in &self.nodes {
+            if let Ok(client) = redis::Client::open(format!("redis://{addr}"))
+                && let Ok(mut con) = client.get_connection()
+            {
+                let _: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(self.slot)
+                    .arg("STABLE")
+                    .query(&mut con);
+            }
+        }
+    }
+}
+
+/// A slot that stays `MIGRATING` for a long time (a reshard paused half way, before any key
+/// moved): the locks held in it keep renewing. A renewal that named a key that does not exist
+/// (the election value of a lock that proclaimed nothing, the writer's marker of a read lock)
+/// is refused with `TRYAGAIN` for as long as the slot migrates, and the lease is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_locks_keep_renewing_while_their_slot_stays_migrating() {
+    let Some(harness) = common::cluster().await else {
+        return;
+    };
+    let common::Topology::Cluster(config) = &harness.topology else {
+        panic!("the cluster harness runs on a cluster");
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    // The mutex, the read lock and the permit of one name share its hash tag, so its slot.
+    let key = LockKey::new(&namespace, "migrating").unwrap();
+    let slot = lockkit_redis::RedisClusterBackend::slot_of(&key).unwrap();
+    let (origin, destination) = common::owner_and_another_primary(config, slot).await;
+    let ttl = Duration::from_secs(2);
+    let locks = LockClient::with_options(
+        harness.backend().await.unwrap(),
+        &namespace,
+        LockOptions::default().with_ttl(ttl),
+    )
+    .unwrap();
+    let mutex = locks.mutex("migrating").unwrap().lock().await.unwrap();
+    let read = locks.rwlock("migrating").unwrap().read().await.unwrap();
+    let permit = locks
+        .semaphore("migrating", 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+
+    let _restore = Migrating {
+        slot,
+        nodes: [origin.addr.clone(), destination.addr.clone()],
+    };
+    let mut source = common::connect(&origin.addr).await.unwrap();
+    let mut target = common::connect(&destination.addr).await.unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("IMPORTING")
+        .arg(&origin.id)
+        .query_async(&mut target)
+        .await
+        .unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("MIGRATING")
+        .arg(&destination.id)
+        .query_async(&mut source)
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    for (what, guard) in [
+        ("the mutex", &mutex),
+        ("the read lock", read.as_guard()),
+        ("the permit", permit.as_guard()),
+    ] {
+        assert!(!guard.is_lost(), "{what} was lost while its slot migrated");
+        assert!(guard.is_held().await.unwrap(), "{what} is not held");
+    }
+}

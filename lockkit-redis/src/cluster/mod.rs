@@ -24,7 +24,7 @@ use crate::backend::RedisBackend;
 use crate::config::{RedisConfig, parse_host};
 use crate::connection::{Dialer, sharded_pubsub_in};
 use crate::error::BACKEND;
-use crate::scripts::PubSub;
+use crate::scripts::{self, PubSub};
 use route::Reroute;
 use slots::{Addr, SlotMap, slot_of};
 
@@ -100,6 +100,8 @@ struct Inner {
     waiters: StdMutex<HashMap<String, RedisBackend>>,
     /// How every primary publishes and its waiters listen, decided at connect time.
     pubsub: OnceLock<PubSub>,
+    /// The grants that proclaimed a value, whichever primary their slot is on now.
+    proclaimed: Arc<crate::election::Proclaimed>,
 }
 
 impl RedisClusterBackend {
@@ -133,6 +135,7 @@ impl RedisClusterBackend {
                 refreshed: tokio::sync::Mutex::new(None),
                 waiters: StdMutex::default(),
                 pubsub: OnceLock::new(),
+                proclaimed: Arc::default(),
             }),
         };
         backend.refresh(None, None).await?;
@@ -244,6 +247,7 @@ impl RedisClusterBackend {
                     self.inner.config.clone(),
                     addr.clone(),
                     self.inner.pubsub.get().copied().unwrap_or(PubSub::Classic),
+                    self.inner.proclaimed.clone(),
                 )
             })
             .await?;
@@ -689,11 +693,21 @@ impl LockBackend for RedisClusterBackend {
         Ok(LockPage::new(Vec::new(), None))
     }
 
+    /// The holder is read once, and the break (compare-and-break, see
+    /// [`RedisBackend`]'s) carries what was read to whichever primary it is sent to, also
+    /// again after a failover.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.on_key(key, "breaking the lock", |node, resent| async move {
-            gone_when_sent_again(node.force_release(key).await, resent)
+        let holder = self
+            .on_key(key, "inspecting", |node, _| async move {
+                node.holder(key).await
+            })
+            .await?;
+        let expected = &scripts::Holder::value_of(holder.as_ref());
+        self.on_key(key, "breaking the lock", |node, _| async move {
+            node.break_lock(key, expected).await
         })
-        .await
+        .await?;
+        Ok(holder.is_some())
     }
 
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {

@@ -347,11 +347,7 @@ impl RedlockBackend {
     /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
     /// nodes extended it, how many said it is not ours, and the failures.
     async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let pipe = Arc::new(scripts::renew_pipeline(
-            leases,
-            self.config.fence_ttl,
-            false,
-        ));
+        let pipe = Arc::new(scripts::renew_pipeline(leases, self.config.fence_ttl, None));
         // A node runs the pipeline's scripts one after the other: 10,000 leases did not fit in
         // the 100 ms node timeout, and every renewal of the tick failed. The validity of the
         // answers is counted with the longer bound.
