@@ -120,6 +120,9 @@ pub(crate) struct Inner {
     pub(crate) watch_events: AtomicU64,
     /// Stops the janitor's sweep (after a last one) when the backend is dropped.
     pub(crate) _sweep: DropGuard,
+    /// Cancelled when the backend is dropped (by `_sweep`): ends the clean-ups, whose nodes
+    /// go with the session the drop closes.
+    pub(crate) dropped: CancellationToken,
     /// The clean-ups left running in the background, for `idle`.
     pub(crate) sweeps: Sweeps,
 }
@@ -180,6 +183,7 @@ impl ZkBackend {
                 ledgers: Acquisitions::new(),
                 janitor,
                 watch_events: AtomicU64::new(0),
+                dropped: stop.clone(),
                 _sweep: stop.drop_guard(),
                 sweeps: Sweeps::new(),
             }),

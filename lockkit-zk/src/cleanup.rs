@@ -3,7 +3,7 @@
 //! nobody here uses any more.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use lockkit_core::Result;
@@ -12,7 +12,7 @@ use lockkit_core::backend::{AcquireRequest, Lease, OwnerToken};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use crate::backend::{ZkBackend, within};
+use crate::backend::{Inner, ZkBackend, within};
 use crate::error::{map, timed_out};
 use crate::naming::{LockPaths, node_prefix, sequence_of};
 use crate::session::{Session, SessionSlot};
@@ -249,14 +249,14 @@ impl ZkBackend {
         ledger: Arc<Ledger>,
         delay: Duration,
     ) {
-        let backend = self.clone();
+        let backend = self.weak();
         let paths = paths.clone();
         let (own_prefix, owner) = (own_prefix.to_owned(), owner.clone());
         // ZooKeeper nodes live as long as their session (which a suspension does not end),
         // so the rounds check the session's id rather than its lost token.
         self.inner.sweeps.spawn(
             "sweeping stray lock nodes",
-            CancellationToken::new(),
+            self.inner.dropped.clone(),
             delay,
             Retry::new(SWEEP_RETRY, Duration::from_secs(2)),
             move || {
@@ -268,6 +268,9 @@ impl ZkBackend {
                     ledger.clone(),
                 );
                 async move {
+                    let Some(backend) = ZkBackend::upgrade(&backend) else {
+                        return Ok(Sweep::Done);
+                    };
                     let session = backend.session().await;
                     if session.id() != session_id {
                         return Ok(Sweep::Done);
@@ -296,6 +299,17 @@ impl ZkBackend {
                 }
             },
         );
+    }
+
+    /// The backend without keeping it alive: a clean-up in the background must not keep a
+    /// dropped backend's session open (closing it removes every node the clean-up is for).
+    fn weak(&self) -> Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The backend of `weak`, while it is in use.
+    fn upgrade(weak: &Weak<Inner>) -> Option<ZkBackend> {
+        weak.upgrade().map(|inner| ZkBackend { inner })
     }
 
     /// Hands the nodes that hold `paths`' queue to the janitor, which removes them once
@@ -348,15 +362,18 @@ impl ZkBackend {
     /// Keeps deleting `path` in the background until it is gone or its session is: a node
     /// whose delete failed would otherwise hold the lock for as long as the session lives.
     pub(crate) fn reap(&self, session_id: i64, path: String) {
-        let backend = self.clone();
+        let backend = self.weak();
         self.inner.sweeps.spawn(
             "deleting a lock node",
-            CancellationToken::new(),
+            self.inner.dropped.clone(),
             SWEEP_RETRY,
             Retry::new(SWEEP_RETRY, Duration::from_secs(2)),
             move || {
                 let (backend, path) = (backend.clone(), path.clone());
                 async move {
+                    let Some(backend) = ZkBackend::upgrade(&backend) else {
+                        return Ok(Sweep::Done);
+                    };
                     let session = backend.session().await;
                     if session.id() != session_id {
                         return Ok(Sweep::Done);

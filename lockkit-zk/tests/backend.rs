@@ -752,3 +752,59 @@ async fn a_ttl_below_the_minimum_is_raised_to_it() {
     assert!(guard.release().await.expect("release"));
     assert_no_znodes(&admin, &ns).await;
 }
+
+/// A backend dropped while a clean-up waits in the background (for a create whose reply came
+/// too late) closes its session at once, and the session's nodes go with it: the clean-up
+/// must not keep the backend, and its session, alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_closes_its_session_with_clean_ups_pending() {
+    let Some(Queue {
+        admin,
+        ns,
+        proxy,
+        backend,
+        request,
+        parent,
+    }) = key_behind_a_proxy("dropped").await
+    else {
+        return;
+    };
+    proxy.set(
+        Direction::Replies,
+        Fault::Delay {
+            base: Duration::from_millis(1500),
+            jitter: Duration::ZERO,
+        },
+    );
+    backend
+        .try_acquire(&request)
+        .await
+        .expect_err("the reply came after the request timeout");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nodes_named(&admin, &parent, "_c_").await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached the ensemble"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.heal();
+    drop(backend);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = nodes_named(&admin, &parent, "_c_").await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node outlived its dropped backend (its session stayed open): {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    assert_no_znodes(&admin, &ns).await;
+}
