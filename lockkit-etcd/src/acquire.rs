@@ -35,7 +35,6 @@ impl EtcdBackend {
                 maybe_on_server: false,
                 in_flight: false,
                 predecessor: None,
-                waited: false,
             }
         };
         let entry = entries.entry(request.owner.clone()).or_insert_with(fresh);

@@ -22,13 +22,12 @@ use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, Leader, LockInfo, LockKey, MutexGuard,
     Result, Support, Tier, WaitStrategy,
 };
-use tokio::sync::Mutex as AsyncMutex;
 
 use crate::cleanup::Entry;
 use crate::config::EtcdConfig;
 use crate::error::{self, NAME};
 use crate::naming::{KeyNames, SEMAPHORES, by_create, owner_of, token_of};
-use crate::session::Session;
+use crate::session::{Session, Sessions};
 
 /// etcd raises shorter lease TTLs to this.
 pub(crate) const MIN_TTL_SECS: i64 = 2;
@@ -124,7 +123,7 @@ pub struct EtcdBackend {
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
-    pub(crate) sessions: AsyncMutex<HashMap<i64, Arc<Session>>>,
+    pub(crate) sessions: Sessions,
     pub(crate) entries: Acquisitions<Entry>,
     pub(crate) names: Arc<KeyNames>,
     pub(crate) shutdown: CancellationToken,
@@ -165,7 +164,7 @@ impl EtcdBackend {
             inner: Arc::new(Inner {
                 client,
                 config,
-                sessions: AsyncMutex::new(HashMap::new()),
+                sessions: Sessions::default(),
                 entries: Acquisitions::new(),
                 names: Arc::default(),
                 shutdown: CancellationToken::new(),
@@ -266,14 +265,7 @@ impl EtcdBackend {
     /// # Errors
     /// The first revoke that failed; those leases expire after their TTL.
     pub async fn close(&self) -> Result<()> {
-        let sessions: Vec<Arc<Session>> = self
-            .inner
-            .sessions
-            .lock()
-            .await
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let sessions = self.inner.sessions.drain().await;
         let mut outcome = Ok(());
         for session in sessions {
             session.lose("the backend was closed");

@@ -30,9 +30,6 @@ pub(crate) struct Entry {
     /// The key just ahead of ours, as the last attempt read it, and its create revision:
     /// names are reused, so only the revision tells that key from a later one of that name.
     pub(crate) predecessor: Option<(String, i64)>,
-    /// A semaphore entry that was seen waiting: the entry behind it may be watching it for
-    /// the moment it holds a permit (see [`crate::semaphore`]).
-    pub(crate) waited: bool,
 }
 
 impl EtcdBackend {

@@ -31,7 +31,7 @@
 //!   the first departure ahead makes it a holder;
 //! - a **later waiter** (`k > permits`) watches only its predecessor's key, for a delete or a
 //!   put;
-//! - a waiter that finds itself holding after having been seen waiting *touches* its key (puts
+//! - a waiter that finds itself holding with a key queued behind it *touches* its key (puts
 //!   it again: same value, same lease, guarded by its create revision) before it reports the
 //!   grant, so that the waiter behind it learns that it is now the first waiter.
 //!
@@ -40,9 +40,11 @@
 //! waiter (or a holder) exactly when `d` becomes a holder; and `e`'s predecessor changes only
 //! when `d` goes. Both are events on `d`'s key: its touch, its delete. `d` learns that it holds
 //! (and touches) by the same argument one place ahead, down to the first waiter, who watches
-//! every departure ahead of it. `d` does touch: `e` watches `d` only if `d` was waiting at
-//! `e`'s read, hence (places never grow) also at the read of `d`'s own first attempt, which
-//! marked it as seen waiting. A woken waiter reads its place afresh and watches what its new
+//! every departure ahead of it. `d` does touch: `e` watches `d` only once `e`'s key exists, so
+//! the read in which `d` finds itself holding (a read of a known key, after `e`'s put) shows
+//! `e`'s key behind it, whatever `d`'s earlier attempts saw or failed to hear (a put whose
+//! reply was lost is adopted by the next attempt, which still reads what is behind it). A
+//! grant read in the round that put the own key has nobody behind it. A woken waiter reads its place afresh and watches what its new
 //! place needs. The window between the attempt's read (revision `r`) and the watch's start
 //! (revision `w`) is closed as the mutex's is: the watch starts at `w` (a start in the past
 //! would join the server's unsynced watchers, caught up only every 100 ms), and if `w > r` a
@@ -174,6 +176,15 @@ impl Layout {
         TxnOp::get(self.all.clone(), Some(options))
     }
 
+    /// The first key created after the entry created at `own_revision`, if any: a holder
+    /// with one behind it touches its key (see the module docs).
+    fn behind(&self, own_revision: i64) -> TxnOp {
+        let options = by_create(SortOrder::Ascend, 1)
+            .with_min_create_revision(own_revision + 1)
+            .with_keys_only();
+        TxnOp::get(self.all.clone(), Some(options))
+    }
+
     /// Right after the own key's put: the newest keys, the own key first, then enough of
     /// those ahead to tell its [`Place`].
     fn newest(&self) -> TxnOp {
@@ -221,6 +232,8 @@ pub(crate) fn reads_of(response: TxnResponse) -> Vec<Vec<KeyValue>> {
 struct Found {
     own_revision: i64,
     place: Place,
+    /// A key was queued behind it.
+    behind: bool,
     /// The store revision of the read.
     revision: i64,
 }
@@ -246,7 +259,7 @@ impl EtcdBackend {
         let found = self
             .queue_entry(request, &session, &layout, &own, known)
             .await;
-        let waited = {
+        {
             let mut entries = self.entries();
             let Some(entry) = entries.get_mut(&request.owner) else {
                 return Err(abandoned());
@@ -260,9 +273,6 @@ impl EtcdBackend {
                         Place::Behind(key, created) => Some((key.clone(), *created)),
                         _ => None,
                     };
-                    if found.place != Place::Holder {
-                        entry.waited = true;
-                    }
                 }
                 // A refused count was answered and put nothing. Other errors leave the entry
                 // as it may be: an unanswered put may still land, and clean-up must know.
@@ -273,8 +283,7 @@ impl EtcdBackend {
                 }
                 Err(_) => {}
             }
-            entry.waited
-        };
+        }
         let found = found?;
         if found.place != Place::Holder {
             let mut contention = Contention::new();
@@ -291,7 +300,7 @@ impl EtcdBackend {
                 "the session was lost while acquiring; the next attempt starts a new one",
             ));
         }
-        if waited {
+        if found.behind {
             self.touch(request, &session, &own, found.own_revision)
                 .await?;
         }
@@ -344,8 +353,11 @@ impl EtcdBackend {
             if let Some(own_revision) = known {
                 // The own key is normally there after a wait: reads alone decide, without a
                 // raft write.
-                let txn =
-                    Txn::new().and_then([TxnOp::get(own, None), layout.ahead_of(own_revision)]);
+                let txn = Txn::new().and_then([
+                    TxnOp::get(own, None),
+                    layout.ahead_of(own_revision),
+                    layout.behind(own_revision),
+                ]);
                 let response = self.send_attempt(session, &txn, false).await?;
                 let revision = response.header().map_or(0, |h| h.revision());
                 let mut reads = reads_of(response).into_iter();
@@ -365,9 +377,11 @@ impl EtcdBackend {
                     }
                     Some(_) => {
                         let ahead = reads.next().unwrap_or_default();
+                        let behind = reads.next().is_some_and(|kvs| !kvs.is_empty());
                         return Ok(Found {
                             own_revision,
                             place: Place::of(&ahead, layout.permits),
+                            behind,
                             revision,
                         });
                     }
@@ -402,6 +416,7 @@ impl EtcdBackend {
                 return Ok(Found {
                     own_revision: revision,
                     place: Place::of(&ahead, layout.permits),
+                    behind: false,
                     revision,
                 });
             }
@@ -459,7 +474,6 @@ impl EtcdBackend {
             return Err(abandoned());
         };
         if response.succeeded() {
-            entry.waited = false;
             return Ok(());
         }
         entry.create_revision = None;

@@ -1,6 +1,8 @@
 //! The etcd backend's sessions: one lease per distinct TTL, kept alive in the background,
 //! and the token every grant on it carries, cancelled when the lease is lost.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -8,6 +10,7 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use lockkit_core::Result;
 use lockkit_core::backend::cleanup::Ledger;
 use lockkit_core::backend::{Backoff, CancellationToken, runtime};
+use tokio::sync::Mutex as AsyncMutex;
 
 use crate::backend::{EtcdBackend, MIN_TTL_SECS};
 use crate::error;
@@ -187,6 +190,63 @@ async fn renew_once(
     }
 }
 
+/// The backend's sessions, one per TTL in whole seconds. The table is locked only to look a
+/// TTL's slot up; a slot is locked across the grant of its session, so a grant that hangs (a
+/// partitioned member, up to the request timeout) holds up only the acquisitions of its TTL.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    slots: StdMutex<HashMap<i64, Slot>>,
+}
+
+/// One TTL's session, if it has one.
+type Slot = Arc<AsyncMutex<Option<Arc<Session>>>>;
+
+impl Sessions {
+    fn slot(&self, secs: i64) -> Slot {
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(secs)
+            .or_default()
+            .clone()
+    }
+
+    /// The live session of `secs`, started by `start` if there is none.
+    pub(crate) async fn get_or_start<F, Fut>(&self, secs: i64, start: F) -> Result<Arc<Session>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Arc<Session>>>,
+    {
+        let slot = self.slot(secs);
+        let mut current = slot.lock().await;
+        if let Some(session) = current.as_ref()
+            && session.is_alive()
+        {
+            return Ok(session.clone());
+        }
+        let session = start().await?;
+        *current = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Takes every session out, waiting for a grant in flight (bounded by its request
+    /// timeout), so that none is left out.
+    pub(crate) async fn drain(&self) -> Vec<Arc<Session>> {
+        let slots: Vec<Slot> = self
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(_, slot)| slot)
+            .collect();
+        let mut sessions = Vec::with_capacity(slots.len());
+        for slot in slots {
+            sessions.extend(slot.lock().await.take());
+        }
+        sessions
+    }
+}
+
 impl EtcdBackend {
     /// The live session for `ttl`, starting one if there is none.
     pub(crate) async fn session_for(&self, ttl: Duration) -> Result<Arc<Session>> {
@@ -194,15 +254,10 @@ impl EtcdBackend {
         let secs = i64::try_from(whole_secs)
             .unwrap_or(i64::MAX)
             .max(MIN_TTL_SECS);
-        let mut sessions = self.inner.sessions.lock().await;
-        if let Some(session) = sessions.get(&secs)
-            && session.is_alive()
-        {
-            return Ok(session.clone());
-        }
-        let session = self.start_session(secs).await?;
-        sessions.insert(secs, session.clone());
-        Ok(session)
+        self.inner
+            .sessions
+            .get_or_start(secs, || self.start_session(secs))
+            .await
     }
 
     async fn start_session(&self, secs: i64) -> Result<Arc<Session>> {
@@ -235,5 +290,48 @@ impl EtcdBackend {
         );
         tracing::debug!(lease = %format_args!("{:016x}", session.lease_id), ?ttl, "etcd session started");
         Ok(session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(lease_id: i64) -> Arc<Session> {
+        Arc::new(Session {
+            lease_id,
+            ttl: Duration::from_secs(5),
+            lost: CancellationToken::new(),
+            expires_at: StdMutex::new(Instant::now() + Duration::from_secs(5)),
+            ledger: Arc::new(Ledger::new()),
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_grant_that_hangs_holds_up_only_its_own_ttl() {
+        let sessions = Arc::new(Sessions::default());
+        let hanging = {
+            let sessions = sessions.clone();
+            tokio::spawn(async move {
+                sessions
+                    .get_or_start(7, std::future::pending::<Result<Arc<Session>>>)
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let other = tokio::time::timeout(
+            Duration::from_millis(500),
+            sessions.get_or_start(5, || async { Ok(session(5)) }),
+        )
+        .await
+        .expect("a session of another TTL waited for the hanging grant")
+        .expect("granted");
+        assert_eq!(other.lease_id, 5);
+        let again = sessions
+            .get_or_start(5, || async { Ok(session(6)) })
+            .await
+            .expect("the live session");
+        assert_eq!(again.lease_id, 5, "a live session is kept");
+        hanging.abort();
     }
 }

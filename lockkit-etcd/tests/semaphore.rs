@@ -578,3 +578,62 @@ async fn holder_process() {
     tokio::time::sleep(Duration::from_secs(300)).await;
     drop(permits);
 }
+
+/// A waiter whose first put landed but whose reply was lost adopts its key on a later attempt;
+/// when that attempt finds it holding, with a waiter queued behind it, it still tells that
+/// waiter (touches its key), so the waiter learns it is now first in line and takes the next
+/// permit freed, instead of sleeping with a permit free until the adopter releases.
+#[tokio::test]
+async fn a_waiter_whose_first_reply_was_lost_still_wakes_the_waiter_behind_it() {
+    let Some(mut config) = support::cluster_config().await else {
+        return;
+    };
+    let ns = support::namespace("sem-lost-reply");
+    let admin = EtcdBackend::connect(config.clone()).await.expect("connect");
+    let holders = client(&config, &ns).await;
+    let pool = holders.semaphore("lost", 2).expect("semaphore");
+    let h1 = pool.acquire().await.expect("first permit");
+    let h2 = pool.acquire().await.expect("second permit");
+    config.request_timeout = Duration::from_secs(1);
+    let (adopter, proxy) = proxied_client(&config, &ns).await;
+    // Its session exists before its replies are lost: only the put's reply is.
+    let warm = adopter.mutex("warm").unwrap().lock().await.expect("a lock");
+    assert!(warm.release().await.expect("release"));
+    proxy.set(Direction::Replies, Fault::Drop);
+    let adopting = {
+        let semaphore = adopter.semaphore("lost", 2).expect("semaphore");
+        tokio::spawn(async move { semaphore.acquire_timeout(PATIENCE).await })
+    };
+    support::until_keys(&admin, &ns, 3, PATIENCE).await;
+    let (sender, mut granted) = mpsc::unbounded_channel();
+    let behind = client(&config, &ns).await;
+    queue_waiter(
+        &admin,
+        &ns,
+        4,
+        0,
+        behind.semaphore("lost", 2).unwrap(),
+        &sender,
+    )
+    .await;
+    // The adopter holds on the server now; it learns so once its replies come back.
+    assert!(h1.release().await.expect("release"));
+    proxy.heal();
+    proxy.reset();
+    let adopted = tokio::time::timeout(PATIENCE, adopting)
+        .await
+        .expect("the adopter was not granted")
+        .expect("the adopter panicked")
+        .expect("the adopter's permit");
+    assert!(h2.release().await.expect("release"));
+    let next = match tokio::time::timeout(Duration::from_secs(3), granted.recv()).await {
+        Ok(Some((_, permit))) => permit,
+        Ok(None) => panic!("the waiter is gone"),
+        Err(_) => panic!(
+            "the waiter behind the adopter slept with a permit free: it was not told the adopter holds"
+        ),
+    };
+    assert!(next.release().await.expect("release"));
+    assert!(adopted.release().await.expect("release"));
+    support::expect_no_keys(&admin, &ns, PATIENCE).await;
+}
