@@ -238,6 +238,12 @@ fn bad_input_and_unreachable_servers_have_their_exit_codes() {
     assert!(started.elapsed() < Duration::from_secs(5));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["exit_code"], 69);
+    let error = report["error"].as_str().unwrap_or_default();
+    assert_eq!(
+        error.matches("Connection refused").count(),
+        1,
+        "the cause is named once: {error}"
+    );
 
     let out = env
         .lockkit()

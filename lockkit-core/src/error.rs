@@ -173,15 +173,21 @@ impl fmt::Display for Error {
 
 struct Chain<'a>(&'a Error);
 
+/// The error and each cause once: a cause whose text was already printed (a client error
+/// that repeats the I/O error it wraps, a message that quotes its source) is left out.
 impl fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut printed = self.0.to_string();
         let mut source = std::error::Error::source(self.0);
         while let Some(cause) = source {
-            write!(f, ": {cause}")?;
+            let text = cause.to_string();
+            if !text.is_empty() && !printed.contains(&text) {
+                printed.push_str(": ");
+                printed.push_str(&text);
+            }
             source = cause.source();
         }
-        Ok(())
+        f.write_str(&printed)
     }
 }
 
@@ -233,6 +239,32 @@ mod tests {
             e.display_chain().to_string(),
             "redis: backend unavailable: connect failed: connection refused"
         );
+    }
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        /// A client error that shows the I/O error it wraps, and is its own source's parent.
+        #[derive(Debug)]
+        struct Wrapping(std::io::Error);
+        impl fmt::Display for Wrapping {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+        impl std::error::Error for Wrapping {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = || std::io::Error::other("Connection refused (os error 111)");
+        let e = Error::new(
+            ErrorKind::Unavailable,
+            "redis",
+            format!("connecting: {}", refused()),
+        )
+        .with_source(Wrapping(refused()));
+        let chain = e.display_chain().to_string();
+        assert_eq!(chain.matches("Connection refused").count(), 1, "{chain}");
     }
 
     #[test]
