@@ -35,7 +35,6 @@ pub mod queue;
 mod recording;
 mod rwlock;
 mod scenarios;
-mod scripted;
 mod secrets;
 pub mod sections;
 mod semaphore;
@@ -56,7 +55,6 @@ use crate::options::LockOptions;
 pub use recording::{Call, Recording, Tick};
 pub use scenarios::SCENARIOS;
 pub use scenarios::waiters_are_granted_across_a_server_restart;
-pub use scripted::Scripted;
 pub use secrets::{
     TraceCapture, assert_no_secret, assert_nothing_shown, exercise, owner_token_spellings,
     secret_spellings,

@@ -1,7 +1,10 @@
 //! [`Recording`]: a backend that passes every call on to another and records it, for tests
 //! that check what the core asks of a backend (how often, for whom, in what batches), and for
-//! benchmarks that time the renewal ticks.
+//! benchmarks that time the renewal ticks. A test can also script what the inner backend
+//! answers (grants that say they have little validity left, renewals that fail), so that the
+//! conformance scenarios of the validity floor run over every backend.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -9,9 +12,10 @@ use async_trait::async_trait;
 
 use crate::backend::{
     AcquireRequest, Attempt, Contention, Grant, Leader, Lease, LockBackend, LockPage, OwnerToken,
-    Renewal, SharedBackend,
+    Renewal, SharedBackend, clock_drift,
 };
-use crate::{Capabilities, LockInfo, LockKey, Result, Tier};
+use crate::error::{Error, ErrorKind};
+use crate::{Capabilities, LockInfo, LockKey, LockOptions, Result, Tier};
 
 /// One call that reached the backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,12 +46,19 @@ pub struct Tick {
     pub first_error: Option<String>,
 }
 
-/// Passes every call on to `inner`, unchanged, and records it.
+/// Passes every call on to `inner` and records it; unchanged, except what a test scripts:
+/// - with [`Recording::shorten_grants`], every grant (of an attempt or of a wait) comes back
+///   saying it is valid for a twentieth of what the backend can promise, plus the clock
+///   drift the default options take off: a grant that arrived late, as after a failover or
+///   on a descheduled process (the grant on the server is untouched);
+/// - with [`Recording::fail_renewals`], the next renewals fail with a retryable error.
 #[derive(Debug)]
 pub struct Recording {
     inner: SharedBackend,
     calls: Mutex<Vec<Call>>,
     ticks: Mutex<Vec<Tick>>,
+    short: AtomicBool,
+    failing_renewals: AtomicUsize,
 }
 
 impl Recording {
@@ -57,7 +68,56 @@ impl Recording {
             inner,
             calls: Mutex::new(Vec::new()),
             ticks: Mutex::new(Vec::new()),
+            short: AtomicBool::new(false),
+            failing_renewals: AtomicUsize::new(0),
         }
+    }
+
+    /// Makes every grant from now on say it has little validity left (or stops it).
+    pub fn shorten_grants(&self, short: bool) {
+        self.short.store(short, Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` renewals (each lease of a `renew_many` counts) fail.
+    pub fn fail_renewals(&self, n: usize) {
+        self.failing_renewals.store(n, Ordering::SeqCst);
+    }
+
+    /// The validity a shortened grant of `ttl` says it has: a twentieth of the promise,
+    /// plus the drift the default options take off, so that half the floor is left.
+    pub fn short_validity(&self, ttl: Duration) -> Duration {
+        let drift = clock_drift(ttl, LockOptions::default().clock_drift_factor);
+        self.inner.max_validity(ttl) / 20 + drift
+    }
+
+    /// How many leases were renewed (by `renew` or in a `renew_many`).
+    pub fn renewals(&self) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c.method == "renew" || c.method == "renew_many")
+            .map(|c| c.leases)
+            .sum()
+    }
+
+    fn scripted(&self, mut grant: Grant, ttl: Duration) -> Grant {
+        if self.short.load(Ordering::SeqCst) {
+            grant.valid_for = grant.valid_for.min(self.short_validity(ttl));
+        }
+        grant
+    }
+
+    /// Whether this renewal is scripted to fail.
+    fn failing_renewal(&self) -> Option<Error> {
+        self.failing_renewals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    self.inner.name(),
+                    "a scripted renewal failure",
+                )
+            })
     }
 
     /// Every call so far, in order.
@@ -113,7 +173,10 @@ impl LockBackend for Recording {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         self.record("try_acquire", Some(&request.owner), 0);
-        self.inner.try_acquire(request).await
+        Ok(match self.inner.try_acquire(request).await? {
+            Attempt::Granted(grant) => Attempt::Granted(self.scripted(grant, request.ttl)),
+            contended => contended,
+        })
     }
 
     async fn wait_for_change(
@@ -123,9 +186,11 @@ impl LockBackend for Recording {
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
         self.record("wait_for_change", Some(&request.owner), 0);
-        self.inner
+        let grant = self
+            .inner
             .wait_for_change(request, contention, max_wait)
-            .await
+            .await?;
+        Ok(grant.map(|grant| self.scripted(grant, request.ttl)))
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
@@ -135,13 +200,22 @@ impl LockBackend for Recording {
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
         self.record("renew", Some(lease.owner()), 1);
+        if let Some(failure) = self.failing_renewal() {
+            return Err(failure);
+        }
         self.inner.renew(lease).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         self.record("renew_many", None, leases.len());
+        let failures: Vec<Option<Error>> = leases.iter().map(|_| self.failing_renewal()).collect();
         let at = Instant::now();
-        let answers = self.inner.renew_many(leases).await;
+        let mut answers = self.inner.renew_many(leases).await;
+        for (answer, failure) in answers.iter_mut().zip(failures) {
+            if let Some(failure) = failure {
+                *answer = Err(failure);
+            }
+        }
         let tick = Tick {
             at,
             leases: leases.len(),

@@ -1,7 +1,7 @@
 //! The conformance scenarios of the validity floor: no guard of any primitive, on any path,
 //! is handed out with less than a tenth of what the backend can promise left.
 //!
-//! A [`Scripted`] backend over the harness's makes grants say they arrived with half the
+//! A [`Recording`] over the harness's backend makes grants say they arrived with half the
 //! floor left (as after a failover, or on a descheduled process): each must be confirmed by
 //! a renewal or given back, never handed out as it came. Without the script, a reentrant
 //! share and the earlier parts of a `lock_all` run down on their own (no auto-renewal).
@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::election::election;
+use super::recording::Recording;
 use super::rwlock::rwlock;
 use super::scenarios::{expect_no_leftovers, namespace, options, patience};
-use super::scripted::Scripted;
 use super::semaphore::semaphore;
 use super::{Failure, Harness, Outcome};
 use crate::client::LockClient;
@@ -20,15 +20,15 @@ use crate::guard::MutexGuard;
 use crate::options::LockOptions;
 use crate::owner::LockOwner;
 
-/// A client of `ns` over a [`Scripted`] wrapping a new client's backend (kept too: its
-/// session lives as long as it does).
+/// A client of `ns` over a [`Recording`] wrapping a new client's backend (kept too: its
+/// session lives as long as it does), for scripting.
 async fn scripted_client(
     h: &dyn Harness,
     ns: &str,
     options: LockOptions,
-) -> Result<(LockClient, Arc<Scripted>, LockClient), Failure> {
+) -> Result<(LockClient, Arc<Recording>, LockClient), Failure> {
     let real = h.client(ns, options.clone()).await?;
-    let scripted = Arc::new(Scripted::new(real.backend().clone()));
+    let scripted = Arc::new(Recording::new(real.backend().clone()));
     let client = LockClient::with_options(scripted.clone(), ns, options)?;
     Ok((client, scripted, real))
 }
@@ -177,7 +177,7 @@ pub(super) async fn a_short_grant_that_cannot_be_confirmed_is_given_back_and_tak
     let guard = client.mutex("m")?.lock_timeout(patience(h)).await?;
     useful(&client, &guard, "lock() after a failed confirmation")?;
     ensure!(
-        scripted.abandons() >= 1,
+        scripted.count("abandon") >= 1,
         "the grant whose confirmation failed was not given back"
     );
     guard.release().await?;
