@@ -52,7 +52,7 @@
 //! Redlock's hand-over is measured in the module docs of `redlock/wait.rs`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -266,6 +266,9 @@ pub(crate) struct Handover {
     /// How many attempts the waiter made: each queues it under its digest and this number,
     /// which the hand-over's announcement repeats.
     attempt: AtomicU64,
+    /// The waiter's last attempt reached too few nodes for a majority: until one does, its
+    /// attempts do not queue (see Redlock's `attempt.rs`).
+    cut_off: AtomicBool,
 }
 
 impl Default for Handover {
@@ -280,6 +283,7 @@ impl Default for Handover {
             tokens: StdMutex::default(),
             turn,
             attempt: AtomicU64::new(0),
+            cut_off: AtomicBool::new(false),
         }
     }
 }
@@ -288,6 +292,16 @@ impl Handover {
     /// The waiter's turn in the queues of Redlock's nodes.
     pub(crate) fn turn(&self) -> u64 {
         self.turn
+    }
+
+    /// Whether the waiter's last attempt reached too few nodes for a majority.
+    pub(crate) fn is_cut_off(&self) -> bool {
+        self.cut_off.load(Ordering::SeqCst)
+    }
+
+    /// Records whether the waiter's last attempt reached too few nodes for a majority.
+    pub(crate) fn set_cut_off(&self, cut_off: bool) {
+        self.cut_off.store(cut_off, Ordering::SeqCst);
     }
 
     /// Starts a new attempt, and returns the name it queues under, `digest/attempt`: only a

@@ -227,3 +227,76 @@ async fn a_waiter_dropped_while_its_rollbacks_are_held_back_leaves_nothing_after
     );
     assert!(guard.release().await.unwrap());
 }
+
+/// A client of `namespace` whose nodes `cut` are reached through proxies that blackhole
+/// everything (the proxies are returned: dropping them ends the fault).
+async fn partly_cut_off(
+    config: &RedlockConfig,
+    namespace: &str,
+    cut: std::ops::Range<usize>,
+    options: LockOptions,
+) -> (LockClient, Vec<FaultProxy>) {
+    let mut through = config.clone();
+    through.node_timeout = Duration::from_millis(300);
+    let mut proxies = Vec::new();
+    for slot in &mut through.nodes[cut] {
+        let proxy = FaultProxy::start(std::slice::from_ref(slot)).await.unwrap();
+        *slot = proxy.hosts()[0].clone();
+        proxies.push(proxy);
+    }
+    // Connected while every node answers (a connect needs a majority), then cut off.
+    let backend = RedlockBackend::connect(through).await.unwrap();
+    for proxy in &proxies {
+        proxy.set(Direction::Both, Fault::Blackhole);
+        proxy.reset();
+    }
+    let locks = LockClient::with_options(Arc::new(backend), namespace, options).unwrap();
+    (locks, proxies)
+}
+
+/// A waiter cut off from three of five nodes (a partition) cannot win, and must not keep the
+/// two it still reaches: if its failed attempts queued it and its rollbacks put it back at
+/// its turn, every release would hand those two nodes back to it, and everyone else would
+/// need all of the other three (no fault tolerance left). With one more node down for
+/// another waiter, that waiter must still get the lock on the four it reaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_off_from_three_nodes_does_not_pin_the_other_two() {
+    let Some(harness) = common::redlock().await else {
+        return;
+    };
+    let common::Topology::Redlock(config) = &harness.topology else {
+        panic!("the redlock harness runs on Redlock");
+    };
+    assert_eq!(config.nodes.len(), 5, "this test needs five nodes");
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let options = LockOptions::default()
+        .with_ttl(Duration::from_secs(2))
+        .with_error_budget(Duration::from_secs(60));
+    let holder = LockClient::with_options(
+        Arc::new(RedlockBackend::connect(config.clone()).await.unwrap()),
+        &namespace,
+        options.clone(),
+    )
+    .unwrap();
+    let held = holder.mutex("pinned").unwrap().lock().await.unwrap();
+    let (cut_off, _cut) = partly_cut_off(config, &namespace, 2..5, options.clone()).await;
+    let pinning = {
+        let mutex = cut_off.mutex("pinned").unwrap();
+        tokio::spawn(async move { mutex.lock().await })
+    };
+    // Let the cut-off waiter queue (and fail) a few times first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (other, _down) = partly_cut_off(config, &namespace, 4..5, options).await;
+    let waiting = {
+        let mutex = other.mutex("pinned").unwrap();
+        tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(8)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(held.release().await.unwrap());
+    let granted = waiting
+        .await
+        .unwrap()
+        .expect("the waiter that reaches four nodes was not granted: the cut-off one kept two");
+    assert!(granted.release().await.unwrap());
+    pinning.abort();
+}

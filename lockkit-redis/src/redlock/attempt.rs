@@ -49,18 +49,22 @@
 //! A waiting acquisition's attempt also queues it on every node, at its turn (see `wait.rs`):
 //! a free node grants only the first waiter of its queue, so later arrivals cannot take the
 //! lock from a waiter, and a release hands each node's key over directly. A queued waiter's
-//! rollback keeps its place: each node gives the key to whoever is first there, the waiter
-//! again if nobody came before it (rolling it out of some nodes' queues let them hand the
+//! rollback keeps its place, unless the attempt reached too few nodes for a majority: each
+//! node gives the key to whoever is first there, the waiter again if nobody came before it (rolling it out of some nodes' queues let them hand the
 //! key to later waiters, whose minorities then blocked everyone until entries lapsed: of
 //! eight W2 runs of that version, one made 160 increments/s and one stalled past 30 s). A
-//! `try_lock` neither queues nor keeps anything.
+//! `try_lock` neither queues nor keeps anything. A waiter cut off from a majority (its
+//! attempt failed on so many nodes that no majority could answer) would keep the nodes it
+//! still reaches for itself, their keys handed back to it by every release, so that the
+//! others would need every remaining node: its rollback leaves those queues, and its attempts
+//! do not queue until one reaches a majority again (its turn is kept for then).
 //!
 //! (Before the queues, an earlier version of these docs argued that hand-overs could not
 //! pay on N independent nodes: the queues would disagree and each split would cost a
 //! rollback. Ordering every node's queue by the same turn is what makes them agree; the
 //! splits that remain resolve in favour of the earliest turn.)
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
@@ -203,7 +207,9 @@ impl RedlockBackend {
             .as_ref()
             .map(|handover| handover.attempting(&digest));
         let slots = Arc::new(StdMutex::new(vec![Slot::Pending; self.nodes.len()]));
-        let (queue, inbox, turn) = match &handover {
+        // A waiter cut off from a majority does not queue (see the module docs).
+        let queues = handover.as_ref().filter(|handover| !handover.is_cut_off());
+        let (queue, inbox, turn) = match queues {
             Some(handover) => (
                 "1".to_owned(),
                 self.inbox.name().to_owned(),
@@ -212,31 +218,43 @@ impl RedlockBackend {
             None => (String::new(), String::new(), String::new()),
         };
         let queued_as = queued_as.unwrap_or_default();
-        // A queued waiter's rollback keeps its place: the keys go to whoever is first in
-        // each node's queue, itself again if nobody came before it.
-        let mut rollback_args = self.release_args(&request.owner);
-        if handover.is_some() {
-            rollback_args.extend([
+        // A queued waiter's rollback keeps its place (`keep`): the keys go to whoever is
+        // first in each node's queue, itself again if nobody came before it. One that
+        // reached too few nodes leaves the queue instead (`leave`).
+        let leave_args = self.release_args(&request.owner);
+        let mut keep_args = leave_args.clone();
+        if queues.is_some() {
+            keep_args.extend([
                 millis(request.ttl).to_string(),
                 queued_as.clone(),
                 inbox.clone(),
                 turn.clone(),
             ]);
         }
-        let rollback = Arc::new(fanout::invocation(
-            &scripts::classic().release,
-            &keys.release()[..4],
-            &rollback_args,
-        ));
+        let rollback = |args: &[String]| {
+            Arc::new(fanout::invocation(
+                &scripts::classic().release,
+                &keys.release()[..4],
+                args,
+            ))
+        };
+        let (keep, leave) = (rollback(&keep_args), rollback(&leave_args));
+        let cut_off = Arc::new(AtomicBool::new(false));
         let follow_up: FollowUp = {
-            let slots = slots.clone();
+            let (slots, cut_off) = (slots.clone(), cut_off.clone());
             Arc::new(move |i, reply| {
                 let may_hold = may_hold(reply);
                 let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
                 match slots[i] {
                     // The attempt gave up before this node answered: its key, if it got one,
                     // goes now, in the same lane slot.
-                    Slot::Lost => may_hold.then(|| rollback.clone()),
+                    Slot::Lost => may_hold.then(|| {
+                        if cut_off.load(Ordering::SeqCst) {
+                            leave.clone()
+                        } else {
+                            keep.clone()
+                        }
+                    }),
                     _ => {
                         slots[i] = Slot::Answered { may_hold };
                         None
@@ -267,6 +285,10 @@ impl RedlockBackend {
             )
             .await;
         let tally = Tally::of(&replies, quorum);
+        let unreachable = tally.unreachable();
+        if let Some(handover) = &handover {
+            handover.set_cut_off(unreachable);
+        }
         let tokens = tally.tokens();
         if let Some(token) = tokens
             .iter()
@@ -298,6 +320,9 @@ impl RedlockBackend {
         // silent roll back in their own lane slot once they answer (see `follow_up`).
         let answered_holding: Vec<usize> = {
             let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
+            // Under the slots' lock, so that a node that answers late rolls back as the
+            // answered ones do.
+            cut_off.store(unreachable, Ordering::SeqCst);
             slots
                 .iter_mut()
                 .enumerate()
@@ -311,8 +336,9 @@ impl RedlockBackend {
                 })
                 .collect()
         };
-        self.roll_back(request, &rollback_args, &answered_holding);
-        if tally.unreachable() {
+        let rollback_args = if unreachable { &leave_args } else { &keep_args };
+        self.roll_back(request, rollback_args, &answered_holding);
+        if unreachable {
             let got = tally.granted() + (0..replies.len()).filter(|i| tally.contended(*i)).count();
             return Err(self.quorum_error_of("acquiring", got, &tally.errors()));
         }
