@@ -68,6 +68,8 @@ use crate::scripts::{Keys, PubSub};
 /// A channel stays subscribed this long after its last waiter left, so that a waiter that
 /// retries and waits again finds it still subscribed.
 const LINGER: Duration = Duration::from_secs(2);
+/// How often a pub/sub connection that someone listens on is pinged (see `probe`).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// How long waiters poll instead of subscribing after a server refused a subscription.
 const POLL_AFTER_REFUSAL: Duration = Duration::from_secs(30);
@@ -147,6 +149,8 @@ struct Inner {
     recovering: std::sync::atomic::AtomicBool,
     /// How many disconnections the pub/sub connection had.
     disconnections: AtomicU64,
+    /// How many pushes arrived: a connection that delivers them needs no probe.
+    heard: AtomicU64,
 }
 
 /// The inbox of a backend's waiters: the channel the grants handed over to them are
@@ -407,6 +411,7 @@ impl Notifier {
                 changes: tokio::sync::Mutex::new(()),
                 recovering: std::sync::atomic::AtomicBool::new(false),
                 disconnections: AtomicU64::new(0),
+                heard: AtomicU64::new(0),
             }),
         }
     }
@@ -599,8 +604,16 @@ impl Inner {
         let connection = self.dialer.pubsub(self.info.clone(), pushes)?;
         let generation = self.generation.load(Ordering::SeqCst);
         lockkit_core::backend::runtime::spawn(dispatch(Arc::downgrade(self), received, generation));
+        lockkit_core::backend::runtime::spawn(probe(Arc::downgrade(self), generation));
         *current = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// Whether anyone listens: a channel with waiters, or a queued waiter expecting a
+    /// hand-over on the inbox.
+    fn listened_to(&self) -> bool {
+        self.channels().values().any(|entry| entry.waiters > 0)
+            || !self.inbox.expecting().is_empty()
     }
 
     /// `SSUBSCRIBE` or `SUNSUBSCRIBE` of one shard channel, whose confirmation is the
@@ -867,6 +880,7 @@ async fn dispatch(
         if inner.generation.load(Ordering::SeqCst) != generation {
             return;
         }
+        inner.heard.fetch_add(1, Ordering::Relaxed);
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
                 if let Some(channel) = channel_of(&push) {
@@ -939,6 +953,36 @@ async fn recover(inner: std::sync::Weak<Inner>) {
         }
         drop(this);
         tokio::time::sleep(delay.next_delay()).await;
+    }
+}
+
+/// Pings the pub/sub connection of `generation` every [`PROBE_EVERY`] while anyone listens
+/// on it, and starts over (as after a disconnection: every waiter retries, and the waiters
+/// subscribe again on a new connection) when a ping is not answered within the response
+/// timeout. A half-open connection (a peer gone without a reset, a dead link) delivers no
+/// message and no disconnection: without the probe every hand-over would fall back to its
+/// waiter's timer. An idle connection is not probed, nor one that delivered a push since the
+/// last look (it is alive).
+async fn probe(inner: std::sync::Weak<Inner>, generation: u64) {
+    let mut heard = 0;
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let Some(this) = inner.upgrade() else {
+            return;
+        };
+        if this.generation.load(Ordering::SeqCst) != generation {
+            return;
+        }
+        let now_heard = this.heard.load(Ordering::Relaxed);
+        let alive = std::mem::replace(&mut heard, now_heard) != now_heard;
+        if alive || !this.listened_to() || this.reconnected().await {
+            continue;
+        }
+        if this.generation.load(Ordering::SeqCst) == generation {
+            tracing::debug!("the pub/sub connection did not answer a ping: starting over");
+            this.start_over();
+        }
+        return;
     }
 }
 

@@ -193,3 +193,75 @@ async fn the_pubsub_connection_comes_back_after_the_reconnect_tries_failed() {
         granted.duration_since(released)
     );
 }
+
+/// The waiter's pub/sub connection goes half-open (its server side is gone, and nothing
+/// tells the client: the link went dead while the server closed it): no message and no
+/// disconnection arrive on it. The connection's periodic ping finds it out within seconds, and
+/// the waiter is woken and granted then, not by its timer half a minute later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_lost_on_a_half_open_pubsub_connection_arrives_by_the_probe() {
+    use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
+    let Some(server) = PrivateRedis::start(&[]) else {
+        return;
+    };
+    let namespace = format!("lk-test-{:08x}", rand::random::<u32>());
+    let config = RedisConfig::from_url(&server.url()).unwrap();
+    let proxy = FaultProxy::start(&config.hosts).await.unwrap();
+    let mut through = config.clone();
+    through.hosts = proxy.hosts();
+    through.response_timeout = Duration::from_secs(1);
+    let ttl = Duration::from_secs(60);
+    // A cap far above the bound below: a waiter woken by it was not woken by the probe.
+    let cap = Duration::from_secs(30);
+    let holder = LockClient::with_options(
+        Arc::new(RedisBackend::connect(config).await.unwrap()),
+        &namespace,
+        LockOptions::default().with_ttl(ttl),
+    )
+    .unwrap();
+    let held = holder.mutex("k").unwrap().lock().await.unwrap();
+    let waiters = LockClient::with_options(
+        Arc::new(RedisBackend::connect(through).await.unwrap()),
+        &namespace,
+        LockOptions::default()
+            .with_ttl(ttl)
+            .with_backoff(Duration::from_millis(5), cap),
+    )
+    .unwrap();
+    let mutex = waiters.mutex("k").unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = mutex.lock().await.unwrap();
+        let granted = Instant::now();
+        guard.release().await.unwrap();
+        granted
+    });
+    let by = Instant::now() + Duration::from_secs(10);
+    while listening_inboxes(&server.addr()).await < 1 {
+        assert!(Instant::now() < by, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The server closes the waiter's pub/sub connection while the link is dead: the proxy
+    // keeps the client's side open and tells it nothing.
+    proxy.set(Direction::Both, Fault::Blackhole);
+    let mut admin = common::connect(&server.addr()).await.unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the waiter's pub/sub connection was not there");
+    proxy.heal();
+    let released = Instant::now();
+    assert!(held.release().await.unwrap());
+    let granted = tokio::time::timeout(cap, waiter)
+        .await
+        .expect("the waiter slept through the release")
+        .unwrap();
+    assert!(
+        granted.duration_since(released) < Duration::from_secs(6),
+        "the waiter was granted {:?} after the release: by its timer, not the probe",
+        granted.duration_since(released)
+    );
+}
