@@ -4,65 +4,33 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
-    SortOrder, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Certificate, Client, ConnectOptions, GetOptions, Identity, SortOrder, TlsOptions, Txn, TxnOp,
+    TxnResponse,
 };
 use lockkit_core::backend::cleanup::{Acquisitions, Sweeps};
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, CancellationToken, Contention, Grant, Hold, Lease, LockBackend,
-    LockPage, OwnerToken, Renewal, lease_of, runtime,
+    AcquireRequest, Attempt, CancellationToken, Contention, Grant, Lease, LockBackend, LockPage,
+    OwnerToken, Renewal, lease_of, runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, Leader, LockInfo, LockKey, MutexGuard,
     Result, Support, Tier, WaitStrategy,
 };
 
-use crate::cleanup::Entry;
+use crate::cleanup::Pending;
 use crate::config::EtcdConfig;
-use crate::error::{self, NAME};
-use crate::naming::{KeyNames, SEMAPHORES, by_create, owner_of, token_of};
-use crate::session::{Session, Sessions};
+use crate::error::{self, BACKEND};
+use crate::naming::{KeyNames, RWLOCKS, SEMAPHORES, by_create, token_of};
+use crate::request::{held_by, txn_of};
+use crate::session::Sessions;
 
 /// etcd raises shorter lease TTLs to this.
 pub(crate) const MIN_TTL_SECS: i64 = 2;
-/// etcd's default `--max-txn-ops`: the most operations one transaction may carry.
-const MAX_TXN_OPS: usize = 128;
-/// The pause before sending a request again.
-const RESEND_PAUSE: Duration = Duration::from_millis(10);
-
-/// Which failures of a request [`EtcdBackend::send`] sends it again after.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Resend {
-    /// Only a failure before it reached any member: a request that may not be applied twice.
-    IfNeverSent,
-    /// Any failure a retry can cure (a broken connection, a member without a leader): a
-    /// read, or a write whose guard makes a second application a no-op.
-    IfRetryable,
-}
-
-impl Resend {
-    fn allows(self, error: &etcd_client::Error) -> bool {
-        match self {
-            Resend::IfNeverSent => error::never_sent(error),
-            Resend::IfRetryable => error::kind(error) == ErrorKind::Unavailable,
-        }
-    }
-}
-
-/// What [`EtcdBackend::send`] got.
-pub(crate) struct Sent<T> {
-    /// The last send's answer.
-    pub(crate) answer: Result<T, etcd_client::Error>,
-    /// A send before the last failed in a way that may have left it applied.
-    pub(crate) resent: bool,
-}
-
 /// A lock backend over an etcd cluster (tier [`Tier::Consensus`]).
 ///
 /// # Algorithm
@@ -78,8 +46,10 @@ pub(crate) struct Sent<T> {
 ///   same revision who holds the lock: the key with the lowest create revision under
 ///   `<prefix>/<namespace>/<name>/`. Right after the put, the newest two keys tell it (the
 ///   own key holds the lock if no key precedes it; otherwise that key is the predecessor); a
-///   later attempt reads the own key, the lowest key and the predecessor. `try_lock` puts
-///   only when no key exists, so contention leaves nothing behind. `<n>` is the lowest number
+///   later attempt reads the own key and its predecessor, without a write. `try_lock` puts
+///   only when no key exists, so contention leaves nothing behind. One attempt serves every
+///   kind of grant (`acquire.rs`): the mutex, the permit and the read and write locks differ
+///   only in where their keys queue and which keys keep them out. `<n>` is the lowest number
 ///   the client's other acquisitions of the lock do not use, so a client reuses one name
 ///   (etcd keeps every key name in its index until a compaction).
 /// - **Wait**: watch only the immediate predecessor's key for its deletion, from the revision
@@ -93,12 +63,14 @@ pub(crate) struct Sent<T> {
 ///   owner token's digest (abandon) still match. A delete that fails is retried in the background
 ///   while the session lives, since the shared lease would otherwise keep the key forever.
 /// - **Attempts cancelled in flight**: their put may land after the clean-up (it deletes
-///   the key at once, after 50 ms, 500 ms and two request timeouts). Once an attempt of a
-///   session went unanswered, the keys on its lease that no acquisition uses are deleted
-///   every session TTL, so such a late key holds the lock **at most one session TTL plus a
-///   request timeout** after it lands, never for as long as the process lives. (Under RBAC
-///   this needs permission to ask for the lease's keys; without it the sweep logs a warning
-///   and the bound is the process's lifetime, as before.)
+///   the key at once, after 50 ms, 500 ms and two request timeouts), held up on a slow link.
+///   Every put also compares the session's epoch key (`<prefix>/../sessions/<lease-hex>`);
+///   once an attempt of a session went unanswered, the session's clean-up writes that key,
+///   so no put sent before can land any more, then deletes the keys on its lease that no
+///   acquisition uses (a put that landed before), and stops until the next unanswered
+///   attempt. A late key never holds the lock for as long as the process lives, and a session
+///   whose attempts are answered costs nothing. (Under RBAC the clean-up needs permission to
+///   ask for the lease's keys; without it, it logs a warning and retries.)
 /// - **Elections**: the election is the lock; the leader's value lives in its own key after
 ///   the owner digest, written by a transaction guarded on the key's create revision; the
 ///   leader is one range read of the lowest key; observers watch the leader's key (see the
@@ -124,7 +96,7 @@ pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
     pub(crate) sessions: Sessions,
-    pub(crate) entries: Acquisitions<Entry>,
+    pub(crate) pending: Acquisitions<Pending>,
     pub(crate) names: Arc<KeyNames>,
     pub(crate) shutdown: CancellationToken,
     /// The clean-up deletes left running in the background, for `idle`.
@@ -165,7 +137,7 @@ impl EtcdBackend {
                 client,
                 config,
                 sessions: Sessions::default(),
-                entries: Acquisitions::new(),
+                pending: Acquisitions::new(),
                 names: Arc::default(),
                 shutdown: CancellationToken::new(),
                 sweeps: Sweeps::new(),
@@ -210,6 +182,19 @@ impl EtcdBackend {
         )
     }
 
+    /// The etcd key range (`<prefix>/<namespace>/../rwlock/<name>/`) under which the readers
+    /// and the writers of the read-write lock `key` keep their keys, in a part per kind
+    /// (`read/`, `write/`). It is apart from the mutex and the semaphore of that name: no
+    /// lock name is `..`, and the semaphores are under `../semaphore/`.
+    pub fn rwlock_prefix(&self, key: &LockKey) -> String {
+        format!(
+            "{}/{}/{RWLOCKS}/{}/",
+            self.inner.config.prefix,
+            key.namespace(),
+            key.name()
+        )
+    }
+
     /// Runs `ops` in one transaction that applies only while `guard` still holds its lock:
     /// it compares the lock key's create revision with the guard's fencing token (which names
     /// the grant: a key put again under the same name has a new one). This is the fenced write
@@ -240,7 +225,7 @@ impl EtcdBackend {
         let Some(key) = lease.handle() else {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
-                NAME,
+                BACKEND,
                 "txn_if_held needs a lock granted by the etcd backend",
             ));
         };
@@ -249,7 +234,7 @@ impl EtcdBackend {
         if !response.succeeded() {
             return Err(Error::new(
                 ErrorKind::Lost,
-                NAME,
+                BACKEND,
                 format!(
                     "lock {} is no longer held; nothing was written",
                     lease.key()
@@ -284,146 +269,9 @@ impl EtcdBackend {
         outcome
     }
 
-    pub(crate) fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerToken, Entry>> {
-        self.inner.entries.lock()
+    pub(crate) fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerToken, Pending>> {
+        self.inner.pending.lock()
     }
-
-    /// Sends one request, again within the request timeout after a failure `resend` allows
-    /// (the balancer may pick a member that is down and refuses the connection; a
-    /// connection may break under the request). `None` when the timeout passed.
-    pub(crate) async fn send<T, Fut>(
-        &self,
-        resend: Resend,
-        mut request: impl FnMut(Client) -> Fut,
-    ) -> Option<Sent<T>>
-    where
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        let deadline = tokio::time::Instant::now() + self.inner.config.request_timeout;
-        let mut resent = false;
-        let answer = async {
-            loop {
-                match request(self.client()).await {
-                    Err(e)
-                        if resend.allows(&e)
-                            && tokio::time::Instant::now() + RESEND_PAUSE < deadline =>
-                    {
-                        resent |= !error::never_sent(&e);
-                        tokio::time::sleep(RESEND_PAUSE).await;
-                    }
-                    answer => return answer,
-                }
-            }
-        };
-        let answer = tokio::time::timeout_at(deadline, answer).await.ok()?;
-        Some(Sent { answer, resent })
-    }
-
-    /// [`send`](Self::send) of a request that may not be applied twice, with errors mapped
-    /// for `what`.
-    pub(crate) async fn call<T, Fut>(
-        &self,
-        what: &str,
-        request: impl FnMut(Client) -> Fut,
-    ) -> Result<T>
-    where
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        self.call_with(Resend::IfNeverSent, what, request)
-            .await
-            .map(|sent| sent.0)
-    }
-
-    /// [`send`](Self::send) of a read, which may be sent again after any failure a retry can
-    /// cure, with errors mapped for `what`.
-    pub(crate) async fn read<T, Fut>(
-        &self,
-        what: &str,
-        request: impl FnMut(Client) -> Fut,
-    ) -> Result<T>
-    where
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        self.call_with(Resend::IfRetryable, what, request)
-            .await
-            .map(|sent| sent.0)
-    }
-
-    /// [`send`](Self::send) with errors mapped for `what`: the answer, and whether a send
-    /// before it may have been applied.
-    pub(crate) async fn call_with<T, Fut>(
-        &self,
-        resend: Resend,
-        what: &str,
-        request: impl FnMut(Client) -> Fut,
-    ) -> Result<(T, bool)>
-    where
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        match self.send(resend, request).await {
-            Some(Sent {
-                answer: Ok(value),
-                resent,
-            }) => Ok((value, resent)),
-            Some(Sent { answer: Err(e), .. }) => Err(error::map(what, e)),
-            None => Err(error::timed_out(what, self.inner.config.request_timeout)),
-        }
-    }
-
-    pub(crate) fn local_check(&self, lease: &Lease) -> Option<(String, Arc<Session>)> {
-        if lease.session_alive() != Some(true) {
-            return None;
-        }
-        let key = lease.handle()?;
-        let entries = self.entries();
-        let entry = entries.get(lease.owner())?;
-        (entry.claim.key == key && !entry.session.lost.is_cancelled())
-            .then(|| (entry.claim.key.clone(), entry.session.clone()))
-    }
-}
-
-impl EtcdBackend {
-    /// The key-values of `reads` (get operations), in order: `None` for a missing key.
-    async fn read_keys(&self, reads: Vec<TxnOp>) -> Result<Vec<Option<KeyValue>>> {
-        if reads.is_empty() {
-            return Ok(Vec::new());
-        }
-        let response = self
-            .read("checking held locks", txn_of(&Txn::new().and_then(reads)))
-            .await?;
-        Ok(response
-            .op_responses()
-            .into_iter()
-            .map(|op| match op {
-                TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-                _ => None,
-            })
-            .collect())
-    }
-}
-
-/// A request that runs `txn`.
-pub(crate) fn txn_of(
-    txn: &Txn,
-) -> impl FnMut(
-    Client,
-) -> std::pin::Pin<
-    Box<dyn Future<Output = Result<TxnResponse, etcd_client::Error>> + Send>,
-> + '_ {
-    |mut client| {
-        let txn = txn.clone();
-        Box::pin(async move { client.txn(txn).await })
-    }
-}
-
-/// The compares that hold while `lease` holds the lock at `key`: the key exists with the
-/// grant's create revision (its fencing token). That names the grant alone: one transaction
-/// created the key at that revision, for one owner, and a key deleted and put again under
-/// the same name has a new one. The value is not compared: an election's leader adds its
-/// proclaimed value to the owner digest there.
-pub(crate) fn held_by(key: &str, lease: &Lease) -> Vec<Compare> {
-    let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
-    vec![Compare::create_revision(key, CompareOp::Equal, token)]
 }
 
 /// How long a connection may stay silent before it is asked for a sign of life (an HTTP/2
@@ -471,7 +319,7 @@ fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
 #[async_trait]
 impl LockBackend for EtcdBackend {
     fn name(&self) -> &'static str {
-        NAME
+        BACKEND
     }
 
     fn tier(&self) -> Tier {
@@ -487,12 +335,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
-        match request.hold {
-            Hold::Exclusive => self.attempt(request).await,
-            Hold::Permit { permits } => self.attempt_permit(request, permits).await,
-            Hold::Read | Hold::Write => self.attempt_rw(request).await,
-            other => Err(other.unsupported(NAME)),
-        }
+        self.attempt(request).await
     }
 
     /// Ends early, too, when the session of the request's key is lost: the key went with
@@ -519,101 +362,19 @@ impl LockBackend for EtcdBackend {
             .unwrap_or(Ok(Renewal::Lost))
     }
 
-    /// Every lease's key is read back in transactions of up to 128 reads (etcd's default
-    /// `--max-txn-ops`), all sent at once: they travel side by side on the client's HTTP/2
-    /// connection, so a tick is one round trip however many transactions it takes. Sent one
-    /// after the other, 10,000 leases were 79 round trips a tick (measured with
-    /// `examples/held_locks`: 96 ms a tick beside a 0.5 ms round trip).
+    /// One read-only round trip for the whole batch (see `renewal.rs`).
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let sent_at = Instant::now();
-        let checks: Vec<Option<(String, Arc<Session>)>> =
-            leases.iter().map(|lease| self.local_check(lease)).collect();
-        let reads: Vec<_> = checks
-            .chunks(MAX_TXN_OPS)
-            .map(|checks| {
-                let reads: Vec<TxnOp> = checks
-                    .iter()
-                    .flatten()
-                    .map(|(key, _)| TxnOp::get(key.clone(), None))
-                    .collect();
-                let backend = self.clone();
-                // On lockkit's runtime, so that the transactions are all sent before the
-                // first answer is awaited (and a dropped tick leaves only reads behind).
-                runtime::spawn(async move { backend.read_keys(reads).await })
-            })
-            .collect();
-        let mut answers: Vec<Result<Renewal>> = Vec::with_capacity(leases.len());
-        for ((leases, checks), read) in leases
-            .chunks(MAX_TXN_OPS)
-            .zip(checks.chunks(MAX_TXN_OPS))
-            .zip(reads)
-        {
-            let found = read.await.unwrap_or_else(|_| {
-                Err(Error::new(
-                    ErrorKind::Backend,
-                    NAME,
-                    "checking held locks panicked",
-                ))
-            });
-            let mut found = match found {
-                Ok(found) => found.into_iter(),
-                Err(e) => {
-                    for _ in leases {
-                        answers.push(Err(Error::new(e.kind(), NAME, e.message().to_owned())
-                            .with_retryable(e.is_retryable())));
-                    }
-                    continue;
-                }
-            };
-            for (lease, check) in leases.iter().zip(checks) {
-                let Some((_, session)) = check else {
-                    answers.push(Ok(Renewal::Lost));
-                    continue;
-                };
-                let still_ours = found.next().flatten().is_some_and(|kv| {
-                    kv.create_revision() == i64::try_from(lease.fencing_token().get()).unwrap_or(-1)
-                        && kv.lease() == session.lease_id
-                        && owner_of(kv.value()) == lease.owner().digest_hex().as_bytes()
-                });
-                answers.push(Ok(if still_ours {
-                    Renewal::Extended(session.valid_from(sent_at))
-                } else {
-                    Renewal::Lost
-                }));
-            }
-        }
-        answers
+        self.renew_batch(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
         self.release_lease(lease).await
     }
 
-    /// One read of the own key: once a key is the lowest of its lock it stays the lowest for
-    /// as long as it exists, so its existence with the lease's revision and owner is the answer.
-    /// A permit: the same, and fewer than `permits` keys created before it, in one read-only
-    /// transaction; a read or write lock: the same, and no entry ahead of it.
+    /// The own key with its create revision and owner, and what its kind reads to tell its
+    /// place, in one read-only transaction.
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        match lease.hold() {
-            Hold::Exclusive => {}
-            Hold::Permit { permits } => return self.holds_permit(lease, permits).await,
-            Hold::Read | Hold::Write => return self.holds_rw(lease).await,
-            other => return Err(other.unsupported(NAME)),
-        }
-        let Some(key) = lease.handle() else {
-            return Ok(false);
-        };
-        let response = self
-            .read("checking the lock", |mut client| {
-                let key = key.to_owned();
-                async move { client.get(key, None).await }
-            })
-            .await?;
-        let token = i64::try_from(lease.fencing_token().get()).unwrap_or(-1);
-        Ok(response.kvs().first().is_some_and(|kv| {
-            kv.create_revision() == token
-                && owner_of(kv.value()) == lease.owner().digest_hex().as_bytes()
-        }))
+        self.holds(lease).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

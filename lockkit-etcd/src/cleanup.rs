@@ -6,20 +6,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, KeyValue, LeaseTimeToLiveOptions, Txn, TxnOp, TxnResponse,
+    Client, Compare, CompareOp, KeyValue, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
+    TxnResponse,
 };
-use lockkit_core::backend::cleanup::{Retry, Sweep, Unfinished, spawn_sweep};
-use lockkit_core::backend::{AcquireRequest, CancellationToken, Lease, runtime};
+use lockkit_core::backend::cleanup::{Retry, Sweep, Unfinished};
+use lockkit_core::backend::{AcquireRequest, Backoff, CancellationToken, Lease, runtime};
 use lockkit_core::{Error, ErrorKind, Result};
 
-use crate::backend::{EtcdBackend, Resend, held_by, txn_of};
-use crate::error::{self, NAME};
+use crate::acquire::Watch;
+use crate::backend::EtcdBackend;
+use crate::error::{self, BACKEND};
 use crate::naming::{Claim, KeyNames};
-use crate::session::{RETRY_PAUSE, Session};
+use crate::request::{Resend, held_by, txn_of};
+use crate::session::Session;
+
+/// The pause before a failed clean-up is tried again.
+pub(crate) const SWEEP_RETRY: Duration = Duration::from_millis(200);
 
 /// The key of one acquisition, from its first attempt until it is released or abandoned.
 #[derive(Debug)]
-pub(crate) struct Entry {
+pub(crate) struct Pending {
     pub(crate) claim: Claim,
     pub(crate) session: Arc<Session>,
     pub(crate) create_revision: Option<i64>,
@@ -27,16 +33,16 @@ pub(crate) struct Entry {
     pub(crate) maybe_on_server: bool,
     /// An attempt was sent and not answered: it may still put the key.
     pub(crate) in_flight: bool,
-    /// The key just ahead of ours, as the last attempt read it, and its create revision:
-    /// names are reused, so only the revision tells that key from a later one of that name.
-    pub(crate) predecessor: Option<(String, i64)>,
+    /// What the last attempt found the key waiting for (a key with its create revision:
+    /// names are reused, so only the revision tells that key from a later one of that name).
+    pub(crate) watch: Option<Watch>,
 }
 
 impl EtcdBackend {
     /// Spawns guarded deletes of `key`, one after each of the `pauses` in turn, each retried
     /// until it succeeds or the session (and the key with it) is gone; then frees `claim`, if
     /// given (also when the session ends first: its names are never used again).
-    pub(crate) fn delete_later(
+    pub(crate) fn reap(
         &self,
         key: String,
         guard: Vec<Compare>,
@@ -57,7 +63,7 @@ impl EtcdBackend {
             "deleting a lock key",
             session.lost.clone(),
             first,
-            Retry::new(RETRY_PAUSE, RETRY_PAUSE),
+            Retry::new(SWEEP_RETRY, SWEEP_RETRY),
             move || {
                 let _name = &freed;
                 let (mut client, txn, shutdown) = (client.clone(), txn.clone(), shutdown.clone());
@@ -100,7 +106,7 @@ impl EtcdBackend {
         let backend = self.clone();
         let later_claim = claim.clone();
         let later = Unfinished::new(move || {
-            backend.delete_later(key, guard, session, vec![Duration::ZERO], later_claim);
+            backend.reap(key, guard, session, vec![Duration::ZERO], later_claim);
         });
         let answer = self.call_with(resend, what, txn_of(&txn)).await;
         if answer.is_ok() {
@@ -121,7 +127,7 @@ impl EtcdBackend {
         prefix: &str,
         stale_value: &[u8],
     ) -> Error {
-        let stale_claim = self.entries().get_mut(&request.owner).map(|entry| {
+        let stale_claim = self.pending().get_mut(&request.owner).map(|entry| {
             let claim = self.inner.names.claim(prefix, session.lease_id);
             entry.create_revision = None;
             entry.maybe_on_server = false;
@@ -134,7 +140,7 @@ impl EtcdBackend {
                 CompareOp::Equal,
                 stale_value.to_vec(),
             )];
-            self.delete_later(
+            self.reap(
                 stale.key.clone(),
                 guard,
                 session.clone(),
@@ -144,14 +150,14 @@ impl EtcdBackend {
         }
         Error::new(
             ErrorKind::Unavailable,
-            NAME,
+            BACKEND,
             "a stale key of a cancelled acquisition held this acquisition's key name; retrying under another",
         )
     }
 
     /// Removes what `request` left (see [`LockBackend::abandon`](lockkit_core::backend::LockBackend::abandon)).
     pub(crate) async fn abandon_request(&self, request: &AcquireRequest) -> Result<()> {
-        let Some(entry) = self.entries().remove(&request.owner) else {
+        let Some(entry) = self.pending().remove(&request.owner) else {
             return Ok(());
         };
         if !entry.maybe_on_server {
@@ -174,7 +180,7 @@ impl EtcdBackend {
                 Duration::from_millis(450),
                 self.inner.config.request_timeout * 2,
             ];
-            self.delete_later(
+            self.reap(
                 key.clone(),
                 guard.clone(),
                 entry.session.clone(),
@@ -205,9 +211,9 @@ impl EtcdBackend {
             return Ok(false);
         };
         let entry = {
-            let mut entries = self.entries();
-            match entries.get(lease.owner()) {
-                Some(entry) if entry.claim.key == key => entries.remove(lease.owner()),
+            let mut pending = self.pending();
+            match pending.get(lease.owner()) {
+                Some(entry) if entry.claim.key == key => pending.remove(lease.owner()),
                 _ => None,
             }
         };
@@ -237,24 +243,25 @@ impl EtcdBackend {
             (_, false) => Ok(false),
             (_, true) => Err(Error::new(
                 ErrorKind::Unavailable,
-                NAME,
+                BACKEND,
                 "the release was sent again after its connection broke and found the lock gone: the first send may have released it, or the lock was lost before",
             )),
         }
     }
 }
 
-/// Starts the sweep of `session`'s orphans, keys that cancelled attempts put after their
-/// clean-up: once an attempt on the session went unanswered (cancelled in flight, timed
-/// out, cut off), every session TTL the keys on the session's lease are listed, and those
-/// no acquisition of this backend uses are deleted, for as long as the session lives.
+/// Settles `session`'s unanswered attempts, each time one goes unanswered (cancelled in
+/// flight, timed out, cut off): its put may land at any later time (a member can forward it
+/// late), and would then sit on the shared, always-renewed lease, holding the lock for good.
 ///
-/// The three clean-up deletes of an abandoned attempt catch a put that lands within two
-/// request timeouts; a put can be held up longer (a member that forwards it late), and
-/// would then sit on the shared, always-renewed lease, holding the lock for good. With this
-/// sweep it lives at most one session TTL, plus a request timeout, after it lands. A
-/// session whose attempts were all answered is never swept: it costs nothing.
-pub(crate) fn sweep_orphans(
+/// A settlement writes the session's epoch key first: every attempt's put compares the epoch
+/// key's mod revision with the epoch it last saw, so no put sent before that write can land
+/// after it. Then the keys on the session's lease that no acquisition uses are deleted (a put
+/// that landed before), and the attempts sent before the settlement began are settled. It
+/// ends when nothing unanswered is left, and starts again at the next unanswered attempt: a
+/// session whose attempts are answered costs nothing. Attempts that were in flight meanwhile
+/// find the new epoch in their answer and put again under it.
+pub(crate) fn settle_orphans(
     session: Arc<Session>,
     client: Client,
     names: Arc<KeyNames>,
@@ -262,41 +269,40 @@ pub(crate) fn sweep_orphans(
     request_timeout: Duration,
 ) {
     runtime::spawn(async move {
-        tokio::select! {
-            () = session.ledger.unsettled_request() => {}
-            () = session.lost.cancelled() => return,
-            () = shutdown.cancelled() => return,
-        }
-        let interval = session.ttl;
-        let lost = session.lost.clone();
-        // A late put can come at any time, so the sweep goes on for the rest of the session
-        // and the ledger has said all it had to: forget what it recorded, so that it does not
-        // grow with every cancelled attempt of a long-lived session.
-        session.ledger.settle(session.ledger.mark());
-        spawn_sweep(
-            "deleting keys put after their clean-up",
-            lost,
-            interval,
-            Retry::new(RETRY_PAUSE, interval),
-            move || {
-                let orphans = Orphans {
-                    session: session.clone(),
-                    client: client.clone(),
-                    names: names.clone(),
-                    request_timeout,
-                };
-                let shutdown = shutdown.clone();
-                async move {
-                    if shutdown.is_cancelled() {
-                        return Ok(Sweep::Done);
-                    }
-                    let ledger = &orphans.session.ledger;
-                    ledger.settle(ledger.mark());
-                    orphans.delete().await?;
-                    Ok(Sweep::Again(interval))
+        let orphans = Orphans {
+            session,
+            client,
+            names,
+            request_timeout,
+        };
+        let ledger = orphans.session.ledger.clone();
+        let mut failed = Backoff::new(SWEEP_RETRY, orphans.session.ttl);
+        loop {
+            tokio::select! {
+                () = ledger.unsettled_request() => {}
+                () = orphans.session.lost.cancelled() => return,
+                () = shutdown.cancelled() => return,
+            }
+            let mark = ledger.mark();
+            let settled = tokio::select! {
+                settled = orphans.settle() => settled,
+                () = orphans.session.lost.cancelled() => return,
+                () = shutdown.cancelled() => return,
+            };
+            match settled {
+                Ok(()) => {
+                    ledger.settle(mark);
+                    failed.reset();
+                    // At most one settlement per request timeout, however many attempts
+                    // time out meanwhile.
+                    tokio::time::sleep(orphans.request_timeout).await;
                 }
-            },
-        );
+                Err(e) => {
+                    tracing::debug!(error = %e, "settling a session's unanswered attempts failed; retrying");
+                    tokio::time::sleep(failed.next_delay()).await;
+                }
+            }
+        }
     });
 }
 
@@ -309,7 +315,7 @@ impl Drop for FreeOnDrop {
     }
 }
 
-/// One round of [`sweep_orphans`].
+/// What [`settle_orphans`] works with.
 struct Orphans {
     session: Arc<Session>,
     client: Client,
@@ -318,11 +324,36 @@ struct Orphans {
 }
 
 impl Orphans {
-    async fn delete(mut self) -> Result<()> {
+    /// One settlement: the epoch moves, then what landed before is deleted.
+    async fn settle(&self) -> Result<()> {
+        let mut client = self.client.clone();
         let lease_id = self.session.lease_id;
-        let listing = self
-            .client
-            .lease_time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()));
+        let put = client.put(
+            self.session.epoch_key.as_str(),
+            "",
+            Some(PutOptions::new().with_lease(lease_id)),
+        );
+        let written = match tokio::time::timeout(self.request_timeout, put).await {
+            Ok(Ok(written)) => written,
+            Ok(Err(e)) => return Err(error::map("moving the session's epoch", e)),
+            Err(_) => {
+                return Err(error::timed_out(
+                    "moving the session's epoch",
+                    self.request_timeout,
+                ));
+            }
+        };
+        if let Some(header) = written.header() {
+            self.session.saw_epoch(header.revision());
+        }
+        self.delete().await
+    }
+
+    async fn delete(&self) -> Result<()> {
+        let mut client = self.client.clone();
+        let lease_id = self.session.lease_id;
+        let listing =
+            client.lease_time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()));
         let keys = match tokio::time::timeout(self.request_timeout, listing).await {
             Ok(Ok(listed)) => listed.keys().to_vec(),
             Ok(Err(e)) => return Err(error::map("listing the session's keys", e)),
@@ -341,7 +372,7 @@ impl Orphans {
             .filter(|key| key.rfind('/').is_some_and(|i| key[i..].starts_with(&ours)))
             .filter(|key| !self.names.is_claimed(key));
         for key in candidates {
-            let read = self.client.get(key.clone(), None);
+            let read = client.get(key.clone(), None);
             let created = match tokio::time::timeout(self.request_timeout, read).await {
                 Ok(Ok(found)) => found.kvs().first().map(KeyValue::create_revision),
                 Ok(Err(e)) => return Err(error::map("reading a stray key", e)),
@@ -364,7 +395,7 @@ impl Orphans {
                     created,
                 )])
                 .and_then([TxnOp::delete(key.clone(), None)]);
-            match tokio::time::timeout(self.request_timeout, self.client.txn(txn)).await {
+            match tokio::time::timeout(self.request_timeout, client.txn(txn)).await {
                 Ok(Ok(deleted)) if deleted.succeeded() => {
                     tracing::warn!(key = %key, "deleted a lock key that a cancelled attempt put after its clean-up");
                 }

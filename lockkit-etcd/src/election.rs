@@ -50,8 +50,9 @@ use lockkit_core::backend::Lease;
 use lockkit_core::{Leader, LockKey, Result};
 use tokio::time::Instant;
 
-use crate::backend::{EtcdBackend, held_by, txn_of};
+use crate::backend::EtcdBackend;
 use crate::naming::{by_create, key_of, proclaimed_of, stored_value, token_of};
+use crate::request::{held_by, txn_of};
 use crate::wait::{FAR_FUTURE, until_event};
 
 /// One read of an election: its leader (the leader's key and what it shows) and the store

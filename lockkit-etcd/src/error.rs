@@ -4,7 +4,7 @@ use lockkit_core::{Error, ErrorKind};
 use tonic::Code;
 
 /// The backend name in errors, logs and metrics.
-pub(crate) const NAME: &str = "etcd";
+pub(crate) const BACKEND: &str = "etcd";
 
 /// Maps an error of `etcd-client` raised while doing `what`.
 ///
@@ -12,7 +12,7 @@ pub(crate) const NAME: &str = "etcd";
 /// retryable `Unavailable`; refused credentials and permissions become `Auth`; malformed
 /// endpoints `InvalidConfig`; anything else a non-retryable `Backend` error.
 pub(crate) fn map(what: &str, error: etcd_client::Error) -> Error {
-    Error::new(kind(&error), NAME, format!("{what} failed")).with_source(error)
+    Error::new(kind(&error), BACKEND, format!("{what} failed")).with_source(error)
 }
 
 /// The kind of error [`map`] makes of `error`.
@@ -76,7 +76,7 @@ pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
 pub(crate) fn timed_out(what: &str, timeout: std::time::Duration) -> Error {
     Error::new(
         ErrorKind::Unavailable,
-        NAME,
+        BACKEND,
         format!("{what} got no answer within the request timeout of {timeout:?}"),
     )
 }

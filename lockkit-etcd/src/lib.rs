@@ -9,6 +9,8 @@ mod election;
 mod error;
 mod naming;
 mod operator;
+mod renewal;
+mod request;
 mod rwlock;
 mod semaphore;
 mod session;

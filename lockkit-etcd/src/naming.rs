@@ -73,6 +73,11 @@ pub(crate) const SEMAPHORES: &str = "../semaphore";
 /// the mutex of one name never share a key.
 pub(crate) const RWLOCKS: &str = "../rwlock";
 
+/// The segment between the prefix and a session's epoch key (see
+/// [`Session::epoch_key`](crate::session::Session::epoch_key)): no namespace is `..`, so it is
+/// in no namespace's range.
+pub(crate) const SESSIONS: &str = "../sessions";
+
 /// A range read of the lock's keys in create order, `limit` of them.
 pub(crate) fn by_create(order: SortOrder, limit: i64) -> GetOptions {
     GetOptions::new()

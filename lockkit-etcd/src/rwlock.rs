@@ -53,30 +53,16 @@
 //! after the start checks that the key is still there with the create revision the attempt
 //! saw. A broken watch, connection or session ends the wait.
 //!
+//! The attempt, the grant and the waits are every kind's (`acquire.rs`, `wait.rs`): a
+//! reader and a writer are [`Kind::First`](crate::acquire::Kind::First) with these ranges.
+//!
 //! So a writer's release wakes the readers queued behind it up to the next write entry, each
 //! of which is granted, and the writer behind them only when the entry just ahead of it goes:
 //! with readers released in queue order, the newest reader's departure alone. A reader's
 //! release wakes at most the one writer just behind it, never another reader. Every wake is
 //! one read-only transaction and, if still blocked, one new watch.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
-use lockkit_core::{Error, ErrorKind, Result};
-
-use crate::backend::{EtcdBackend, txn_of};
-use crate::error::NAME;
-use crate::naming::{by_create, key_of, owner_of, predecessor_of, token_of};
-use crate::semaphore::{abandoned, reads_of};
-use crate::session::Session;
-use crate::wait::FAR_FUTURE;
-
-/// How many times one attempt reads and writes again when the queue changed under it (its
-/// key appeared or went between two of its transactions) before it reports the attempt as
-/// failed, retryably.
-const ROUNDS: usize = 4;
+use lockkit_core::backend::Hold;
 
 /// The keys of one read-write lock.
 #[derive(Debug)]
@@ -90,7 +76,8 @@ pub(crate) struct RwLayout {
 }
 
 impl RwLayout {
-    fn under(all: String) -> RwLayout {
+    /// The layout of the read-write lock whose range is `all`.
+    pub(crate) fn under(all: String) -> RwLayout {
         RwLayout {
             reads: format!("{all}read/"),
             writes: format!("{all}write/"),
@@ -99,7 +86,7 @@ impl RwLayout {
     }
 
     /// Where the entries of `hold` live.
-    fn part(&self, hold: Hold) -> &str {
+    pub(crate) fn part(&self, hold: Hold) -> &str {
         if hold == Hold::Write {
             &self.writes
         } else {
@@ -108,268 +95,12 @@ impl RwLayout {
     }
 
     /// The range of the entries that can keep an entry of `hold` out.
-    fn blockers(&self, hold: Hold) -> &str {
+    pub(crate) fn blockers(&self, hold: Hold) -> &str {
         if hold == Hold::Write {
             &self.all
         } else {
             &self.writes
         }
-    }
-
-    /// The nearest entry ahead of the entry of `hold` created at `own_revision`.
-    fn ahead_of(&self, hold: Hold, own_revision: i64) -> TxnOp {
-        TxnOp::get(
-            self.blockers(hold),
-            Some(predecessor_of(own_revision).with_keys_only()),
-        )
-    }
-
-    /// Right after the own key's put: the newest two keys of the range that can keep it out
-    /// (the own key among them for a writer), enough to find the nearest one ahead.
-    fn newest_blockers(&self, hold: Hold) -> TxnOp {
-        let options = by_create(etcd_client::SortOrder::Descend, 2).with_keys_only();
-        TxnOp::get(self.blockers(hold), Some(options))
-    }
-}
-
-/// What an attempt learned of the own entry.
-struct Found {
-    own_revision: i64,
-    /// The nearest entry ahead (its key and create revision); `None`: the entry holds.
-    ahead: Option<(String, i64)>,
-    /// The store revision of the read.
-    revision: i64,
-}
-
-/// The nearest entry ahead among `read` (newest first), leaving out the own key `own`.
-fn nearest(read: Vec<KeyValue>, own: &str) -> Option<(String, i64)> {
-    read.into_iter()
-        .find(|kv| kv.key() != own.as_bytes())
-        .map(|kv| (key_of(&kv), kv.create_revision()))
-}
-
-impl EtcdBackend {
-    /// The etcd key range (`<prefix>/<namespace>/../rwlock/<name>/`) under which the readers
-    /// and the writers of the read-write lock `key` keep their keys, in a part per kind
-    /// (`read/`, `write/`). It is apart from the mutex and the semaphore of that name: no
-    /// lock name is `..`, and the semaphores are under `../semaphore/`.
-    pub fn rwlock_prefix(&self, key: &lockkit_core::LockKey) -> String {
-        format!(
-            "{}/{}/{}/{}/",
-            self.inner.config.prefix,
-            key.namespace(),
-            crate::naming::RWLOCKS,
-            key.name()
-        )
-    }
-
-    fn rw_layout(&self, key: &lockkit_core::LockKey) -> RwLayout {
-        RwLayout::under(self.rwlock_prefix(key))
-    }
-
-    /// One attempt to take a read or a write lock (see the module docs).
-    pub(crate) async fn attempt_rw(&self, request: &AcquireRequest) -> Result<Attempt> {
-        let started = Instant::now();
-        let session = self.session_for(request.ttl).await?;
-        let layout = self.rw_layout(&request.key);
-        let (own, known) = self.entry_for(request, &session, layout.part(request.hold));
-        let found = self
-            .queue_rw_entry(request, &session, &layout, &own, known)
-            .await;
-        {
-            let mut entries = self.entries();
-            let Some(entry) = entries.get_mut(&request.owner) else {
-                return Err(abandoned());
-            };
-            match &found {
-                Ok(Some(found)) => {
-                    entry.in_flight = false;
-                    entry.maybe_on_server = true;
-                    entry.create_revision = Some(found.own_revision);
-                    entry.predecessor.clone_from(&found.ahead);
-                }
-                // A try that saw something ahead: its put was not applied.
-                Ok(None) => {
-                    entry.in_flight = false;
-                    entry.maybe_on_server = false;
-                    entry.create_revision = None;
-                    entry.predecessor = None;
-                }
-                // The entry is left as it may be: an unanswered put may still land, and
-                // clean-up must know.
-                Err(_) => {}
-            }
-        }
-        let Some(found) = found? else {
-            return Ok(Attempt::Contended(Contention::new()));
-        };
-        if let Some((ahead, _)) = found.ahead {
-            let mut contention = Contention::new();
-            contention.revision = Some(found.revision);
-            return Ok(Attempt::Contended(
-                contention.with_predecessor(ahead, Some(found.revision)),
-            ));
-        }
-        if session.lost.is_cancelled() {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                NAME,
-                "the session was lost while acquiring; the next attempt starts a new one",
-            ));
-        }
-        Ok(Attempt::Granted(
-            Grant::new(token_of(found.own_revision), session.valid_from(started))
-                .with_handle(own)
-                .with_session(session.lost.clone()),
-        ))
-    }
-
-    /// Puts the own entry if it is not on the server (for a try, only if nothing is ahead)
-    /// and reads the nearest entry ahead, in one transaction while nothing changes under it.
-    /// `None`: a try that saw an entry ahead and put nothing.
-    async fn queue_rw_entry(
-        &self,
-        request: &AcquireRequest,
-        session: &Arc<Session>,
-        layout: &RwLayout,
-        own: &str,
-        mut known: Option<i64>,
-    ) -> Result<Option<Found>> {
-        let hold = request.hold;
-        let digest = request.owner.digest_hex();
-        for _ in 0..ROUNDS {
-            if let Some(own_revision) = known {
-                // The own key is normally there after a wait: reads alone decide, without a
-                // raft write.
-                let txn = Txn::new()
-                    .and_then([TxnOp::get(own, None), layout.ahead_of(hold, own_revision)]);
-                let response = self.send_attempt(session, &txn, false).await?;
-                let revision = response.header().map_or(0, |h| h.revision());
-                let mut reads = reads_of(response).into_iter();
-                match reads.next().and_then(|kvs| kvs.into_iter().next()) {
-                    None => known = None,
-                    Some(kv) if owner_of(kv.value()) != digest.as_bytes() => {
-                        return Err(self.move_off_stale_key(
-                            request,
-                            session,
-                            layout.part(hold),
-                            kv.value(),
-                        ));
-                    }
-                    Some(kv) if kv.create_revision() != own_revision => {
-                        known = Some(kv.create_revision());
-                    }
-                    Some(_) => {
-                        return Ok(Some(Found {
-                            own_revision,
-                            ahead: nearest(reads.next().unwrap_or_default(), own),
-                            revision,
-                        }));
-                    }
-                }
-                continue;
-            }
-            let put = TxnOp::put(
-                own,
-                digest.clone(),
-                Some(PutOptions::new().with_lease(session.lease_id)),
-            );
-            let mut put_if = vec![Compare::create_revision(own, CompareOp::Equal, 0)];
-            if !request.wait {
-                // try_read / try_write queue only with nothing ahead: a refusal leaves nothing.
-                put_if.push(
-                    Compare::create_revision(layout.blockers(hold), CompareOp::Equal, 0)
-                        .with_prefix(),
-                );
-            }
-            let txn = Txn::new()
-                .when(put_if)
-                .and_then([put, layout.newest_blockers(hold)])
-                .or_else([TxnOp::get(own, None)]);
-            let response = self.send_attempt(session, &txn, true).await?;
-            let revision = response.header().map_or(0, |h| h.revision());
-            let succeeded = response.succeeded();
-            let mut reads = reads_of(response).into_iter();
-            if succeeded {
-                let _put = reads.next();
-                return Ok(Some(Found {
-                    own_revision: revision,
-                    ahead: nearest(reads.next().unwrap_or_default(), own),
-                    revision,
-                }));
-            }
-            match reads.next().and_then(|kvs| kvs.into_iter().next()) {
-                Some(kv) if owner_of(kv.value()) != digest.as_bytes() => {
-                    return Err(self.move_off_stale_key(
-                        request,
-                        session,
-                        layout.part(hold),
-                        kv.value(),
-                    ));
-                }
-                // An earlier attempt's put landed; its answer was lost.
-                Some(kv) => known = Some(kv.create_revision()),
-                None => return Ok(None),
-            }
-        }
-        Err(Error::new(
-            ErrorKind::Unavailable,
-            NAME,
-            "the read-write lock's queue changed under every round of the attempt; trying again",
-        ))
-    }
-
-    /// Waits until the nearest entry ahead of `request`'s, as its attempt read it, is deleted,
-    /// or `max_wait` passes (see the module docs).
-    pub(crate) async fn wait_for_rw(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        max_wait: Duration,
-    ) -> Result<()> {
-        let now = tokio::time::Instant::now();
-        let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
-        let known = self
-            .entries()
-            .get(&request.owner)
-            .and_then(|entry| entry.predecessor.clone());
-        match (&contention.predecessor, known, contention.revision) {
-            (Some(name), Some((ahead, created)), Some(revision)) if *name == ahead => {
-                let what = if request.hold == Hold::Write {
-                    "watching the entry ahead"
-                } else {
-                    "watching the writer ahead"
-                };
-                self.wait_for_delete(what, &ahead, created, revision, deadline)
-                    .await
-            }
-            // The attempt's answer and the entry disagree (another attempt ran between), or
-            // a try saw contention: the next attempt reads afresh.
-            _ => Ok(()),
-        }
-    }
-
-    /// Whether `lease` holds its read or write lock: its key exists with the grant's create
-    /// revision and owner, and nothing is ahead of it, read in one read-only transaction.
-    pub(crate) async fn holds_rw(&self, lease: &Lease) -> Result<bool> {
-        let Some(key) = lease.handle() else {
-            return Ok(false);
-        };
-        let Ok(token) = i64::try_from(lease.fencing_token().get()) else {
-            return Ok(false);
-        };
-        let layout = self.rw_layout(lease.key());
-        let txn =
-            Txn::new().and_then([TxnOp::get(key, None), layout.ahead_of(lease.hold(), token)]);
-        let response = self.read("checking the rwlock", txn_of(&txn)).await?;
-        let mut reads = reads_of(response).into_iter();
-        let own = reads.next().and_then(|kvs| kvs.into_iter().next());
-        let ours = own.is_some_and(|kv| {
-            kv.create_revision() == token
-                && owner_of(kv.value()) == lease.owner().digest_hex().as_bytes()
-        });
-        let ahead = reads.next().unwrap_or_default();
-        Ok(ours && ahead.is_empty())
     }
 }
 

@@ -62,29 +62,22 @@
 //! with its session lease, within the session TTL. Safety does not depend on it: a grant is
 //! always read from the server.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
 };
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Hold};
 use lockkit_core::{Error, ErrorKind, Result};
 
-use crate::backend::{EtcdBackend, Resend, txn_of};
-use crate::error::NAME;
-use crate::naming::{by_create, key_of, owner_of, prefix_end, token_of};
+use crate::acquire::{abandoned, reads_of};
+use crate::backend::EtcdBackend;
+use crate::error::BACKEND;
+use crate::naming::{by_create, key_of, prefix_end};
+use crate::request::{Resend, txn_of};
 use crate::session::Session;
-
-/// How many times one attempt reads and writes again when the queue changed under it (its
-/// key appeared or went between two of its transactions) before it reports the attempt as
-/// failed, retryably.
-const ROUNDS: usize = 4;
 
 /// Where an entry stands in its semaphore's queue at one revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Place {
+pub(crate) enum Rank {
     /// Fewer than `permits` keys ahead: the entry holds a permit.
     Holder,
     /// Exactly `permits` keys ahead: the next departure ahead frees a permit for it.
@@ -93,22 +86,22 @@ pub(crate) enum Place {
     Behind(String, i64),
 }
 
-impl Place {
-    /// The place of an entry whose keys ahead are `ahead`, newest first, as
+impl Rank {
+    /// The rank of an entry whose keys ahead are `ahead`, newest first, as
     /// [`Layout::ahead_of`] reads them (at most `permits + 1`).
-    pub(crate) fn of(ahead: &[KeyValue], permits: u32) -> Place {
+    pub(crate) fn of(ahead: &[KeyValue], permits: u32) -> Rank {
         let predecessor = ahead.first().map(|kv| (key_of(kv), kv.create_revision()));
-        Place::at(ahead.len(), predecessor, permits)
+        Rank::at(ahead.len(), predecessor, permits)
     }
 
-    /// The place of an entry with `ahead` keys ahead of it (counted up to `permits + 1`), the
+    /// The rank of an entry with `ahead` keys ahead of it (counted up to `permits + 1`), the
     /// nearest of them being `predecessor`.
-    fn at(ahead: usize, predecessor: Option<(String, i64)>, permits: u32) -> Place {
+    fn at(ahead: usize, predecessor: Option<(String, i64)>, permits: u32) -> Rank {
         let permits = usize::try_from(permits).unwrap_or(usize::MAX);
         match predecessor {
-            Some((key, created)) if ahead > permits => Place::Behind(key, created),
-            _ if ahead >= permits => Place::First,
-            _ => Place::Holder,
+            Some((key, created)) if ahead > permits => Rank::Behind(key, created),
+            _ if ahead >= permits => Rank::First,
+            _ => Rank::Holder,
         }
     }
 }
@@ -124,14 +117,15 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    pub(crate) fn new(backend: &EtcdBackend, request: &AcquireRequest, permits: u32) -> Layout {
-        Layout::under(backend.semaphore_prefix(&request.key), permits)
-    }
-
-    /// The layout of the semaphore whose range is `all`.
-    fn under(all: String, permits: u32) -> Layout {
+    /// The layout of the semaphore whose range is `all`, for a request of `permits`.
+    pub(crate) fn under(all: String, permits: u32) -> Layout {
         let mine = format!("{all}{permits}/");
         Layout { all, mine, permits }
+    }
+
+    /// Where this request's entries live.
+    pub(crate) fn part(&self) -> &str {
+        &self.mine
     }
 
     /// The two ranges of the semaphore outside `mine`: before it and after it.
@@ -146,7 +140,7 @@ impl Layout {
     }
 
     /// Holds while no entry of the semaphore has another count.
-    fn no_other_count(&self) -> Vec<Compare> {
+    pub(crate) fn no_other_count(&self) -> Vec<Compare> {
         self.others()
             .into_iter()
             .map(|(from, to)| Compare::create_revision(from, CompareOp::Equal, 0).with_range(to))
@@ -154,7 +148,7 @@ impl Layout {
     }
 
     /// Reads one key of each range outside `mine`.
-    fn other_count(&self) -> Vec<TxnOp> {
+    pub(crate) fn other_count(&self) -> Vec<TxnOp> {
         self.others()
             .into_iter()
             .map(|(from, to)| {
@@ -168,7 +162,7 @@ impl Layout {
     }
 
     /// The keys just ahead of the entry created at `own_revision`, newest first, enough of
-    /// them to tell its [`Place`].
+    /// them to tell its [`Rank`].
     pub(crate) fn ahead_of(&self, own_revision: i64) -> TxnOp {
         let options = by_create(SortOrder::Descend, i64::from(self.permits) + 1)
             .with_max_create_revision(own_revision - 1)
@@ -178,7 +172,7 @@ impl Layout {
 
     /// The first key created after the entry created at `own_revision`, if any: a holder
     /// with one behind it touches its key (see the module docs).
-    fn behind(&self, own_revision: i64) -> TxnOp {
+    pub(crate) fn behind(&self, own_revision: i64) -> TxnOp {
         let options = by_create(SortOrder::Ascend, 1)
             .with_min_create_revision(own_revision + 1)
             .with_keys_only();
@@ -186,8 +180,8 @@ impl Layout {
     }
 
     /// Right after the own key's put: the newest keys, the own key first, then enough of
-    /// those ahead to tell its [`Place`].
-    fn newest(&self) -> TxnOp {
+    /// those ahead to tell its [`Rank`].
+    pub(crate) fn newest(&self) -> TxnOp {
         let options = by_create(SortOrder::Descend, i64::from(self.permits) + 2).with_keys_only();
         TxnOp::get(self.all.clone(), Some(options))
     }
@@ -200,12 +194,12 @@ impl Layout {
     }
 
     /// The refusal of a request whose count disagrees with the entry `other`'s.
-    fn mismatch(&self, request: &AcquireRequest, other: &KeyValue) -> Error {
+    pub(crate) fn mismatch(&self, request: &AcquireRequest, other: &KeyValue) -> Error {
         match self.count_of(other.key()) {
-            Some(recorded) => Hold::permits_mismatch(NAME, &request.key, self.permits, recorded),
+            Some(recorded) => Hold::permits_mismatch(BACKEND, &request.key, self.permits, recorded),
             None => Error::new(
                 ErrorKind::InvalidConfig,
-                NAME,
+                BACKEND,
                 format!(
                     "semaphore {} has a key {:?} that is not a lockkit entry",
                     request.key,
@@ -216,104 +210,10 @@ impl Layout {
     }
 }
 
-/// The key-values of each get of a transaction's answer, in order.
-pub(crate) fn reads_of(response: TxnResponse) -> Vec<Vec<KeyValue>> {
-    response
-        .op_responses()
-        .into_iter()
-        .map(|op| match op {
-            TxnOpResponse::Get(mut get) => get.take_kvs(),
-            _ => Vec::new(),
-        })
-        .collect()
-}
-
-/// What an attempt learned of the own entry.
-struct Found {
-    own_revision: i64,
-    place: Place,
-    /// A key was queued behind it.
-    behind: bool,
-    /// The store revision of the read.
-    revision: i64,
-}
-
 impl EtcdBackend {
-    /// One attempt to take a permit of `permits` (see the module docs).
-    pub(crate) async fn attempt_permit(
-        &self,
-        request: &AcquireRequest,
-        permits: u32,
-    ) -> Result<Attempt> {
-        let started = Instant::now();
-        let session = self.session_for(request.ttl).await?;
-        let layout = Layout::new(self, request, permits);
-        if !request.wait && !self.entries().contains_key(&request.owner) {
-            // try_acquire queues only on a semaphore with a permit free, so a full one
-            // costs one read and leaves nothing behind.
-            if let Some(refused) = self.check_free(request, &layout).await? {
-                return refused;
-            }
-        }
-        let (own, known) = self.entry_for(request, &session, &layout.mine);
-        let found = self
-            .queue_entry(request, &session, &layout, &own, known)
-            .await;
-        {
-            let mut entries = self.entries();
-            let Some(entry) = entries.get_mut(&request.owner) else {
-                return Err(abandoned());
-            };
-            match &found {
-                Ok(found) => {
-                    entry.in_flight = false;
-                    entry.maybe_on_server = true;
-                    entry.create_revision = Some(found.own_revision);
-                    entry.predecessor = match &found.place {
-                        Place::Behind(key, created) => Some((key.clone(), *created)),
-                        _ => None,
-                    };
-                }
-                // A refused count was answered and put nothing. Other errors leave the entry
-                // as it may be: an unanswered put may still land, and clean-up must know.
-                Err(e) if e.kind() == ErrorKind::InvalidConfig => {
-                    entry.in_flight = false;
-                    entry.maybe_on_server = false;
-                    entry.create_revision = None;
-                }
-                Err(_) => {}
-            }
-        }
-        let found = found?;
-        if found.place != Place::Holder {
-            let mut contention = Contention::new();
-            contention.revision = Some(found.revision);
-            if let Place::Behind(predecessor, _) = found.place {
-                contention = contention.with_predecessor(predecessor, Some(found.revision));
-            }
-            return Ok(Attempt::Contended(contention));
-        }
-        if session.lost.is_cancelled() {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                NAME,
-                "the session was lost while acquiring; the next attempt starts a new one",
-            ));
-        }
-        if found.behind {
-            self.touch(request, &session, &own, found.own_revision)
-                .await?;
-        }
-        Ok(Attempt::Granted(
-            Grant::new(token_of(found.own_revision), session.valid_from(started))
-                .with_handle(own)
-                .with_session(session.lost.clone()),
-        ))
-    }
-
-    /// For `try_acquire`: `Some` answer when the semaphore has no permit free (contended) or
-    /// is in use with another count (refused), from one read-only transaction.
-    async fn check_free(
+    /// For a try: `Some` answer when the semaphore has no permit free (contended) or is in
+    /// use with another count (refused), from one read-only transaction.
+    pub(crate) async fn check_free(
         &self,
         request: &AcquireRequest,
         layout: &Layout,
@@ -337,118 +237,10 @@ impl EtcdBackend {
         Ok((taken >= i64::from(layout.permits)).then(|| Ok(Attempt::Contended(Contention::new()))))
     }
 
-    /// Puts the own entry if it is not on the server (and no entry disagrees on the count),
-    /// and reads its place, in as few transactions as the queue allows: one while nothing
-    /// changes under it.
-    async fn queue_entry(
-        &self,
-        request: &AcquireRequest,
-        session: &Arc<Session>,
-        layout: &Layout,
-        own: &str,
-        mut known: Option<i64>,
-    ) -> Result<Found> {
-        let digest = request.owner.digest_hex();
-        for _ in 0..ROUNDS {
-            if let Some(own_revision) = known {
-                // The own key is normally there after a wait: reads alone decide, without a
-                // raft write.
-                let txn = Txn::new().and_then([
-                    TxnOp::get(own, None),
-                    layout.ahead_of(own_revision),
-                    layout.behind(own_revision),
-                ]);
-                let response = self.send_attempt(session, &txn, false).await?;
-                let revision = response.header().map_or(0, |h| h.revision());
-                let mut reads = reads_of(response).into_iter();
-                let own_kv = reads.next().and_then(|kvs| kvs.into_iter().next());
-                match own_kv {
-                    None => known = None,
-                    Some(kv) if owner_of(kv.value()) != digest.as_bytes() => {
-                        return Err(self.move_off_stale_key(
-                            request,
-                            session,
-                            &layout.mine,
-                            kv.value(),
-                        ));
-                    }
-                    Some(kv) if kv.create_revision() != own_revision => {
-                        known = Some(kv.create_revision());
-                    }
-                    Some(_) => {
-                        let ahead = reads.next().unwrap_or_default();
-                        let behind = reads.next().is_some_and(|kvs| !kvs.is_empty());
-                        return Ok(Found {
-                            own_revision,
-                            place: Place::of(&ahead, layout.permits),
-                            behind,
-                            revision,
-                        });
-                    }
-                }
-                continue;
-            }
-            let put = TxnOp::put(
-                own,
-                digest.clone(),
-                Some(PutOptions::new().with_lease(session.lease_id)),
-            );
-            let mut put_if = vec![Compare::create_revision(own, CompareOp::Equal, 0)];
-            put_if.extend(layout.no_other_count());
-            let mut otherwise = vec![TxnOp::get(own, None)];
-            otherwise.extend(layout.other_count());
-            let txn = Txn::new()
-                .when(put_if)
-                .and_then([put, layout.newest()])
-                .or_else(otherwise);
-            let response = self.send_attempt(session, &txn, true).await?;
-            let revision = response.header().map_or(0, |h| h.revision());
-            let succeeded = response.succeeded();
-            let mut reads = reads_of(response).into_iter();
-            if succeeded {
-                let _put = reads.next();
-                let ahead: Vec<KeyValue> = reads
-                    .next()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|kv| kv.key() != own.as_bytes())
-                    .collect();
-                return Ok(Found {
-                    own_revision: revision,
-                    place: Place::of(&ahead, layout.permits),
-                    behind: false,
-                    revision,
-                });
-            }
-            match reads.next().and_then(|kvs| kvs.into_iter().next()) {
-                Some(kv) if owner_of(kv.value()) != digest.as_bytes() => {
-                    return Err(self.move_off_stale_key(
-                        request,
-                        session,
-                        &layout.mine,
-                        kv.value(),
-                    ));
-                }
-                // An earlier attempt's put landed; its answer was lost.
-                Some(kv) => known = Some(kv.create_revision()),
-                None => {
-                    if let Some(other) = reads.find_map(|kvs| kvs.into_iter().next()) {
-                        return Err(layout.mismatch(request, &other));
-                    }
-                }
-            }
-        }
-        Err(Error::new(
-            ErrorKind::Unavailable,
-            NAME,
-            "the semaphore's queue changed under every round of the attempt; trying again",
-        ))
-    }
-
     /// Puts the own key again, unchanged, to tell the waiter behind it that this entry holds
     /// a permit now (see the module docs). Guarded by the key's create revision and lease: a
     /// key that is not ours any more is left alone, and the attempt queues again.
-    async fn touch(
+    pub(crate) async fn touch(
         &self,
         request: &AcquireRequest,
         session: &Session,
@@ -469,52 +261,20 @@ impl EtcdBackend {
         let (response, _) = self
             .call_with(Resend::IfRetryable, "telling the next waiter", txn_of(&txn))
             .await?;
-        let mut entries = self.entries();
-        let Some(entry) = entries.get_mut(&request.owner) else {
-            return Err(abandoned());
-        };
         if response.succeeded() {
             return Ok(());
         }
+        let mut pending = self.pending();
+        let Some(entry) = pending.get_mut(&request.owner) else {
+            return Err(abandoned());
+        };
         entry.create_revision = None;
         Err(Error::new(
             ErrorKind::Unavailable,
-            NAME,
+            BACKEND,
             "the permit's queue key went as it was granted; queueing again",
         ))
     }
-
-    /// Whether `lease` holds a permit of `permits`: its key exists with the grant's create
-    /// revision and owner, and fewer than `permits` keys were created before it, read in one
-    /// read-only transaction.
-    pub(crate) async fn holds_permit(&self, lease: &Lease, permits: u32) -> Result<bool> {
-        let Some(key) = lease.handle() else {
-            return Ok(false);
-        };
-        let Ok(token) = i64::try_from(lease.fencing_token().get()) else {
-            return Ok(false);
-        };
-        let layout = Layout::under(self.semaphore_prefix(lease.key()), permits);
-        let txn = Txn::new().and_then([TxnOp::get(key, None), layout.ahead_of(token)]);
-        let response = self.read("checking the permit", txn_of(&txn)).await?;
-        let mut reads = reads_of(response).into_iter();
-        let own = reads.next().and_then(|kvs| kvs.into_iter().next());
-        let ours = own.is_some_and(|kv| {
-            kv.create_revision() == token
-                && owner_of(kv.value()) == lease.owner().digest_hex().as_bytes()
-        });
-        let ahead = reads.next().unwrap_or_default();
-        Ok(ours && Place::of(&ahead, permits) == Place::Holder)
-    }
-}
-
-/// The error of an attempt whose acquisition was abandoned while it ran.
-pub(crate) fn abandoned() -> Error {
-    Error::new(
-        ErrorKind::Unavailable,
-        NAME,
-        "the acquisition was abandoned while its attempt ran",
-    )
 }
 
 #[cfg(test)]
@@ -523,14 +283,14 @@ mod tests {
 
     #[test]
     fn an_entry_holds_below_permits_waits_first_at_permits_and_behind_its_predecessor_above() {
-        assert_eq!(Place::at(0, None, 2), Place::Holder);
-        assert_eq!(Place::at(1, Some(("a".into(), 5)), 2), Place::Holder);
-        assert_eq!(Place::at(2, Some(("b".into(), 6)), 2), Place::First);
+        assert_eq!(Rank::at(0, None, 2), Rank::Holder);
+        assert_eq!(Rank::at(1, Some(("a".into(), 5)), 2), Rank::Holder);
+        assert_eq!(Rank::at(2, Some(("b".into(), 6)), 2), Rank::First);
         assert_eq!(
-            Place::at(3, Some(("c".into(), 7)), 2),
-            Place::Behind("c".into(), 7)
+            Rank::at(3, Some(("c".into(), 7)), 2),
+            Rank::Behind("c".into(), 7)
         );
-        assert_eq!(Place::at(1, Some(("a".into(), 5)), 1), Place::First);
+        assert_eq!(Rank::at(1, Some(("a".into(), 5)), 1), Rank::First);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -14,9 +15,10 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use crate::backend::{EtcdBackend, MIN_TTL_SECS};
 use crate::error;
+use crate::naming::SESSIONS;
 
-/// The pause before retrying a failed keep-alive or clean-up.
-pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// The pause before retrying a failed keep-alive.
+const KEEP_ALIVE_RETRY: Duration = Duration::from_millis(200);
 /// The first pause before revoking a lost session's lease again after a failure (the
 /// pauses grow, with jitter, up to [`REVOKE_PAUSE_MAX`]).
 const REVOKE_PAUSE: Duration = Duration::from_millis(50);
@@ -36,8 +38,16 @@ pub(crate) struct Session {
     /// server cannot expire the lease before then.
     pub(crate) expires_at: StdMutex<Instant>,
     /// The attempts sent on the session: one left unanswered may still put its key, at any
-    /// later time, on this lease (see [`sweep_orphans`](crate::cleanup::sweep_orphans)).
+    /// later time, on this lease, until the session's clean-up settles it (see
+    /// [`settle_orphans`](crate::cleanup::settle_orphans)).
     pub(crate) ledger: Arc<Ledger>,
+    /// The session's epoch key, on its lease: every put of an attempt compares its mod
+    /// revision with [`Session::epoch`], and the clean-up writes it, so a put sent before that
+    /// write can no longer land (`<prefix>/../sessions/<lease-hex>`: under the prefix, never
+    /// in a namespace).
+    pub(crate) epoch_key: String,
+    /// The epoch key's mod revision as last seen (0: not written yet).
+    epoch: AtomicI64,
 }
 
 impl Session {
@@ -58,6 +68,16 @@ impl Session {
 
     pub(crate) fn is_alive(&self) -> bool {
         !self.lost.is_cancelled() && Instant::now() < self.expires_at()
+    }
+
+    /// The epoch the next put compares with.
+    pub(crate) fn epoch(&self) -> i64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// The epoch key was seen with `mod_revision` (epochs only go up).
+    pub(crate) fn saw_epoch(&self, mod_revision: i64) {
+        self.epoch.fetch_max(mod_revision, Ordering::SeqCst);
     }
 
     /// How long the lease is known to live, counted from `sent_at`.
@@ -126,7 +146,7 @@ pub(crate) async fn keep_alive(
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "etcd keep-alive failed; reopening the stream");
                 stream = None;
-                next = Instant::now() + RETRY_PAUSE.min(interval);
+                next = Instant::now() + KEEP_ALIVE_RETRY.min(interval);
             }
             Err(_) => {
                 tracing::debug!("etcd keep-alive timed out; reopening the stream");
@@ -274,6 +294,12 @@ impl EtcdBackend {
             lost: CancellationToken::new(),
             expires_at: StdMutex::new(sent_at + ttl),
             ledger: Arc::new(Ledger::new()),
+            epoch_key: format!(
+                "{}/{SESSIONS}/{:016x}",
+                self.inner.config.prefix,
+                granted.id()
+            ),
+            epoch: AtomicI64::new(0),
         });
         runtime::spawn(keep_alive(
             session.clone(),
@@ -281,7 +307,7 @@ impl EtcdBackend {
             self.inner.config.request_timeout,
             self.inner.shutdown.clone(),
         ));
-        crate::cleanup::sweep_orphans(
+        crate::cleanup::settle_orphans(
             session.clone(),
             self.client(),
             self.inner.names.clone(),
@@ -304,6 +330,8 @@ mod tests {
             lost: CancellationToken::new(),
             expires_at: StdMutex::new(Instant::now() + Duration::from_secs(5)),
             ledger: Arc::new(Ledger::new()),
+            epoch_key: format!("p/../sessions/{lease_id:016x}"),
+            epoch: AtomicI64::new(0),
         })
     }
 

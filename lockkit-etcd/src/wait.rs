@@ -1,25 +1,31 @@
-//! Waiting in the etcd backend: a contender watches only the key just ahead of its own,
-//! so a release wakes exactly one waiter. The watch machinery here serves the election's
-//! observers and the semaphore's and the read-write lock's waiters too.
+//! Waiting in the etcd backend, for every kind of grant: a waiter watches only what its
+//! attempt found it waiting for (the nearest key that keeps it out, or for a semaphore's
+//! first waiter the departures ahead of it), so a release wakes exactly the waiters it can
+//! grant. The watch machinery here serves the election's observers too.
 
 use std::time::Duration;
 
 use etcd_client::{Event, EventType, GetOptions, Txn, WatchFilterType, WatchOptions, WatchStream};
 use lockkit_core::Result;
-use lockkit_core::backend::{AcquireRequest, Contention, Hold};
+use lockkit_core::backend::{AcquireRequest, Contention};
 use tokio::time::Instant;
 
-use crate::backend::{EtcdBackend, Resend, txn_of};
-use crate::error::{self, NAME};
-use crate::naming::{key_of, predecessor_of};
-use crate::semaphore::{Layout, Place, reads_of};
+use crate::acquire::{Kind, Watch, reads_of};
+use crate::backend::EtcdBackend;
+use crate::error;
+use crate::request::{Resend, txn_of};
+use crate::semaphore::{Layout, Rank};
 
 /// A deadline that never comes (tokio's own "far future" is 30 years as well).
 pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 impl EtcdBackend {
-    /// Ends early, too, when the session of the request's key is lost: the key went with
-    /// the lease, so the wait is for nothing, and the next attempt queues on a new session.
+    /// Waits for what the last attempt found the request's key waiting for (the pending
+    /// record's [`Watch`]), or until `max_wait` passes. Ends early, too, when the session of
+    /// the request's key is lost: the key went with the lease, so the wait is for nothing,
+    /// and the next attempt queues on a new session. When the attempt's answer and the record
+    /// disagree (another attempt ran between), it returns at once: the next attempt reads
+    /// afresh.
     pub(crate) async fn wait_for(
         &self,
         request: &AcquireRequest,
@@ -34,96 +40,52 @@ impl EtcdBackend {
         } else {
             max_wait.min(request.ttl)
         };
-        let session = self
-            .entries()
-            .get(&request.owner)
-            .map(|entry| entry.session.lost.clone());
-        let waiting = async {
-            match request.hold {
-                Hold::Exclusive => {
-                    self.wait_on_predecessor(request, contention, max_wait)
-                        .await
-                }
-                Hold::Permit { permits } => {
-                    self.wait_for_permit(request, contention, permits, max_wait)
-                        .await
-                }
-                Hold::Read | Hold::Write => self.wait_for_rw(request, contention, max_wait).await,
-                other => Err(other.unsupported(NAME)),
-            }
+        // `Duration::MAX` when the waiter has no deadline: the core sets no timer on a queue
+        // wait (see `WaitStrategy::Queue`).
+        let now = Instant::now();
+        let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
+        let pending = self.pending().get(&request.owner).map(|entry| {
+            (
+                entry.watch.clone(),
+                entry.create_revision,
+                entry.session.lost.clone(),
+            )
+        });
+        let (Some((Some(watch), Some(own_revision), lost)), Some(revision)) =
+            (pending, contention.revision)
+        else {
+            return Ok(());
         };
-        let Some(lost) = session else {
-            return waiting.await;
+        let predecessor = contention.predecessor.as_deref();
+        let waiting = async {
+            match watch {
+                Watch::Deleted(key, created) if predecessor == Some(&key) => {
+                    self.wait_for_delete(
+                        "watching the key ahead",
+                        &key,
+                        created,
+                        revision,
+                        deadline,
+                    )
+                    .await
+                }
+                Watch::Changed(key, created) if predecessor == Some(&key) => {
+                    self.wait_behind(&key, created, revision, deadline).await
+                }
+                Watch::Departure if predecessor.is_none() => {
+                    let Kind::Permit(layout) = Kind::of(self, &request.key, request.hold)? else {
+                        return Ok(());
+                    };
+                    self.wait_first(&layout, own_revision, revision, deadline)
+                        .await
+                }
+                _ => Ok(()),
+            }
         };
         tokio::select! {
             waited = waiting => waited,
             () = lost.cancelled() => Ok(()),
         }
-    }
-
-    /// The key just ahead of `request`'s own: its name, its create revision and the store
-    /// revision of the read.
-    pub(crate) async fn find_predecessor(
-        &self,
-        request: &AcquireRequest,
-    ) -> Result<Option<(String, i64, i64)>> {
-        let own_revision = self
-            .entries()
-            .get(&request.owner)
-            .and_then(|entry| entry.create_revision);
-        let Some(own_revision) = own_revision else {
-            return Ok(None);
-        };
-        let prefix = self.lock_prefix(&request.key);
-        let response = self
-            .read("finding the predecessor", |mut client| {
-                let prefix = prefix.clone();
-                async move { client.get(prefix, Some(predecessor_of(own_revision))).await }
-            })
-            .await?;
-        let revision = response.header().map_or(0, |h| h.revision());
-        Ok(response
-            .kvs()
-            .first()
-            .map(|kv| (key_of(kv), kv.create_revision(), revision)))
-    }
-
-    /// Waits until the predecessor of `request`'s key is deleted, or `max_wait` passes.
-    pub(crate) async fn wait_on_predecessor(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        max_wait: Duration,
-    ) -> Result<()> {
-        // `Duration::MAX` when the waiter has no deadline: the core sets no timer on a queue
-        // wait (see `WaitStrategy::Queue`).
-        let now = Instant::now();
-        let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
-        let known = self
-            .entries()
-            .get(&request.owner)
-            .and_then(|entry| entry.predecessor.clone());
-        let (predecessor, predecessor_created, revision) =
-            match (&contention.predecessor, known, contention.revision) {
-                (Some(name), Some((known, created)), Some(revision)) if *name == known => {
-                    (known, created, revision)
-                }
-                _ => {
-                    match tokio::time::timeout_at(deadline, self.find_predecessor(request)).await {
-                        Ok(Ok(Some(found))) => found,
-                        Ok(Ok(None)) | Err(_) => return Ok(()),
-                        Ok(Err(e)) => return Err(e),
-                    }
-                }
-            };
-        self.wait_for_delete(
-            "watching the predecessor",
-            &predecessor,
-            predecessor_created,
-            revision,
-            deadline,
-        )
-        .await
     }
 
     /// Waits until `key` (created at `created`, seen by a read at `revision`) is deleted,
@@ -225,45 +187,9 @@ impl EtcdBackend {
 }
 
 impl EtcdBackend {
-    /// Waits until the place of `request`'s entry may have changed (see [`crate::semaphore`]), or
-    /// `max_wait` passes.
-    pub(crate) async fn wait_for_permit(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        permits: u32,
-        max_wait: Duration,
-    ) -> Result<()> {
-        let now = Instant::now();
-        let deadline = now.checked_add(max_wait).unwrap_or(now + FAR_FUTURE);
-        let known = self
-            .entries()
-            .get(&request.owner)
-            .map(|entry| (entry.create_revision, entry.predecessor.clone()));
-        let (Some((Some(own_revision), predecessor)), Some(revision)) =
-            (known, contention.revision)
-        else {
-            return Ok(());
-        };
-        let layout = Layout::new(self, request, permits);
-        match (&contention.predecessor, predecessor) {
-            (Some(name), Some((predecessor, created))) if *name == predecessor => {
-                self.wait_behind(&predecessor, created, revision, deadline)
-                    .await
-            }
-            (None, None) => {
-                self.wait_first(&layout, own_revision, revision, deadline)
-                    .await
-            }
-            // The attempt's answer and the entry disagree (another attempt ran between):
-            // the next attempt reads the place afresh.
-            _ => Ok(()),
-        }
-    }
-
     /// The first waiter: until a key created before `own_revision` (or the own key) is
     /// deleted.
-    async fn wait_first(
+    pub(crate) async fn wait_first(
         &self,
         layout: &Layout,
         own_revision: i64,
@@ -286,7 +212,7 @@ impl EtcdBackend {
             match tokio::time::timeout_at(deadline, reading).await {
                 Ok(Ok(response)) => {
                     let ahead = reads_of(response).into_iter().next().unwrap_or_default();
-                    if Place::of(&ahead, layout.permits) != Place::First {
+                    if Rank::of(&ahead, layout.permits) != Rank::First {
                         return Ok(());
                     }
                 }
@@ -308,7 +234,7 @@ impl EtcdBackend {
     }
 
     /// A later waiter: until its predecessor's key is deleted or written (its touch).
-    async fn wait_behind(
+    pub(crate) async fn wait_behind(
         &self,
         predecessor: &str,
         created: i64,

@@ -234,7 +234,12 @@ impl Sweeps {
         Sweeps::default()
     }
 
-    /// Runs a sweep as [`spawn_sweep`] does, counted until it ends.
+    /// Runs `round` on lockkit's runtime after `delay`, and again while it answers
+    /// [`Sweep::Again`] (after the pause it gives) or fails with a retryable error (after the
+    /// `retry` pauses, within its budget), until it answers [`Sweep::Done`], fails for good,
+    /// runs out of its retry budget, or `session` is cancelled: the records it would remove
+    /// belong to that session and went with it. A failure that ends it is logged (never with
+    /// secrets: `what` names the work). The sweep is counted until it ends.
     pub fn spawn<F, Fut>(
         &self,
         what: &'static str,
@@ -258,29 +263,6 @@ impl Sweeps {
     pub fn running(&self) -> usize {
         self.0.running()
     }
-}
-
-/// Runs `round` on lockkit's runtime after `delay`, and again while it answers
-/// [`Sweep::Again`] (after the pause it gives) or fails with a retryable error (after the
-/// `retry` pauses, within its budget), until it answers [`Sweep::Done`], fails for good, runs
-/// out of its retry budget, or `session` is cancelled: the records it would remove belong to
-/// that session and went with it. A failure that ends it is logged (never with secrets:
-/// `what` names the work).
-///
-/// Not counted by anything: for a sweep that lasts as long as its session, which
-/// [`LockClient::close`](crate::LockClient::close) does not wait for. A clean-up that must be
-/// over before the process exits runs in [`Sweeps::spawn`].
-pub fn spawn_sweep<F, Fut>(
-    what: &'static str,
-    session: CancellationToken,
-    delay: Duration,
-    retry: Retry,
-    round: F,
-) where
-    F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Sweep>> + Send + 'static,
-{
-    crate::backend::runtime::spawn(sweep(what, session, delay, retry, round));
 }
 
 async fn sweep<F, Fut>(
@@ -329,7 +311,7 @@ async fn sweep<F, Fut>(
 
 /// Work that must finish even if the future doing it is dropped: unless
 /// [`Unfinished::done`] is called, dropping it runs `finish` (which typically hands the
-/// work to [`spawn_sweep`]). The core does not retry a dropped release, so a backend's
+/// work to [`Sweeps::spawn`]). The core does not retry a dropped release, so a backend's
 /// release that would leave a record behind (on a session that outlives the lease) guards
 /// itself with one.
 pub struct Unfinished<F: FnOnce()> {
@@ -415,11 +397,12 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_sweep_retries_until_done_and_stops_with_its_session() {
+        let sweeps = Sweeps::new();
         let rounds = Arc::new(AtomicUsize::new(0));
         let counted = rounds.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let mut tx = Some(tx);
-        spawn_sweep(
+        sweeps.spawn(
             "test",
             CancellationToken::new(),
             Duration::ZERO,
@@ -452,7 +435,7 @@ mod tests {
         let after_loss = Arc::new(AtomicUsize::new(0));
         let counted = after_loss.clone();
         session.cancel();
-        spawn_sweep(
+        sweeps.spawn(
             "test",
             session,
             Duration::ZERO,
