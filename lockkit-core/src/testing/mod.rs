@@ -355,12 +355,14 @@ where
     });
 }
 
-/// Generates one `#[test]` per conformance scenario, each running against the harness that
-/// `$make_harness` (an `async fn() -> Option<H>`) builds.
+/// Every scenario's name, in the order [`run_all`] runs them: the one list that
+/// [`SCENARIOS`] and [`conformance_tests!`](crate::conformance_tests) are made from. Expands
+/// to `$callback! { $prefix name, name, ... }`.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! conformance_tests {
-    ($make_harness:path) => {
-        $crate::conformance_tests!(@each $make_harness;
+macro_rules! __conformance_scenarios {
+    ([$($callback:tt)*] [$($prefix:tt)*]) => {
+        $($callback)*! { $($prefix)*
             mutual_exclusion_under_contention,
             fencing_tokens_strictly_increase,
             release_by_non_owner_is_refused,
@@ -417,7 +419,16 @@ macro_rules! conformance_tests {
             a_short_grant_that_cannot_be_confirmed_is_given_back_and_taken_again,
             a_reentrant_share_is_handed_out_with_useful_validity,
             lock_all_hands_out_every_part_with_useful_validity,
-        );
+        }
+    };
+}
+
+/// Generates one `#[test]` per conformance scenario, each running against the harness that
+/// `$make_harness` (an `async fn() -> Option<H>`) builds.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make_harness:path) => {
+        $crate::__conformance_scenarios!([$crate::conformance_tests] [@each $make_harness;]);
     };
     (@each $make_harness:path; $($name:ident),* $(,)?) => {
         $(
