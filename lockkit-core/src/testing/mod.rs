@@ -24,15 +24,18 @@ macro_rules! ensure {
     };
 }
 
+mod cancel;
 pub mod check;
 mod election;
 pub mod fenced;
 pub mod history;
 mod multi;
+mod mutex;
 mod operator;
 pub mod proxy;
 pub mod queue;
 mod recording;
+mod restart;
 mod rwlock;
 mod scenarios;
 mod secrets;
@@ -53,8 +56,8 @@ use crate::key::LockKey;
 use crate::options::LockOptions;
 
 pub use recording::{Call, Recording, Tick};
+pub use restart::waiters_are_granted_across_a_server_restart;
 pub use scenarios::SCENARIOS;
-pub use scenarios::waiters_are_granted_across_a_server_restart;
 pub use secrets::{
     TraceCapture, assert_no_secret, assert_nothing_shown, exercise, owner_token_spellings,
     secret_spellings,
