@@ -44,11 +44,11 @@ use crate::capabilities::WaitStrategy;
 use crate::client::LockClient;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::MutexGuard;
+use crate::held::{HeldLease, renew_now};
 use crate::key::LockKey;
 use crate::lease::{Lease, clock_drift, validity_deadline};
 use crate::metrics;
 use crate::options::LockOptions;
-use crate::renewal::{HeldLease, renew_now};
 use crate::token::OwnerToken;
 
 /// How long an acquisition waits on contention.

@@ -19,7 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
-use crate::renewal::HeldLease;
+use crate::held::HeldLease;
 
 /// Queues `held`'s entry under `at`, its deadline.
 pub(crate) fn watch(held: &Arc<HeldLease>, at: Instant) {

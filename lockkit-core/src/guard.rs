@@ -8,10 +8,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::held::{self, Applied, HeldLease};
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::metrics;
-use crate::renewal::{self, Applied, HeldLease};
 use crate::token::FencingToken;
 
 /// Fires when a held lock is lost: it expired, renewal failed past the validity deadline, the
@@ -160,7 +160,7 @@ impl MutexGuard {
         if held.is_lost() {
             return Err(lost());
         }
-        match renewal::renew_now(held, None).await? {
+        match held::renew_now(held, None).await? {
             Applied::Extended => Ok(()),
             Applied::Lost => Err(lost()),
             Applied::Unchanged => Err(Error::new(

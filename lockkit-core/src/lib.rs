@@ -15,6 +15,7 @@ mod held;
 mod key;
 mod lease;
 mod memory;
+mod methods;
 pub mod metrics;
 mod multi;
 mod mutex;

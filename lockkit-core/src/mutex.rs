@@ -146,7 +146,7 @@ impl Mutex {
     }
 }
 
-crate::held::option_methods!(Mutex, "mutex");
+crate::methods::option_methods!(Mutex, "mutex");
 
 impl fmt::Debug for Mutex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -160,7 +160,7 @@ impl RwLock {
     }
 }
 
-crate::held::option_methods!(RwLock, "read-write lock");
+crate::methods::option_methods!(RwLock, "read-write lock");
 
 impl fmt::Debug for RwLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -180,7 +180,7 @@ impl fmt::Debug for RwLock {
 #[must_use = "a read lock is released as soon as it is dropped"]
 pub struct ReadGuard(MutexGuard);
 
-crate::held::grant_methods!(ReadGuard, "the read lock");
+crate::methods::grant_methods!(ReadGuard, "the read lock");
 
 /// The held write lock of an [`RwLock`]: nobody else holds the lock. Renewed in the
 /// background while it lives; released when dropped (prefer
@@ -192,4 +192,4 @@ crate::held::grant_methods!(ReadGuard, "the read lock");
 #[must_use = "a write lock is released as soon as it is dropped"]
 pub struct WriteGuard(MutexGuard);
 
-crate::held::grant_methods!(WriteGuard, "the write lock");
+crate::methods::grant_methods!(WriteGuard, "the write lock");

@@ -137,7 +137,7 @@ impl Semaphore {
     }
 }
 
-crate::held::option_methods!(Semaphore, "semaphore");
+crate::methods::option_methods!(Semaphore, "semaphore");
 
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -158,4 +158,4 @@ impl fmt::Debug for Semaphore {
 #[must_use = "a permit is released as soon as it is dropped"]
 pub struct Permit(MutexGuard);
 
-crate::held::grant_methods!(Permit, "the permit");
+crate::methods::grant_methods!(Permit, "the permit");
