@@ -3,156 +3,16 @@
 
 use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 
 use lockkit_core::backend::url::{ConnectionUrl, redact};
-use lockkit_core::{Error, ErrorKind, LockKey, LockOptions, Result, Tier};
+use lockkit_core::{Error, LockKey, LockOptions, Result, Tier};
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
-/// The backends lockkit knows, compiled in or not.
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BackendKind {
-    /// In-process locks ([`MemoryBackend`](lockkit_core::MemoryBackend)); always compiled in.
-    /// Each [`connect`](crate::connect) creates its own lock table: share the returned client
-    /// (it is cheap to clone) rather than connecting twice.
-    Memory,
-    /// One Redis server (tier `single`).
-    Redis,
-    /// A Redis primary watched by Sentinels (tier `replicated`).
-    RedisSentinel,
-    /// A Redis Cluster, each lock on its slot's primary (tier `replicated`).
-    RedisCluster,
-    /// Redlock over independent Redis servers (tier `quorum`).
-    Redlock,
-    /// An etcd cluster (tier `consensus`).
-    Etcd,
-    /// A ZooKeeper ensemble (tier `consensus`).
-    Zk,
-}
+mod env;
+mod kind;
 
-impl BackendKind {
-    /// Every backend, compiled in or not.
-    pub const ALL: [BackendKind; 7] = [
-        BackendKind::Memory,
-        BackendKind::Redis,
-        BackendKind::RedisSentinel,
-        BackendKind::RedisCluster,
-        BackendKind::Redlock,
-        BackendKind::Etcd,
-        BackendKind::Zk,
-    ];
-
-    /// The name used in configuration (`backend = "..."`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Memory => "memory",
-            BackendKind::Redis => "redis",
-            BackendKind::RedisSentinel => "redis-sentinel",
-            BackendKind::RedisCluster => "redis-cluster",
-            BackendKind::Redlock => "redlock",
-            BackendKind::Etcd => "etcd",
-            BackendKind::Zk => "zk",
-        }
-    }
-
-    /// The cargo feature of the `lockkit` crate that compiles this backend in (`None` for
-    /// the memory backend, which is always there).
-    pub fn feature(self) -> Option<&'static str> {
-        match self {
-            BackendKind::Memory => None,
-            BackendKind::Redis
-            | BackendKind::RedisSentinel
-            | BackendKind::RedisCluster
-            | BackendKind::Redlock => Some("redis"),
-            BackendKind::Etcd => Some("etcd"),
-            BackendKind::Zk => Some("zk"),
-        }
-    }
-
-    /// Whether this build of lockkit contains the backend.
-    pub fn is_compiled_in(self) -> bool {
-        match self {
-            BackendKind::Memory => true,
-            BackendKind::Redis
-            | BackendKind::RedisSentinel
-            | BackendKind::RedisCluster
-            | BackendKind::Redlock => cfg!(feature = "redis"),
-            BackendKind::Etcd => cfg!(feature = "etcd"),
-            BackendKind::Zk => cfg!(feature = "zk"),
-        }
-    }
-
-    /// The backends this build contains.
-    pub fn compiled_in() -> Vec<BackendKind> {
-        BackendKind::ALL
-            .into_iter()
-            .filter(|k| k.is_compiled_in())
-            .collect()
-    }
-
-    /// The backend a URL scheme selects.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] for an unknown scheme, listing the known ones.
-    pub fn from_scheme(scheme: &str) -> Result<Self> {
-        match scheme {
-            "memory" => Ok(BackendKind::Memory),
-            "redis" | "rediss" => Ok(BackendKind::Redis),
-            "redis+sentinel" => Ok(BackendKind::RedisSentinel),
-            "redis+cluster" => Ok(BackendKind::RedisCluster),
-            "redlock" => Ok(BackendKind::Redlock),
-            "etcd" => Ok(BackendKind::Etcd),
-            "zk" | "zks" => Ok(BackendKind::Zk),
-            other => Err(Error::invalid_config(format!(
-                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redis+cluster://, redlock://, etcd://, zk://, zks://"
-            ))),
-        }
-    }
-
-    /// The error for selecting a backend this build does not contain.
-    pub(crate) fn not_compiled_in(self) -> Error {
-        let available: Vec<&str> = BackendKind::compiled_in()
-            .iter()
-            .map(|k| k.as_str())
-            .collect();
-        Error::new(
-            ErrorKind::Unsupported,
-            "config",
-            format!(
-                "backend `{}` is not compiled into this build of lockkit: enable the cargo feature `{}` of the lockkit crate (compiled in: {})",
-                self.as_str(),
-                self.feature().unwrap_or("?"),
-                available.join(", ")
-            ),
-        )
-    }
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for BackendKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        BackendKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| {
-                let known: Vec<&str> = BackendKind::ALL.iter().map(|k| k.as_str()).collect();
-                Error::invalid_config(format!(
-                    "unknown backend {s:?}; known backends: {}",
-                    known.join(", ")
-                ))
-            })
-    }
-}
+pub use kind::BackendKind;
 
 /// The whole configuration: which backend, the namespace of its keys, the weakest tier the
 /// service accepts, and the lock options.
@@ -174,7 +34,7 @@ impl FromStr for BackendKind {
 ///    are ignored.
 ///
 /// ```toml
-#[doc = include_str!("../reference.toml")]
+#[doc = include_str!("../../reference.toml")]
 /// ```
 #[non_exhaustive]
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -220,113 +80,6 @@ pub struct LockkitConfig {
 fn default_namespace() -> String {
     LockKey::DEFAULT_NAMESPACE.to_owned()
 }
-
-/// Tables of the configuration that `LOCKKIT_<SECTION>_<FIELD>` variables can reach, with
-/// their fields.
-const SECTIONS: &[(&str, &[&str])] = &[
-    ("lock", LOCK_FIELDS),
-    #[cfg(feature = "redis")]
-    ("redis", REDIS_FIELDS),
-    #[cfg(feature = "redis")]
-    ("redlock", REDLOCK_FIELDS),
-    #[cfg(feature = "zk")]
-    ("zk", ZK_FIELDS),
-    #[cfg(feature = "etcd")]
-    ("etcd", ETCD_FIELDS),
-];
-/// Fields that `LOCKKIT_*` variables set to their text as it is, never parsed as TOML.
-const VERBATIM_FIELDS: &[&str] = &[
-    "username",
-    "user",
-    "password",
-    "sentinel_username",
-    "sentinel_password",
-];
-/// Top-level fields that `LOCKKIT_<FIELD>` variables can set.
-const TOP_LEVEL: &[&str] = &["backend", "url", "namespace", "require_tier"];
-/// Fields of the `[zk]` table.
-#[cfg(feature = "zk")]
-const ZK_FIELDS: &[&str] = &[
-    "hosts",
-    "chroot",
-    "session_timeout",
-    "suspended_grace_fraction",
-    "connect_timeout",
-    "request_timeout",
-    "empty_parent_linger",
-    "username",
-    "password",
-    "acl",
-    "tls",
-    "ca_file",
-    "cert_file",
-    "key_file",
-];
-/// Fields of the `[lock]` table.
-const LOCK_FIELDS: &[&str] = &[
-    "ttl",
-    "wait_timeout",
-    "auto_renew",
-    "backoff_min",
-    "backoff_max",
-    "clock_drift_factor",
-    "error_budget",
-];
-/// Fields of the `[redis]` table.
-#[cfg(feature = "redis")]
-const REDIS_FIELDS: &[&str] = &[
-    "hosts",
-    "sentinel_master",
-    "cluster",
-    "sentinel_username",
-    "sentinel_password",
-    "db",
-    "username",
-    "password",
-    "tls",
-    "tls_ca_file",
-    "tls_cert_file",
-    "tls_key_file",
-    "connect_timeout",
-    "response_timeout",
-    "notifications",
-    "min_replicas",
-    "replica_timeout",
-    "fence_ttl",
-    "allow_eviction",
-];
-/// Fields of the `[redlock]` table.
-#[cfg(feature = "redis")]
-const REDLOCK_FIELDS: &[&str] = &[
-    "nodes",
-    "username",
-    "password",
-    "tls",
-    "tls_ca_file",
-    "tls_cert_file",
-    "tls_key_file",
-    "connect_timeout",
-    "node_timeout",
-    "max_hold",
-    "fence_ttl",
-    "allow_eviction",
-];
-/// Fields of the `[etcd]` table.
-#[cfg(feature = "etcd")]
-const ETCD_FIELDS: &[&str] = &[
-    "endpoints",
-    "prefix",
-    "connect_timeout",
-    "request_timeout",
-    "require_leader",
-    "user",
-    "password",
-    "tls",
-    "ca_file",
-    "cert_file",
-    "key_file",
-    "tls_domain",
-];
 
 impl Default for LockkitConfig {
     /// The memory backend with default options.
@@ -425,7 +178,7 @@ impl LockkitConfig {
             }
             None => Table::new(),
         };
-        apply_env_overrides(&mut table, &vars)?;
+        env::apply_env_overrides(&mut table, &vars)?;
         if !table.contains_key("backend") && !table.contains_key("url") {
             return Err(Error::invalid_config(
                 "no lock backend configured: set LOCKKIT_CONFIG (a TOML file), LOCKKIT_URL or LOCKKIT_BACKEND",
@@ -601,55 +354,6 @@ impl LockkitConfig {
         }
         Ok(zk)
     }
-}
-
-fn apply_env_overrides(table: &mut Table, vars: &[(String, String)]) -> Result<()> {
-    for (name, raw) in vars {
-        let Some(rest) = name.strip_prefix("LOCKKIT_") else {
-            continue;
-        };
-        let rest = rest.to_ascii_lowercase();
-        if TOP_LEVEL.contains(&rest.as_str()) {
-            table.insert(rest, parse_env_value(raw));
-            continue;
-        }
-        let Some((section, field, known)) = SECTIONS.iter().find_map(|(s, fields)| {
-            rest.strip_prefix(s)
-                .and_then(|f| f.strip_prefix('_'))
-                .map(|f| (*s, f, *fields))
-        }) else {
-            continue;
-        };
-        if !known.contains(&field) {
-            return Err(Error::invalid_config(format!(
-                "{name}: [{section}] has no field `{field}`; known: {}",
-                known.join(", ")
-            )));
-        }
-        let entry = table
-            .entry(section)
-            .or_insert_with(|| Value::Table(Table::new()));
-        let Value::Table(section_table) = entry else {
-            return Err(Error::invalid_config(format!("{section} must be a table")));
-        };
-        // A credential is a string whatever it looks like: read as TOML, the password
-        // `123456` would be a number, refused with an error that shows it.
-        let value = if VERBATIM_FIELDS.contains(&field) {
-            Value::String(raw.clone())
-        } else {
-            parse_env_value(raw)
-        };
-        section_table.insert(field.to_owned(), value);
-    }
-    Ok(())
-}
-
-fn parse_env_value(raw: &str) -> Value {
-    format!("v = {raw}")
-        .parse::<Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| Value::String(raw.to_owned()))
 }
 
 impl fmt::Debug for LockkitConfig {
