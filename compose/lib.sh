@@ -38,6 +38,10 @@ read -ra LK_ZK_CLIENT_PORTS <<<"$(lk_shift 20201 20202 20203)"
 read -ra LK_ZK_QUORUM_PORTS <<<"$(lk_shift 20211 20212 20213)"
 read -ra LK_ZK_ELECTION_PORTS <<<"$(lk_shift 20221 20222 20223)"
 LK_TOPOLOGIES="redis sentinel redlock redis-cluster etcd zk"
+# The second set of every topology, for the tests that kill, pause or reconfigure a server
+# (.config/nextest.toml): a compose folder of its own inside this one, every port 500 higher
+# (the sets span 224 ports; the tests' private servers use 21100-22499, unshifted).
+LK_EXCLUSIVE_DIR=$LK/exclusive LK_EXCLUSIVE_OFFSET=$((LK_OFF + 500))
 
 lk_hostports() { local p out=''; for p; do out+=${out:+,}127.0.0.1:$p; done; echo "$out"; }
 LK_ETCD_ENDPOINTS=$(lk_hostports "${LK_ETCD_CLIENT_PORTS[@]}")

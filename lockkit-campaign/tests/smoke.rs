@@ -25,8 +25,11 @@
 //! The contention rows run on Redis only here: on etcd and ZooKeeper their 10,000 grants take
 //! minutes in a debug build (`compose/campaign.sh` runs them on every tier, in release).
 //!
-//! One test per tier; tiers run in parallel (different servers), scenarios of a tier one
-//! after the other. Every run's histories stay in `target/tmp/campaign-smoke/`.
+//! One test per row (a tier and a scenario), each on a key of its own, so rows run side by
+//! side. The rows that kill or stop a tier's servers (server crash, leader isolation, delayed
+//! restart) would disturb every other test of that tier: `.config/nextest.toml` gives them
+//! the second server set of `compose/test.sh`, one at a time per tier. Every run's histories
+//! stay in `target/tmp/campaign-smoke/`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -59,13 +62,13 @@ enum Primitives {
     MutexOnly,
 }
 
-fn smoke(topology: Topology, primitives: Primitives, scenarios: &[Scenario]) {
+fn smoke(topology: Topology, primitives: Primitives, scenario: Scenario) {
     let Some(tier) = Tier::of(topology) else {
         return;
     };
     let campaign = campaign(Duration::from_secs(2));
     let rows = runtime()
-        .block_on(run_all(&campaign, &[tier], scenarios))
+        .block_on(run_all(&campaign, &[tier], &[scenario]))
         .unwrap_or_else(|e| panic!("{e}"));
     let table = report::markdown(&rows);
     println!("{table}");
@@ -98,117 +101,93 @@ fn smoke(topology: Topology, primitives: Primitives, scenarios: &[Scenario]) {
     }
 }
 
-#[test]
-fn redis() {
-    smoke(
-        Topology::Redis,
-        Primitives::All,
-        &[
-            Scenario::HolderPause,
-            Scenario::Partition,
-            Scenario::DelayedReplies,
-            Scenario::ElectionHolderPause,
-            Scenario::ElectionPartition,
-            Scenario::SemaphoreHolderPause,
-            Scenario::RwLockHolderPause,
-            Scenario::SemaphoreContention,
-            Scenario::RwLockContention,
-        ],
-    );
+/// `rows!(tier, Topology, Primitives, { test: Scenario, ... })`: a module `tier` with one test
+/// per row. A row that kills or stops the tier's servers is named after its scenario's end
+/// (`server_crash`, `leader_isolation`, `delayed_restart`): `.config/nextest.toml` picks those
+/// by name for the second server set.
+macro_rules! rows {
+    ($tier:ident, $topology:expr, $primitives:expr, { $($row:ident: $scenario:expr),+ $(,)? }) => {
+        mod $tier {
+            use super::*;
+            $(
+                #[test]
+                fn $row() {
+                    smoke($topology, $primitives, $scenario);
+                }
+            )+
+        }
+    };
 }
 
-#[test]
-fn redis_sentinel() {
-    smoke(
-        Topology::Sentinel,
-        Primitives::All,
-        &[
-            Scenario::HolderPause,
-            Scenario::ElectionHolderPause,
-            // A candidate elected on the promoted replica proclaims there (its scripts are
-            // loaded first): with NOSCRIPT unhandled it stayed leaderless for 120 s.
-            Scenario::ElectionServerCrash,
-            Scenario::SemaphoreServerCrash,
-            Scenario::RwLockHolderPause,
-        ],
-    );
-}
+rows!(redis, Topology::Redis, Primitives::All, {
+    holder_pause: Scenario::HolderPause,
+    partition: Scenario::Partition,
+    delayed_replies: Scenario::DelayedReplies,
+    election_holder_pause: Scenario::ElectionHolderPause,
+    election_partition: Scenario::ElectionPartition,
+    semaphore_holder_pause: Scenario::SemaphoreHolderPause,
+    rwlock_holder_pause: Scenario::RwLockHolderPause,
+    semaphore_contention: Scenario::SemaphoreContention,
+    rwlock_contention: Scenario::RwLockContention,
+});
 
-#[test]
-fn redis_cluster() {
-    smoke(
-        Topology::Cluster,
-        Primitives::All,
-        &[
-            Scenario::HolderPause,
-            Scenario::ServerCrash,
-            Scenario::ElectionServerCrash,
-            Scenario::SemaphoreHolderPause,
-            Scenario::RwLockHolderPause,
-        ],
-    );
-}
+rows!(redis_sentinel, Topology::Sentinel, Primitives::All, {
+    holder_pause: Scenario::HolderPause,
+    election_holder_pause: Scenario::ElectionHolderPause,
+    // A candidate elected on the promoted replica proclaims there (its scripts are loaded
+    // first): with NOSCRIPT unhandled it stayed leaderless for 120 s.
+    election_server_crash: Scenario::ElectionServerCrash,
+    semaphore_server_crash: Scenario::SemaphoreServerCrash,
+    rwlock_holder_pause: Scenario::RwLockHolderPause,
+});
 
-#[test]
-fn redlock() {
-    smoke(
-        Topology::Redlock,
-        Primitives::MutexOnly,
-        &[
-            Scenario::HolderPause,
-            Scenario::Partition,
-            Scenario::DelayedReplies,
-            Scenario::DelayedRestart,
-            Scenario::ElectionHolderPause,
-            Scenario::SemaphoreHolderPause,
-            Scenario::RwLockHolderPause,
-        ],
-    );
-}
+rows!(redis_cluster, Topology::Cluster, Primitives::All, {
+    holder_pause: Scenario::HolderPause,
+    server_crash: Scenario::ServerCrash,
+    election_server_crash: Scenario::ElectionServerCrash,
+    semaphore_holder_pause: Scenario::SemaphoreHolderPause,
+    rwlock_holder_pause: Scenario::RwLockHolderPause,
+});
 
-#[test]
-fn etcd() {
-    smoke(
-        Topology::Etcd,
-        Primitives::All,
-        &[
-            Scenario::HolderPause,
-            Scenario::Partition,
-            Scenario::LeaderIsolation,
-            Scenario::ServerCrash,
-            Scenario::QueuedWaiterExpires,
-            Scenario::ElectionHolderPause,
-            Scenario::ElectionPartition,
-            Scenario::ElectionServerCrash,
-            Scenario::SemaphorePartition,
-            Scenario::SemaphoreServerCrash,
-            Scenario::RwLockPartition,
-            Scenario::RwLockServerCrash,
-        ],
-    );
-}
+rows!(redlock, Topology::Redlock, Primitives::MutexOnly, {
+    holder_pause: Scenario::HolderPause,
+    partition: Scenario::Partition,
+    delayed_replies: Scenario::DelayedReplies,
+    delayed_restart: Scenario::DelayedRestart,
+    election_holder_pause: Scenario::ElectionHolderPause,
+    semaphore_holder_pause: Scenario::SemaphoreHolderPause,
+    rwlock_holder_pause: Scenario::RwLockHolderPause,
+});
 
-#[test]
-fn zk() {
-    smoke(
-        Topology::Zk,
-        Primitives::All,
-        &[
-            Scenario::HolderPause,
-            Scenario::Partition,
-            Scenario::LeaderIsolation,
-            Scenario::ServerCrash,
-            Scenario::QueuedWaiterExpires,
-            Scenario::ElectionHolderPause,
-            Scenario::ElectionPartition,
-            Scenario::ElectionServerCrash,
-            Scenario::SemaphorePartition,
-            Scenario::SemaphoreServerCrash,
-            Scenario::RwLockPartition,
-            Scenario::RwLockServerCrash,
-        ],
-    );
-}
+rows!(etcd, Topology::Etcd, Primitives::All, {
+    holder_pause: Scenario::HolderPause,
+    partition: Scenario::Partition,
+    leader_isolation: Scenario::LeaderIsolation,
+    server_crash: Scenario::ServerCrash,
+    queued_waiter_expires: Scenario::QueuedWaiterExpires,
+    election_holder_pause: Scenario::ElectionHolderPause,
+    election_partition: Scenario::ElectionPartition,
+    election_server_crash: Scenario::ElectionServerCrash,
+    semaphore_partition: Scenario::SemaphorePartition,
+    semaphore_server_crash: Scenario::SemaphoreServerCrash,
+    rwlock_partition: Scenario::RwLockPartition,
+    rwlock_server_crash: Scenario::RwLockServerCrash,
+});
+
+rows!(zk, Topology::Zk, Primitives::All, {
+    holder_pause: Scenario::HolderPause,
+    partition: Scenario::Partition,
+    leader_isolation: Scenario::LeaderIsolation,
+    server_crash: Scenario::ServerCrash,
+    queued_waiter_expires: Scenario::QueuedWaiterExpires,
+    election_holder_pause: Scenario::ElectionHolderPause,
+    election_partition: Scenario::ElectionPartition,
+    election_server_crash: Scenario::ElectionServerCrash,
+    semaphore_partition: Scenario::SemaphorePartition,
+    semaphore_server_crash: Scenario::SemaphoreServerCrash,
+    rwlock_partition: Scenario::RwLockPartition,
+    rwlock_server_crash: Scenario::RwLockServerCrash,
+});
 
 /// The leftover check catches a lock nobody released: a run whose only lock is held by a
 /// client that never lets go reports it as leaked.

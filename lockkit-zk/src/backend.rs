@@ -216,24 +216,48 @@ impl ZkBackend {
 
     /// Expires this backend's session from the server side, as a partition or a pause longer
     /// than the session timeout would: a second client attaches to the session and closes
-    /// it. The backend's grants are reported lost and a new session is opened (feature
-    /// `testing`, for fault tests).
+    /// it. Returns once the session has ended; the backend's grants are reported lost and a
+    /// new session is opened (feature `testing`, for fault tests).
     ///
     /// # Errors
-    /// [`ErrorKind::Unavailable`] if the ensemble cannot be reached.
+    /// [`ErrorKind::Unavailable`] if the ensemble cannot be reached, or the session has not
+    /// ended after a few attempts.
     #[cfg(feature = "testing")]
     pub async fn expire_session(&self) -> Result<()> {
-        let session = self.inner.sessions.current().client.session().clone();
-        let config = self.inner.config.clone();
-        runtime::run(async move {
-            let connector = zk::Client::connector()
-                .with_session(session)
-                .with_session_timeout(config.session_timeout);
-            let twin = session::connect(connector, &config, "attach to the session").await?;
-            drop(twin);
-            Ok(())
-        })
-        .await?
+        let ending = self.inner.sessions.current();
+        // The session's own client reconnects as soon as the second one takes its connection.
+        // When it is back first, the session moves back to it and the second client's close
+        // never reaches the server: the session lives on (seen with tests running side by
+        // side). So: attach and close again until the session has ended.
+        for attempt in 0..5 {
+            let session = ending.client.session().clone();
+            let config = self.inner.config.clone();
+            let closed = runtime::run(async move {
+                let connector = zk::Client::connector()
+                    .with_session(session)
+                    .with_session_timeout(config.session_timeout);
+                let twin = session::connect(connector, &config, "attach to the session").await?;
+                drop(twin);
+                Ok::<_, Error>(())
+            })
+            .await?;
+            // A later attempt that cannot attach found the session ended already.
+            if attempt == 0 {
+                closed?;
+            }
+            let by = tokio::time::Instant::now() + Duration::from_secs(2);
+            while tokio::time::Instant::now() < by {
+                if ending.client.state().is_terminated() {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the session did not end after 5 attempts to close it",
+        ))
     }
 
     /// The session to send requests on; while an expired one is being replaced, waits for
