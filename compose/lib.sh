@@ -180,19 +180,24 @@ lk_state() { # NAME -> up | paused | down
   [ "${stat%% *}" = T ] && echo paused || echo up
 }
 lk_spawn() { # NAME CMD...: run CMD detached in its own session, log to logs/NAME.log, record its real PID
-  local name=$1 f=$LK_PIDS/$1.pid i pid; shift
+  local name=$1 f=$LK_PIDS/$1.pid pid state end; shift
   rm -f "$f"
   # shellcheck disable=SC2016  # $$ and $@ are expanded by the inner bash
   setsid bash -c 'echo $$ >"$0"; exec "$@"' "$f" "$@" >>"$LK_LOGS/$name.log" 2>&1 </dev/null &
-  for ((i = 0; i < 250; i++)); do
+  # Bounded by time, not by a count of polls: on a loaded machine the exec itself can take
+  # seconds. A process that is gone or a zombie has exited; one whose command line is not (yet)
+  # the server's may still be inside its exec (its command line reads empty there).
+  end=$(($(lk_now) + LK_TIMEOUT * 1000000))
+  while (($(lk_now) < end)); do
     if [ -s "$f" ]; then
       pid=$(<"$f")
       lk_is_ours "$pid" "$name" && return 0
-      [ -n "$(tr -d '\0' 2>/dev/null <"/proc/$pid/cmdline")" ] || break # exited already
+      state=$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$pid/stat" 2>/dev/null) || state=''
+      [[ -n $state && $state != Z ]] || { echo "error: $name exited at start" >&2; return 1; }
     fi
     sleep 0.02
   done
-  echo "error: $name did not start" >&2 # its PID file stays: lk_pid drops it once it is stale
+  echo "error: $name did not start within ${LK_TIMEOUT}s" >&2 # its PID file stays: lk_pid drops it once it is stale
   return 1
 }
 lk_stop() { # NAME...: SIGTERM (and SIGCONT, for paused ones), SIGKILL after LK_STOP_TIMEOUT s; remove PID files.
