@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 // On docs.rs (nightly rustdoc with `--cfg docsrs`, see Cargo.toml), `doc_cfg` marks every
-// feature-gated item with its feature by itself (checked with rustdoc 1.97.0-nightly
-// 2026-05-19: the backend modules and `LockkitConfig`'s fields); no `doc(cfg(...))` needed.
+// feature-gated item with its feature by itself (the backend modules and `LockkitConfig`'s
+// fields); no `doc(cfg(...))` needed.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;

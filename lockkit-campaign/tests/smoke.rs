@@ -15,7 +15,7 @@
 //! | redis | semaphore and rwlock: holder pause; semaphore and rwlock contention | the holder-pause criteria with permits of 2 (one held by a companion) and with writers beside a reader; never more than 3 holders of a semaphore of 3, never a writer beside anyone, in 10,000 grants of 8 processes |
 //! | redis-sentinel | semaphore: server crash; rwlock: holder pause | the criteria of those rows |
 //! | redis-cluster | holder pause, server crash; election: server crash; semaphore: holder pause; rwlock: holder pause | the holder-pause criteria; after the crash of the lock's slot's primary the waiter is granted on the promoted replica (overlaps reported, not limited: the tier's failover hole); an election candidate leads there; the primitives' holder-pause criteria |
-//! | etcd-3, zk-3 | semaphore and rwlock: partition, server crash (not the semaphore's on etcd-3: a known late grant, see `etcd`) | the cut-off holder's lost signal before anyone's grant, and no overlap when the leader dies |
+//! | etcd-3, zk-3 | semaphore and rwlock: partition, server crash | the cut-off holder's lost signal before anyone's grant, and no overlap when the leader dies |
 //! | redlock-5 | semaphore and rwlock: holder pause | shown as not applicable (Redlock has neither), not run |
 //!
 //! A tier's rows of another primitive (election, semaphore, rwlock) must have run where its

@@ -21,9 +21,9 @@ const MAX_TXN_OPS: usize = 128;
 impl EtcdBackend {
     /// Every lease's key is read back in transactions of up to 128 reads (etcd's default
     /// `--max-txn-ops`), all sent at once: they travel side by side on the client's HTTP/2
-    /// connection, so a tick is one round trip however many transactions it takes. Sent one
-    /// after the other, 10,000 leases were 79 round trips a tick (measured with
-    /// `examples/held_locks`: 96 ms a tick beside a 0.5 ms round trip).
+    /// connection, so a tick is one round trip however many transactions it takes, where one
+    /// after the other they would be one round trip per 128 leases (docs/measurements.md,
+    /// "10,000 held locks, measured").
     pub(crate) async fn renew_batch(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         let sent_at = Instant::now();
         let checks: Vec<Option<(String, Arc<Session>)>> =
