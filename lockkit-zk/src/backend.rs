@@ -360,25 +360,7 @@ impl LockBackend for ZkBackend {
     /// One tick costs one round trip on the session: a `sync`, then every lease's node read
     /// in multi-reads of up to 1,000 nodes, all sent back to back (ZooKeeper answers one
     /// session's requests in order, so the reads see at least the leader's state at the sync,
-    /// as a single renewal's `sync` + `exists` does).
-    ///
-    /// Weighed against the alternatives, with 10,000 locks held for 60 s at a 30 s TTL
-    /// (`examples/held_locks`, release build, 2 loaded cores, 2026-12-01; one tick a second,
-    /// since a lease is trusted for 0.3 × the 10 s session timeout):
-    /// - one `sync` + `exists` per lease (the default `renew_many`, before): 19,890 requests
-    ///   per tick, 18.5% of a core, ticks of 0.9-1.6 s, slower than the renewal period, and
-    ///   leases reported lost (6,742 of 10,000 in another run);
-    /// - one `sync`, then one `exists` per lease pipelined (tried, not kept): one round trip,
-    ///   but 10,001 requests per tick, a request and a response frame per lease: 14.8% of a
-    ///   core, ticks of 471 ms (max 738);
-    /// - one `multi` of version checks (not tried): a write, so a proposal through the leader
-    ///   and the quorum, logged by every server, and all or nothing: one deleted node fails
-    ///   the whole transaction and costs another round;
-    /// - multi-reads (kept; ZooKeeper ≥ 3.6): 11 requests per tick, 3.1-3.4% of a core, ticks
-    ///   of 68-86 ms (max 209). A missing node is answered for that read alone (`NoNode`, so
-    ///   exactly that lease is `Lost`), and a failed request fails only the leases it carried.
-    ///   `getData` needs the READ permission, which the ACL of lockkit's nodes gives their
-    ///   creator.
+    /// as a single renewal's `sync` + `exists` does); `renewal.rs` says why.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
         self.renew_batch(leases).await
     }

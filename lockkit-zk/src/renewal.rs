@@ -1,5 +1,10 @@
 //! Renewing many leases at once: one `sync` with the leader, then every lease's node read in
-//! a few multi-reads, all sent back to back on the session.
+//! a few multi-reads (ZooKeeper ≥ 3.6), all sent back to back on the session: one round trip
+//! per tick and a request per thousand leases, where a read per lease cost several times the
+//! CPU and a `multi` of version checks would be a write through the quorum, all or nothing
+//! (the measurements are in `docs/measurements.md`). A missing node is answered for its read
+//! alone, so exactly that lease is lost. `getData` needs the READ permission, which the ACL
+//! of lockkit's nodes gives their creator.
 
 use futures_util::future::join_all;
 use lockkit_core::Result;
@@ -28,8 +33,8 @@ enum Check {
 }
 
 impl ZkBackend {
-    /// Renews `leases` in one round trip on the session (see `renew_many` in `backend.rs`
-    /// for why a tick is a `sync` and multi-reads).
+    /// Renews `leases` in one round trip on the session (see the module docs for why a tick
+    /// is a `sync` and multi-reads).
     ///
     /// A lease is `Extended` only when its node exists and is owned by the current session as
     /// a read sent after a successful `sync` sees it. Its node missing, or owned by another

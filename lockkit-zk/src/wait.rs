@@ -2,23 +2,9 @@
 //! own, so a release wakes exactly one waiter (a read-write lock's reader watches the
 //! nearest writer's node ahead instead, see `rwlock.rs`).
 //!
-//! # Where a contended hand-over's time goes (measured 2026-12-04)
-//!
-//! W2 of `examples/compare` (8 clients × 250 increments, the three servers of `compose/` and
-//! the client on one 2-core machine; `docs/measurements.md` has the runs):
-//! - **The path**: the holder's delete commits through the leader, the waiter's server sends
-//!   the watch event, and the waiter sends `sync` and the listing back to back (one round
-//!   trip, see `ZkBackend::queue_after_sync`) and is granted. An increment costs 7 requests
-//!   (create and listing, the predecessor's watch, `sync` and listing, delete and the
-//!   release's listing for strays); zookeeper-client's lock recipe makes 5: it does not sync.
-//! - **The servers are the bottleneck**: they spent 1.6-2.1 ms of CPU per increment (the
-//!   recipe 1.5-1.7 ms), with the machine 80% busy (`srvr` packet counts, interleaved
-//!   probes); the client 380-465 µs against the recipe's 205-235 µs.
-//! - **The `sync`** costs no round trip of its own, but a follower's waits for the leader:
-//!   without it the same code made 0.90× the recipe in two runs, with it 0.75-0.93× over
-//!   the day's runs.
-//! - **Tried, not kept**: the release without its listing when every create was answered
-//!   (6 requests): 584-753/s against the recipe's 739-822/s in alternating runs, no change.
+//! A woken waiter lists the queue after a `sync` (`ZkBackend::queue_after_sync`): the `sync`
+//! costs no round trip of its own, and a contended hand-over is bounded by the servers' work,
+//! not by the client's (the measurements are in `docs/measurements.md`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
