@@ -1,50 +1,263 @@
-//! One acquisition attempt on the ZooKeeper ensemble: creating the own node (and the lock's
-//! parent), finding it again after a lost reply, and deciding from the queue.
+//! The one attempt of every kind of grant on ZooKeeper (a mutex, a permit, a read or a write
+//! lock): creating the own node (and the lock's parent), finding it again after a lost
+//! reply, and deciding from the queue; then the grant, or what to wait for.
+//!
+//! It is Curator's `LockInternals` loop with a small per-recipe driver, as lockkit-etcd's
+//! `attempt` is: the attempt and the grant are the same for every kind, and a [`Kind`]
+//! decides only the node's data, what a try checks before it queues, and the place its node
+//! has in the queue (the proofs are in `semaphore.rs` and `rwlock.rs`). A mutex is a writer
+//! over its own queue: it holds when its node is first.
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease, OwnerToken};
-use lockkit_core::{Error, ErrorKind, FencingToken, Result};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, OwnerToken};
+use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
 use zookeeper_client as zk;
 
-use crate::backend::{MAX_ROUNDS, ZkBackend, within};
+use crate::backend::{ZkBackend, within};
 use crate::cleanup::{Pending, PendingNode};
 use crate::error::{BACKEND, map, timed_out};
 use crate::naming::{LockPaths, node_prefix, public_name, queue, sequence_of};
-use crate::semaphore::permit_data;
+use crate::rwlock::blocker;
+use crate::semaphore::{disagreeing, must_touch, permit_data, watched};
 use crate::session::{Session, is_connected};
 
+/// How many times one call goes again when the queue changed under it (a node or the lock's
+/// parent gone between two of its requests) before it reports a retryable error.
+pub(crate) const MAX_ROUNDS: usize = 4;
+
+/// What decides a grant for one kind of request (Curator's driver): the own node's data,
+/// what a try checks before it queues, and where the own node stands in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A mutex: holds when its node is first.
+    Exclusive,
+    /// A reader: holds when no writer's node is ahead of its own.
+    Read,
+    /// A writer: holds when its node is first.
+    Write,
+    /// A permit of a semaphore of this many: holds among the first that many nodes.
+    Permit(u32),
+}
+
+/// Where the own node stands in one listing of the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// It holds; `touch`: a node queued behind it may be watching for the moment it holds.
+    Holds { touch: bool },
+    /// It waits, for this.
+    Waits(Watch),
+}
+
+/// What a waiting node waits for (node names, under the queue's parent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// The deletion of this node: the nearest node that keeps the own one out (a mutex's and
+    /// a writer's predecessor, a reader's nearest writer ahead).
+    Deleted(String),
+    /// The deletion or the touch of this node: a semaphore waiter's predecessor, which may
+    /// hold next.
+    Changed(String),
+    /// A departure among these nodes, every one ahead of the own node: the semaphore's first
+    /// waiter watches the holders.
+    Departure(Vec<String>),
+}
+
+impl Watch {
+    /// The node a contention shows: the watched node, or the last holder.
+    fn shown(&self) -> &str {
+        match self {
+            Watch::Deleted(node) | Watch::Changed(node) => node,
+            Watch::Departure(holders) => holders.last().map_or("", String::as_str),
+        }
+    }
+}
+
+impl Kind {
+    /// The kind of `hold`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a semaphore of no permits; `Unsupported` for a hold
+    /// this backend does not know.
+    pub(crate) fn of(hold: Hold) -> Result<Kind> {
+        match hold {
+            Hold::Exclusive => Ok(Kind::Exclusive),
+            Hold::Read => Ok(Kind::Read),
+            Hold::Write => Ok(Kind::Write),
+            Hold::Permit { permits: 0 } => {
+                Err(Error::invalid_config("a semaphore needs at least 1 permit"))
+            }
+            Hold::Permit { permits } => Ok(Kind::Permit(permits)),
+            other => Err(other.unsupported(BACKEND)),
+        }
+    }
+
+    /// The data of `owner`'s node: a permit's records its owner's digest and the count, the
+    /// others are empty.
+    fn data(self, owner: &OwnerToken) -> Vec<u8> {
+        match self {
+            Kind::Permit(permits) => permit_data(owner, permits),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A try without waiting, before it creates a node: the contention when a node queued
+    /// now would wait (showing the holder of a mutex, the node a reader or a writer would
+    /// watch, a semaphore's last holder), the mismatch when a node of the semaphore records
+    /// another count.
+    pub(crate) fn taken(self, key: &LockKey, children: Vec<String>) -> Result<Option<Contention>> {
+        let queue = queue(children);
+        let shown = match self {
+            Kind::Exclusive => queue.first(),
+            Kind::Read => blocker(&queue, queue.len(), Hold::Read),
+            Kind::Write => blocker(&queue, queue.len(), Hold::Write),
+            Kind::Permit(permits) => {
+                if let Some(refused) = self.mismatch(key, &queue) {
+                    return Err(refused);
+                }
+                queue.get((permits as usize).saturating_sub(1))
+            }
+        };
+        Ok(shown.map(|node| Contention::new().with_predecessor(public_name(node), None)))
+    }
+
+    /// The refusal of a permit request when a node among `ahead` records another count
+    /// (see `semaphore.rs` for why the nodes ahead suffice); `None` for the other kinds.
+    fn mismatch(self, key: &LockKey, ahead: &[String]) -> Option<Error> {
+        let Kind::Permit(permits) = self else {
+            return None;
+        };
+        disagreeing(ahead, permits)
+            .map(|recorded| Hold::permits_mismatch(BACKEND, key, permits, recorded))
+    }
+
+    /// Where the node at `index` of `queue` stands.
+    pub(crate) fn place(self, queue: &[String], index: usize) -> Place {
+        let waits = match self {
+            Kind::Exclusive | Kind::Write => {
+                blocker(queue, index, Hold::Write).map(|node| Watch::Deleted(node.clone()))
+            }
+            Kind::Read => {
+                blocker(queue, index, Hold::Read).map(|node| Watch::Deleted(node.clone()))
+            }
+            Kind::Permit(permits) => watched(queue, index, permits as usize),
+        };
+        match waits {
+            Some(watch) => Place::Waits(watch),
+            None => Place::Holds {
+                touch: matches!(self, Kind::Permit(_)) && must_touch(queue, index),
+            },
+        }
+    }
+}
+
+/// The own node as an attempt found it, and the queue's listing.
+struct Found {
+    /// The node's name.
+    name: String,
+    /// Its stat, when known to be the leader's (see `evaluate`).
+    stat: Option<zk::Stat>,
+    /// The children of the queue's parent.
+    children: Vec<String>,
+}
+
 /// What evaluating the queue decided.
-pub(crate) enum Step {
+enum Step {
     Done(Attempt),
     /// Our node is gone (deleted by an operator, or the session changed): start over.
     Recreate,
 }
 
-/// The path of `lease`'s node (of its mutex or semaphore) from its owner token's prefix and
-/// the sequence number in its handle; `None` when the handle holds no sequence number.
-pub(crate) fn known_node(lease: &Lease) -> Option<String> {
-    let sequence = lease.handle()?;
-    if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let paths = LockPaths::of(lease.key(), lease.hold());
-    let prefix = node_prefix(lease.owner(), lease.hold());
-    Some(paths.child(&format!("{prefix}{sequence}")))
-}
-
 impl ZkBackend {
+    /// One acquisition attempt of any kind (see the module docs and
+    /// [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)).
+    pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let kind = Kind::of(request.hold)?;
+        let session = self.session().await;
+        let paths = LockPaths::of(&request.key, request.hold);
+        let own = node_prefix(&request.owner, request.hold);
+        let token = &request.owner;
+        for _ in 0..MAX_ROUNDS {
+            let known = self
+                .pending()
+                .get(token)
+                .filter(|p| p.session_id == session.id())
+                .map(|p| p.node.clone());
+            let found = match known {
+                // Nodes found again, rather than created by this call, are verified through
+                // the leader before a grant: the queue is listed after a sync, and a stat is
+                // passed on only when read after it, or known from the node's create (its
+                // czxid and owner cannot change, and the synced listing shows the node is
+                // still there). A semaphore's permit reads it again: its version changes.
+                Some(PendingNode::Created { name, stat }) => match stat {
+                    Some(stat) if !matches!(kind, Kind::Permit(_)) => Found {
+                        children: self.queue_after_sync(&session, &paths).await?,
+                        name,
+                        stat: Some(stat),
+                    },
+                    _ => {
+                        let (children, stat) =
+                            self.queue_via_leader(&session, &paths, &name).await?;
+                        Found {
+                            name,
+                            stat,
+                            children,
+                        }
+                    }
+                },
+                Some(PendingNode::InFlight) => {
+                    let children = self.children(&session, &paths.parent).await?;
+                    match self.find_own(&session, &paths, &own, &children).await? {
+                        Some(name) => Found {
+                            name,
+                            stat: None,
+                            children,
+                        },
+                        None => {
+                            self.pending().remove(token);
+                            continue;
+                        }
+                    }
+                }
+                None => {
+                    if !request.wait {
+                        // A try on a held lock answers without queueing a node.
+                        let children = self.children(&session, &paths.parent).await?;
+                        if let Some(contention) = kind.taken(&request.key, children)? {
+                            return Ok(Attempt::Contended(contention));
+                        }
+                    }
+                    self.create_node(&session, &paths, &own, token, &kind.data(token))
+                        .await?
+                }
+            };
+            match self
+                .evaluate(&session, request, kind, &paths, found)
+                .await?
+            {
+                Step::Done(attempt) => return Ok(attempt),
+                Step::Recreate => continue,
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the lock node kept disappearing while acquiring",
+        )
+        .with_retryable(true))
+    }
+
     /// Creates our node (with `data`) and lists the queue: both requests are sent back to
     /// back, so the step costs about one round trip (the session's requests are applied in
     /// order, so the listing sees the node). A missing parent is created (a container node)
     /// and the step tried again. Answers the node's name, its stat when the create's answer
     /// carried a valid one, and the listing.
-    pub(crate) async fn create_node(
+    async fn create_node(
         &self,
         session: &Session,
         paths: &LockPaths,
         own_prefix: &str,
         token: &OwnerToken,
         data: &[u8],
-    ) -> Result<(String, Option<zk::Stat>, Vec<String>)> {
+    ) -> Result<Found> {
         self.inner.janitor.keep(paths);
         for _ in 0..MAX_ROUNDS {
             self.pending().insert(
@@ -52,8 +265,7 @@ impl ZkBackend {
                 Pending {
                     session_id: session.id(),
                     node: PendingNode::InFlight,
-                    predecessor: None,
-                    holders: Vec::new(),
+                    watch: None,
                 },
             );
             let node = self.node_options();
@@ -103,15 +315,18 @@ impl ZkBackend {
                                 name: name.clone(),
                                 stat,
                             },
-                            predecessor: None,
-                            holders: Vec::new(),
+                            watch: None,
                         },
                     );
                     let children = match listed {
                         Ok(children) => children,
                         Err(_) => self.children(session, &paths.parent).await?,
                     };
-                    return Ok((name, stat, children));
+                    return Ok(Found {
+                        name,
+                        stat,
+                        children,
+                    });
                 }
                 Err(zk::Error::NoNode) => {
                     // Nothing was created: make the parent and go again.
@@ -156,7 +371,7 @@ impl ZkBackend {
     /// empty container) and the chroot (deleted by the server when another client created it
     /// as a container, see [`Self::recreate_chroot`]). A level that vanishes again meanwhile
     /// is left to the caller's next round.
-    pub(crate) async fn create_parents(&self, session: &Session, paths: &LockPaths) -> Result<()> {
+    async fn create_parents(&self, session: &Session, paths: &LockPaths) -> Result<()> {
         let mut levels = paths.levels();
         levels.push(&paths.namespace);
         let mut missing = 0;
@@ -190,7 +405,7 @@ impl ZkBackend {
 
     /// Finds the nodes named `own_prefix…` an earlier attempt left: the lowest is kept,
     /// duplicates (from a create retried after a lost reply) are deleted.
-    pub(crate) async fn find_own(
+    async fn find_own(
         &self,
         session: &Session,
         paths: &LockPaths,
@@ -210,57 +425,87 @@ impl ZkBackend {
         Ok(Some(first))
     }
 
-    /// Decides from the queue whether our node `name` holds the lock. Its `stat` is known
-    /// when the node was created by this call (the create went through the leader after the
-    /// request was sent, and the listing, same session, after it, is at least that recent) or
-    /// read after a `sync`. Without it the node was found in a listing that a server cut off
-    /// from the leader may have served stale, so a grant first syncs with the leader and
-    /// reads the node again.
-    pub(crate) async fn evaluate(
+    /// Decides from the queue where our node stands, as `kind` places it: a request whose
+    /// count disagrees is refused (its node withdrawn), a waiter records what it watches (a
+    /// try withdraws its node), a holder touches its node when `kind` asks, and is granted.
+    ///
+    /// The node's stat is known when the node was created by this call (the create went
+    /// through the leader after the request was sent, and the listing, same session, after
+    /// it, is at least that recent) or read after a `sync`. Without it the node was found in
+    /// a listing that a server cut off from the leader may have served stale, so a grant
+    /// first syncs with the leader and reads the node again.
+    async fn evaluate(
         &self,
         session: &Session,
         request: &AcquireRequest,
+        kind: Kind,
         paths: &LockPaths,
-        name: &str,
-        stat: Option<zk::Stat>,
-        children: Vec<String>,
+        found: Found,
     ) -> Result<Step> {
-        let token = request.owner.clone();
-        let own_prefix = node_prefix(&request.owner, request.hold);
-        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
+        let Found {
+            name,
+            stat,
+            children,
+        } = found;
+        let token = &request.owner;
+        let own_prefix = node_prefix(token, request.hold);
+        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(&name))
             .await?;
         let mut queue = queue(children);
-        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
-        let Some(index) = queue.iter().position(|c| c == name) else {
-            self.pending().remove(&token);
+        queue.retain(|c| *c == name || !c.starts_with(&own_prefix));
+        let Some(index) = queue.iter().position(|c| *c == name) else {
+            self.pending().remove(token);
             return Ok(Step::Recreate);
         };
-        if index > 0 {
-            let predecessor = &queue[index - 1];
-            if let Some(entry) = self.pending().get_mut(&token) {
-                entry.predecessor = Some(predecessor.clone());
+        let path = paths.child(&name);
+        if let Some(refused) = kind.mismatch(&request.key, &queue[..index]) {
+            // Left in place if the delete fails: the core's abandon, which follows the
+            // error, deletes it then.
+            if self
+                .delete_node(session, &path, "withdraw the permit request")
+                .await
+                .is_ok()
+            {
+                self.pending().remove(token);
             }
-            let contention = Contention::new().with_predecessor(public_name(predecessor), None);
-            if !request.wait {
-                self.delete_node(session, &paths.child(name), "withdraw from the queue")
-                    .await?;
-                self.pending().remove(&token);
-            }
-            return Ok(Step::Done(Attempt::Contended(contention)));
+            return Err(refused);
         }
+        let touch = match kind.place(&queue, index) {
+            Place::Holds { touch } => touch,
+            Place::Waits(watch) => {
+                let contention =
+                    Contention::new().with_predecessor(public_name(watch.shown()), None);
+                if let Some(entry) = self.pending().get_mut(token) {
+                    entry.watch = Some(watch);
+                }
+                if !request.wait {
+                    self.delete_node(session, &path, "withdraw from the queue")
+                        .await?;
+                    self.pending().remove(token);
+                }
+                return Ok(Step::Done(Attempt::Contended(contention)));
+            }
+        };
         // Re-verify before granting: the node is ours on a live session, and its czxid.
-        let path = paths.child(name);
         let Some(stat) = self.own_stat(session, &path, stat).await? else {
-            self.pending().remove(&token);
+            self.pending().remove(token);
             return Ok(Step::Recreate);
         };
-        self.grant(session, request, name, stat.czxid)
+        if touch
+            && !self
+                .touch(session, &path, &kind.data(token), stat.version)
+                .await?
+        {
+            self.pending().remove(token);
+            return Ok(Step::Recreate);
+        }
+        self.grant(session, request, &name, stat.czxid)
             .map(Step::Done)
     }
 
     /// `stat` if known, else our node's stat as the leader sees it; `None` when the node is
     /// not ours on this session (gone, or left by an earlier one).
-    pub(crate) async fn own_stat(
+    async fn own_stat(
         &self,
         session: &Session,
         path: &str,
@@ -278,7 +523,7 @@ impl ZkBackend {
 
     /// The grant of our node `name` (of czxid `czxid`), unless the session was suspended
     /// meanwhile.
-    pub(crate) fn grant(
+    fn grant(
         &self,
         session: &Session,
         request: &AcquireRequest,
@@ -312,127 +557,50 @@ impl ZkBackend {
             .with_session(session.lost.clone());
         Ok(Attempt::Granted(grant))
     }
+}
 
-    /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
-    /// its handle, or else found by that prefix among the lock's children.
-    pub(crate) async fn lease_node(
-        &self,
-        session: &Session,
-        lease: &Lease,
-    ) -> Result<Option<String>> {
-        if let Some(path) = known_node(lease) {
-            return Ok(Some(path));
-        }
-        let paths = LockPaths::of(lease.key(), lease.hold());
-        let own_prefix = node_prefix(lease.owner(), lease.hold());
-        let children = self.children(session, &paths.parent).await?;
-        Ok(children
-            .iter()
-            .find(|c| c.starts_with(&own_prefix) && sequence_of(c).is_some())
-            .map(|c| paths.child(c)))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(kind: &str, sequence: usize) -> String {
+        format!("_c_{sequence}-{kind}{sequence:010}")
     }
 
-    /// One acquisition attempt (see [`LockBackend::try_acquire`](lockkit_core::backend::LockBackend::try_acquire)),
-    /// of a mutex, of a semaphore's permit, or of a read or write lock: the same node
-    /// machinery, queued under the parent of its kind (see `semaphore.rs` and `rwlock.rs`
-    /// for what differs).
-    pub(crate) async fn attempt(&self, request: &AcquireRequest) -> Result<Attempt> {
-        let permits = match request.hold {
-            Hold::Exclusive | Hold::Read | Hold::Write => None,
-            Hold::Permit { permits: 0 } => {
-                return Err(Error::invalid_config("a semaphore needs at least 1 permit"));
-            }
-            Hold::Permit { permits } => Some(permits),
-            other => return Err(other.unsupported(BACKEND)),
-        };
-        let session = self.session().await;
-        let paths = LockPaths::of(&request.key, request.hold);
-        let own = node_prefix(&request.owner, request.hold);
-        let token = request.owner.clone();
-        for _ in 0..MAX_ROUNDS {
-            let known = self
-                .pending()
-                .get(&token)
-                .filter(|p| p.session_id == session.id())
-                .map(|p| p.node.clone());
-            let (name, stat, children) = match known {
-                // Nodes found again, rather than created by this call, are verified through
-                // the leader before a grant: the queue is listed after a sync, and a stat is
-                // passed on only when read after it, or known from the node's create (its
-                // czxid and owner cannot change, and the synced listing shows the node is
-                // still there). A semaphore's permit reads it again: its version changes.
-                Some(PendingNode::Created { name, stat }) => match stat {
-                    Some(stat) if permits.is_none() => {
-                        let children = self.queue_after_sync(&session, &paths).await?;
-                        (name, Some(stat), children)
-                    }
-                    _ => {
-                        let (children, stat) =
-                            self.queue_via_leader(&session, &paths, &name).await?;
-                        (name, stat, children)
-                    }
-                },
-                Some(PendingNode::InFlight) => {
-                    let children = self.children(&session, &paths.parent).await?;
-                    match self.find_own(&session, &paths, &own, &children).await? {
-                        Some(name) => (name, None, children),
-                        None => {
-                            self.pending().remove(&token);
-                            continue;
-                        }
-                    }
-                }
-                None => {
-                    if !request.wait {
-                        // try_lock: a held lock answers without queueing a node.
-                        let children = self.children(&session, &paths.parent).await?;
-                        let full = match (request.hold, permits) {
-                            (_, Some(permits)) => {
-                                self.all_permits_taken(request, permits, children)?
-                            }
-                            (Hold::Read | Hold::Write, None) => {
-                                Self::rwlock_taken(request.hold, children)
-                            }
-                            _ => queue(children).into_iter().next().map(|holder| {
-                                Contention::new().with_predecessor(public_name(&holder), None)
-                            }),
-                        };
-                        if let Some(contention) = full {
-                            return Ok(Attempt::Contended(contention));
-                        }
-                    }
-                    let data = match permits {
-                        None => Vec::new(),
-                        Some(permits) => permit_data(&request.owner, permits),
-                    };
-                    self.create_node(&session, &paths, &own, &token, &data)
-                        .await?
-                }
-            };
-            let step = match (request.hold, permits) {
-                (Hold::Read | Hold::Write, _) => {
-                    self.evaluate_rw(&session, request, &paths, &name, stat, children)
-                        .await?
-                }
-                (_, None) => {
-                    self.evaluate(&session, request, &paths, &name, stat, children)
-                        .await?
-                }
-                (_, Some(permits)) => {
-                    self.evaluate_permit(&session, request, permits, &paths, &name, stat, children)
-                        .await?
-                }
-            };
-            match step {
-                Step::Done(attempt) => return Ok(attempt),
-                Step::Recreate => continue,
-            }
-        }
-        Err(Error::new(
-            ErrorKind::Unavailable,
-            BACKEND,
-            "the lock node kept disappearing while acquiring",
-        )
-        .with_retryable(true))
+    /// A mutex is a writer over its own queue, and only a permit's grant touches its node.
+    #[test]
+    fn each_kind_waits_for_what_keeps_it_out_and_only_a_permit_touches() {
+        let locks: Vec<String> = (1..=3).map(|i| node("lock-", i)).collect();
+        assert_eq!(
+            Kind::Exclusive.place(&locks, 0),
+            Place::Holds { touch: false }
+        );
+        assert_eq!(
+            Kind::Exclusive.place(&locks, 2),
+            Place::Waits(Watch::Deleted(locks[1].clone()))
+        );
+        let rw = vec![
+            node("__WRIT__", 1),
+            node("__READ__", 2),
+            node("__READ__", 3),
+        ];
+        assert_eq!(
+            Kind::Read.place(&rw, 2),
+            Place::Waits(Watch::Deleted(rw[0].clone()))
+        );
+        assert_eq!(Kind::Read.place(&rw[1..], 1), Place::Holds { touch: false });
+        let permits: Vec<String> = (1..=3).map(|i| node("permits-2-lock-", i)).collect();
+        assert_eq!(
+            Kind::Permit(2).place(&permits, 1),
+            Place::Holds { touch: true }
+        );
+        assert_eq!(
+            Kind::Permit(2).place(&permits, 2),
+            Place::Waits(Watch::Departure(permits[..2].to_vec()))
+        );
+        assert_eq!(
+            Kind::Permit(3).place(&permits, 2),
+            Place::Holds { touch: false }
+        );
     }
 }

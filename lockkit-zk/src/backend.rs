@@ -20,6 +20,7 @@ use lockkit_core::{
 use tokio_util::sync::{CancellationToken, DropGuard};
 use zookeeper_client as zk;
 
+use crate::acquire::MAX_ROUNDS;
 use crate::cleanup::{Janitor, Pending, sweep};
 use crate::config::ZkConfig;
 use crate::error::{BACKEND, map, timed_out};
@@ -36,9 +37,6 @@ use crate::session::{self, Session, SessionSlot};
 /// are raised rather than refused, as the core does for every backend's minimum
 /// ([`Capabilities::min_ttl`]): the lock behaves as asked, only renewed less often.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
-
-/// How often a lost reply or a race is retried inside one call before the core sees an error.
-pub(crate) const MAX_ROUNDS: usize = 4;
 
 /// A lock backend on a ZooKeeper ensemble ([`Tier::Consensus`]).
 ///
@@ -335,14 +333,9 @@ impl LockBackend for ZkBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        match request.hold {
-            Hold::Exclusive | Hold::Read | Hold::Write => {
-                self.wait_on_predecessor(request, contention, max_wait)
-                    .await
-            }
-            _ => self.wait_for_permit(request, contention, max_wait).await,
-        }
-        .map(|()| None)
+        self.wait_for(request, contention, max_wait)
+            .await
+            .map(|()| None)
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {

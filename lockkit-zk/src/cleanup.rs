@@ -12,6 +12,7 @@ use lockkit_core::backend::{AcquireRequest, Lease, OwnerToken};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+use crate::acquire::Watch;
 use crate::backend::{Inner, ZkBackend, within};
 use crate::error::{map, timed_out};
 use crate::naming::{LockPaths, node_prefix, sequence_of};
@@ -111,18 +112,19 @@ pub(crate) async fn sweep(
     }
 }
 
+/// What an acquisition in progress (or granted) has on the server.
 #[derive(Clone)]
 pub(crate) struct Pending {
+    /// The session its node was created on (the node goes with it).
     pub(crate) session_id: i64,
+    /// Its node, or a create in flight.
     pub(crate) node: PendingNode,
-    /// The node just ahead of ours, to watch (kept here; the [`Contention`](lockkit_core::backend::Contention) shows only its
-    /// sequence number).
-    pub(crate) predecessor: Option<String>,
-    /// A semaphore's first waiter watches these instead: the holders, every node ahead of
-    /// its own (empty otherwise; see `semaphore.rs`).
-    pub(crate) holders: Vec<String>,
+    /// What the last attempt found the node waiting for (kept here: the
+    /// [`Contention`](lockkit_core::backend::Contention) shows only a sequence number).
+    pub(crate) watch: Option<Watch>,
 }
 
+/// Where an acquisition's node is.
 #[derive(Clone)]
 pub(crate) enum PendingNode {
     /// A create was sent and its answer not seen: the node may or may not exist.

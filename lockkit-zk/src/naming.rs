@@ -5,7 +5,7 @@
 //! and `_c_{uuid}-__WRIT__{sequence}`, as Curator's `InterProcessReadWriteLock` names them.
 
 use lockkit_core::LockKey;
-use lockkit_core::backend::{Hold, OwnerToken};
+use lockkit_core::backend::{Hold, Lease, OwnerToken};
 
 /// The part of a lock node's name between the owner and the sequence number, as Curator's
 /// `InterProcessMutex` names it.
@@ -184,6 +184,18 @@ pub(crate) fn queue(mut children: Vec<String>) -> Vec<String> {
     children.retain(|c| sequence_of(c).is_some());
     children.sort_by_key(|c| sequence_of(c));
     children
+}
+
+/// The path of `lease`'s node (of any kind) from its owner token's prefix and
+/// the sequence number in its handle; `None` when the handle holds no sequence number.
+pub(crate) fn known_node(lease: &Lease) -> Option<String> {
+    let sequence = lease.handle()?;
+    if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let paths = LockPaths::of(lease.key(), lease.hold());
+    let prefix = node_prefix(lease.owner(), lease.hold());
+    Some(paths.child(&format!("{prefix}{sequence}")))
 }
 
 #[cfg(test)]

@@ -11,9 +11,9 @@ use lockkit_core::Result;
 use lockkit_core::backend::{Lease, Renewal};
 use zookeeper_client as zk;
 
-use crate::acquire::known_node;
 use crate::backend::ZkBackend;
 use crate::error::{map, timed_out};
+use crate::naming::{LockPaths, known_node, node_prefix, sequence_of};
 use crate::session::Session;
 
 /// The most reads in one multi-read request.
@@ -115,6 +115,25 @@ impl ZkBackend {
         } else {
             Renewal::Lost
         })
+    }
+
+    /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
+    /// its handle, or else found by that prefix among the lock's children.
+    pub(crate) async fn lease_node(
+        &self,
+        session: &Session,
+        lease: &Lease,
+    ) -> Result<Option<String>> {
+        if let Some(path) = known_node(lease) {
+            return Ok(Some(path));
+        }
+        let paths = LockPaths::of(lease.key(), lease.hold());
+        let own_prefix = node_prefix(lease.owner(), lease.hold());
+        let children = self.children(session, &paths.parent).await?;
+        Ok(children
+            .iter()
+            .find(|c| c.starts_with(&own_prefix) && sequence_of(c).is_some())
+            .map(|c| paths.child(c)))
     }
 
     /// A `sync`, then each batch of paths as one multi-read of their data, sent back to back

@@ -1,6 +1,10 @@
 //! Read-write locks on ZooKeeper: one queue of readers' and writers' nodes; a reader holds
 //! while no writer's node is ahead of its own, a writer while its node is first.
 //!
+//! The attempt and the waits are every kind's (`acquire.rs`, `wait.rs`); this file has the
+//! rule `Kind::Read` and `Kind::Write` apply (what keeps a node out, which is also what it
+//! watches) and the argument that it is enough.
+//!
 //! # Decisions
 //! - **Where the queue lives.** The read-write lock `{namespace}/{name}` queues under
 //!   `{chroot}/{namespace}/{name}/rwlock`, a container node below the mutex's parent of the
@@ -61,18 +65,15 @@
 //! [`WaitStrategy::Queue`]: lockkit_core::WaitStrategy::Queue
 
 use lockkit_core::Result;
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Hold, Lease};
-use zookeeper_client as zk;
+use lockkit_core::backend::{Hold, Lease};
 
-use crate::acquire::Step;
 use crate::backend::ZkBackend;
-use crate::naming::{LockPaths, is_write_node, node_prefix, public_name, queue};
-use crate::session::Session;
+use crate::naming::is_write_node;
 
 /// What keeps the node at `index` of `queue` from its grant as `hold`, and what it watches
-/// meanwhile: for a reader the nearest writer's node ahead, for a writer its predecessor.
-/// `None` when it holds.
-fn blocker(queue: &[String], index: usize, hold: Hold) -> Option<&String> {
+/// meanwhile: for a reader the nearest writer's node ahead, for a writer (and a mutex) its
+/// predecessor. `None` when it holds.
+pub(crate) fn blocker(queue: &[String], index: usize, hold: Hold) -> Option<&String> {
     match hold {
         Hold::Read => queue[..index].iter().rev().find(|n| is_write_node(n)),
         _ => index.checked_sub(1).map(|i| &queue[i]),
@@ -80,59 +81,6 @@ fn blocker(queue: &[String], index: usize, hold: Hold) -> Option<&String> {
 }
 
 impl ZkBackend {
-    /// A try without waiting, before it creates a node: contention when a writer's node is
-    /// in the queue (for a reader) or any node is (for a writer), with what a node queued
-    /// now would watch.
-    pub(crate) fn rwlock_taken(hold: Hold, children: Vec<String>) -> Option<Contention> {
-        let queue = queue(children);
-        let index = queue.len();
-        blocker(&queue, index, hold)
-            .map(|node| Contention::new().with_predecessor(public_name(node), None))
-    }
-
-    /// Decides from the queue whether our node `name` holds `request.hold` (see the module
-    /// docs), and records what a waiter watches. `stat` as for the mutex's
-    /// [`evaluate`](ZkBackend::evaluate).
-    pub(crate) async fn evaluate_rw(
-        &self,
-        session: &Session,
-        request: &AcquireRequest,
-        paths: &LockPaths,
-        name: &str,
-        stat: Option<zk::Stat>,
-        children: Vec<String>,
-    ) -> Result<Step> {
-        let token = &request.owner;
-        let own_prefix = node_prefix(token, request.hold);
-        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
-            .await?;
-        let mut queue = queue(children);
-        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
-        let Some(index) = queue.iter().position(|c| c == name) else {
-            self.pending().remove(token);
-            return Ok(Step::Recreate);
-        };
-        let path = paths.child(name);
-        if let Some(watched) = blocker(&queue, index, request.hold) {
-            if let Some(entry) = self.pending().get_mut(token) {
-                entry.predecessor = Some(watched.clone());
-            }
-            let contention = Contention::new().with_predecessor(public_name(watched), None);
-            if !request.wait {
-                self.delete_node(session, &path, "withdraw from the queue")
-                    .await?;
-                self.pending().remove(token);
-            }
-            return Ok(Step::Done(Attempt::Contended(contention)));
-        }
-        let Some(stat) = self.own_stat(session, &path, stat).await? else {
-            self.pending().remove(token);
-            return Ok(Step::Recreate);
-        };
-        self.grant(session, request, name, stat.czxid)
-            .map(Step::Done)
-    }
-
     /// Whether `lease` holds its read or write lock, as the leader sees it: its node exists
     /// on the current session with the lease's czxid, and nothing ahead of it blocks it.
     pub(crate) async fn holds_rw(&self, lease: &Lease) -> Result<bool> {
@@ -145,7 +93,10 @@ impl ZkBackend {
 
 #[cfg(test)]
 mod tests {
+    use lockkit_core::LockKey;
+
     use super::*;
+    use crate::acquire::Kind;
 
     fn node(kind: &str, sequence: usize) -> String {
         format!("_c_{sequence}-{kind}{sequence:010}")
@@ -176,12 +127,16 @@ mod tests {
 
     #[test]
     fn a_try_is_refused_by_a_writer_for_a_reader_and_by_anyone_for_a_writer() {
+        let key = LockKey::new("ns", "table").expect("key");
+        let taken = |kind: Kind, children: Vec<String>| {
+            kind.taken(&key, children).expect("no count to disagree")
+        };
         let readers = vec![node("__READ__", 1), node("__READ__", 2)];
-        assert!(ZkBackend::rwlock_taken(Hold::Read, readers.clone()).is_none());
-        assert!(ZkBackend::rwlock_taken(Hold::Write, readers.clone()).is_some());
-        assert!(ZkBackend::rwlock_taken(Hold::Write, Vec::new()).is_none());
+        assert!(taken(Kind::Read, readers.clone()).is_none());
+        assert!(taken(Kind::Write, readers.clone()).is_some());
+        assert!(taken(Kind::Write, Vec::new()).is_none());
         let mut queued = readers;
         queued.push(node("__WRIT__", 3));
-        assert!(ZkBackend::rwlock_taken(Hold::Read, queued).is_some());
+        assert!(taken(Kind::Read, queued).is_some());
     }
 }

@@ -1,6 +1,11 @@
 //! Semaphores on ZooKeeper: the first `permits` nodes of a queue hold a permit, and each
 //! waiter watches only what can change its place.
 //!
+//! The attempt and the waits are every kind's (`acquire.rs`, `wait.rs`); this file has the
+//! semaphore's rules, which `Kind::Permit` applies (the node's data, the refusal of another
+//! count, what a waiter watches, when a grant touches), the touch itself, and the argument
+//! that they are enough.
+//!
 //! # Decisions
 //! - **Where the queue lives.** The semaphore `{namespace}/{name}` queues under
 //!   `{chroot}/{namespace}/{name}/semaphore`, a container node below the mutex's parent of
@@ -64,18 +69,14 @@
 //!
 //! [`WaitStrategy::Queue`]: lockkit_core::WaitStrategy::Queue
 
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-
-use futures_util::future::{join_all, select_all};
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Hold, Lease, OwnerToken};
+use lockkit_core::backend::{Lease, OwnerToken};
 use lockkit_core::{Error, Result};
 use zookeeper_client as zk;
 
-use crate::acquire::Step;
+use crate::acquire::Watch;
 use crate::backend::{ZkBackend, within};
-use crate::error::{BACKEND, map, timed_out};
-use crate::naming::{LockPaths, node_id, node_prefix, permits_of, public_name, queue};
+use crate::error::map;
+use crate::naming::{LockPaths, node_id, node_prefix, permits_of, queue};
 use crate::session::Session;
 
 /// The data of a permit node: the owner's digest (never the token) and the count.
@@ -84,191 +85,54 @@ pub(crate) fn permit_data(owner: &OwnerToken, permits: u32) -> Vec<u8> {
 }
 
 /// The count of the first node among `nodes` that records another count than `permits`.
-fn disagreeing(nodes: &[String], permits: u32) -> Option<u32> {
+pub(crate) fn disagreeing(nodes: &[String], permits: u32) -> Option<u32> {
     nodes
         .iter()
         .filter_map(|node| permits_of(node))
         .find(|&recorded| recorded != permits)
 }
 
-/// The nodes a waiter at `index` of `queue` watches, and whether they are the holders (the
-/// first waiter) rather than its predecessor. `None` for a holder.
-fn watched(queue: &[String], index: usize, permits: usize) -> Option<(Vec<String>, bool)> {
+/// What a waiter at `index` of `queue` watches: the holders for the first waiter, its
+/// predecessor for a later one. `None` for a holder.
+pub(crate) fn watched(queue: &[String], index: usize, permits: usize) -> Option<Watch> {
     if index < permits {
         None
     } else if index == permits {
-        Some((queue[..permits].to_vec(), true))
+        Some(Watch::Departure(queue[..permits].to_vec()))
     } else {
-        Some((vec![queue[index - 1].clone()], false))
+        Some(Watch::Changed(queue[index - 1].clone()))
     }
 }
 
 /// Whether a node granted at `index` of `queue` touches its node: someone behind it may
 /// watch it as its predecessor.
-fn must_touch(queue: &[String], index: usize) -> bool {
+pub(crate) fn must_touch(queue: &[String], index: usize) -> bool {
     queue.len() > index + 1
 }
 
 impl ZkBackend {
-    /// A try without waiting, before it creates a node: contention when every permit is
-    /// taken (or queued for), the mismatch when a node records another count.
-    pub(crate) fn all_permits_taken(
-        &self,
-        request: &AcquireRequest,
-        permits: u32,
-        children: Vec<String>,
-    ) -> Result<Option<Contention>> {
-        let queue = queue(children);
-        if let Some(recorded) = disagreeing(&queue, permits) {
-            return Err(Hold::permits_mismatch(
-                BACKEND,
-                &request.key,
-                permits,
-                recorded,
-            ));
-        }
-        // The last holder, as a waiter queued now would see its predecessor.
-        Ok(queue
-            .get((permits as usize).saturating_sub(1))
-            .map(|last| Contention::new().with_predecessor(public_name(last), None)))
-    }
-
-    /// Decides from the queue whether our node `name` holds a permit (see the module docs):
-    /// refuses a disagreeing count, records what a waiter watches, touches a grant's node
-    /// when someone queues behind it. `stat` as for the mutex's
-    /// [`evaluate`](ZkBackend::evaluate).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn evaluate_permit(
+    /// Touches our permit node `path` (sets its `data` again, guarded by the `version` the
+    /// grant read), which fires the data watch of the waiter behind it. `false` when the
+    /// node is gone.
+    pub(crate) async fn touch(
         &self,
         session: &Session,
-        request: &AcquireRequest,
-        permits: u32,
-        paths: &LockPaths,
-        name: &str,
-        stat: Option<zk::Stat>,
-        children: Vec<String>,
-    ) -> Result<Step> {
-        let token = &request.owner;
-        let own_prefix = node_prefix(token, request.hold);
-        self.delete_own_nodes(session, paths, &own_prefix, &children, Some(name))
-            .await?;
-        let mut queue = queue(children);
-        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
-        let Some(index) = queue.iter().position(|c| c == name) else {
-            self.pending().remove(token);
-            return Ok(Step::Recreate);
-        };
-        let path = paths.child(name);
-        if let Some(recorded) = disagreeing(&queue[..index], permits) {
-            // Left in place if the delete fails: the core's abandon, which follows the
-            // error, deletes it then.
-            if self
-                .delete_node(session, &path, "withdraw the permit request")
-                .await
-                .is_ok()
-            {
-                self.pending().remove(token);
-            }
-            return Err(Hold::permits_mismatch(
-                BACKEND,
-                &request.key,
-                permits,
-                recorded,
-            ));
+        path: &str,
+        data: &[u8],
+        version: i32,
+    ) -> Result<bool> {
+        match within(
+            self.timeout(),
+            "touch the permit node",
+            session.client.set_data(path, data, Some(version)),
+        )
+        .await?
+        {
+            // Another version: it was touched since, which fired the watches already.
+            Ok(_) | Err(zk::Error::BadVersion) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map("touch the permit node", e)),
         }
-        if let Some((nodes, first)) = watched(&queue, index, permits as usize) {
-            let predecessor = queue[index - 1].clone();
-            if let Some(entry) = self.pending().get_mut(token) {
-                entry.predecessor = Some(predecessor.clone());
-                entry.holders = if first { nodes } else { Vec::new() };
-            }
-            if !request.wait {
-                self.delete_node(session, &path, "withdraw from the queue")
-                    .await?;
-                self.pending().remove(token);
-            }
-            let contention = Contention::new().with_predecessor(public_name(&predecessor), None);
-            return Ok(Step::Done(Attempt::Contended(contention)));
-        }
-        let Some(stat) = self.own_stat(session, &path, stat).await? else {
-            self.pending().remove(token);
-            return Ok(Step::Recreate);
-        };
-        if must_touch(&queue, index) {
-            let data = permit_data(token, permits);
-            match within(
-                self.timeout(),
-                "touch the permit node",
-                session.client.set_data(&path, &data, Some(stat.version)),
-            )
-            .await?
-            {
-                // Another version: it was touched since, which fired the watches already.
-                Ok(_) | Err(zk::Error::BadVersion) => {}
-                Err(zk::Error::NoNode) => {
-                    self.pending().remove(token);
-                    return Ok(Step::Recreate);
-                }
-                Err(e) => return Err(map("touch the permit node", e)),
-            }
-        }
-        self.grant(session, request, name, stat.czxid)
-            .map(Step::Done)
-    }
-
-    /// Waits until a node that can change our place changes (see the module docs),
-    /// `max_wait` passes, or the session is lost.
-    pub(crate) async fn wait_for_permit(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        max_wait: Duration,
-    ) -> Result<()> {
-        let session = self.session().await;
-        // As for the mutex: without what to watch on the session holding our node, the next
-        // attempt reads the queue afresh.
-        let known = self
-            .pending()
-            .get(&request.owner)
-            .filter(|p| p.session_id == session.id())
-            .and_then(|p| Some((p.predecessor.clone()?, p.holders.clone())));
-        let (Some((predecessor, holders)), Some(_)) = (known, &contention.predecessor) else {
-            return Ok(());
-        };
-        let first = !holders.is_empty();
-        let nodes = if first { holders } else { vec![predecessor] };
-        let paths = LockPaths::of(&request.key, request.hold);
-        let what = "watch the permit holders";
-        let watches = join_all(
-            nodes
-                .iter()
-                .map(|node| session.client.get_and_watch_data(&paths.child(node))),
-        );
-        let answers = tokio::time::timeout(self.timeout(), watches)
-            .await
-            .map_err(|_| timed_out(what))?;
-        let mut watchers = Vec::with_capacity(answers.len());
-        for answer in answers {
-            match answer {
-                Ok((_, stat, watcher)) => {
-                    if !first && stat.version != 0 {
-                        // The predecessor touched its node: it holds a permit now.
-                        return Ok(());
-                    }
-                    watchers.push(Box::pin(watcher.changed()));
-                }
-                Err(zk::Error::NoNode) => return Ok(()),
-                Err(e) => return Err(map(what, e)),
-            }
-        }
-        tokio::select! {
-            _ = select_all(watchers) => {
-                self.inner.watch_events.fetch_add(1, Ordering::Relaxed);
-            }
-            () = tokio::time::sleep(max_wait) => {}
-            () = session.lost.cancelled() => {}
-        }
-        Ok(())
     }
 
     /// Whether `lease` holds a permit, as the leader sees it: its node exists on the current
@@ -342,9 +206,18 @@ mod tests {
         let queue = names(5);
         assert_eq!(watched(&queue, 0, 2), None);
         assert_eq!(watched(&queue, 1, 2), None);
-        assert_eq!(watched(&queue, 2, 2), Some((queue[..2].to_vec(), true)));
-        assert_eq!(watched(&queue, 3, 2), Some((vec![queue[2].clone()], false)));
-        assert_eq!(watched(&queue, 4, 2), Some((vec![queue[3].clone()], false)));
+        assert_eq!(
+            watched(&queue, 2, 2),
+            Some(Watch::Departure(queue[..2].to_vec()))
+        );
+        assert_eq!(
+            watched(&queue, 3, 2),
+            Some(Watch::Changed(queue[2].clone()))
+        );
+        assert_eq!(
+            watched(&queue, 4, 2),
+            Some(Watch::Changed(queue[3].clone()))
+        );
     }
 
     /// A holder with anyone behind it touches, even granted at its first look: a node
