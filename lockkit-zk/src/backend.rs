@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockkit_core::backend::cleanup::{Acquisitions, Ledger, Sweeps};
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage,
-    OwnerToken, Renewal, runtime,
+    AcquireRequest, Attempt, Contention, Grant, Leader, Lease, LockBackend, LockPage, OwnerToken,
+    Renewal, runtime,
 };
 use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
@@ -343,11 +343,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
-        Ok(if self.owns(lease).await? {
-            Renewal::Extended(self.trusted_for(lease.ttl()))
-        } else {
-            Renewal::Lost
-        })
+        self.renew_one(lease).await
     }
 
     /// One tick costs one round trip on the session: a `sync`, then every lease's node read
@@ -365,12 +361,7 @@ impl LockBackend for ZkBackend {
     /// For a permit, also that the node is among the first `permits` (see `semaphore.rs`);
     /// for a read or write lock, that nothing ahead blocks it (see `rwlock.rs`).
     async fn is_held(&self, lease: &Lease) -> Result<bool> {
-        match lease.hold() {
-            Hold::Exclusive => self.owns(lease).await,
-            Hold::Permit { permits } => self.holds_permit(lease, permits).await,
-            Hold::Read | Hold::Write => self.holds_rw(lease).await,
-            other => Err(other.unsupported(BACKEND)),
-        }
+        self.holds(lease).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

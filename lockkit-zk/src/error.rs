@@ -51,6 +51,13 @@ pub(crate) fn timed_out(what: &str) -> Error {
     )
 }
 
+/// Whether `error` reports the session expired (its nodes are gone with it).
+pub(crate) fn session_expired(error: &Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<zk::Error>())
+        .is_some_and(|e| matches!(e, zk::Error::SessionExpired))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,9 @@
-//! Renewing many leases at once: one `sync` with the leader, then every lease's node read in
+//! Renewal checks on ZooKeeper: a lock node lives as long as the session, so a renewal only
+//! reads the lease's node back through the leader (it exists, on the current session); and
+//! `is_held`, the same read plus, for a permit or a read-write lock, the node's place in the
+//! queue, as the attempt decides it.
+//!
+//! Many leases renew at once with one `sync` with the leader, then every lease's node read in
 //! a few multi-reads (ZooKeeper ≥ 3.6), all sent back to back on the session: one round trip
 //! per tick and a request per thousand leases, where a read per lease cost several times the
 //! CPU and a `multi` of version checks would be a write through the quorum, all or nothing
@@ -11,9 +16,10 @@ use lockkit_core::Result;
 use lockkit_core::backend::{Lease, Renewal};
 use zookeeper_client as zk;
 
+use crate::acquire::{Kind, Place};
 use crate::backend::ZkBackend;
-use crate::error::{map, timed_out};
-use crate::naming::{LockPaths, known_node, node_prefix, sequence_of};
+use crate::error::{map, session_expired, timed_out};
+use crate::naming::{LockPaths, known_node, node_prefix, queue, sequence_of};
 use crate::session::Session;
 
 /// The most reads in one multi-read request.
@@ -76,7 +82,7 @@ impl ZkBackend {
                 .iter()
                 .zip(&checks)
                 .filter(|(_, c)| matches!(c, Check::Alone))
-                .map(|(lease, _)| self.renew_alone(lease)),
+                .map(|(lease, _)| self.renew_one(lease)),
         );
         let (read, alone) = tokio::join!(self.read_via_leader(&session, &batches), alone);
         let mut alone = alone.into_iter();
@@ -108,8 +114,9 @@ impl ZkBackend {
             .collect()
     }
 
-    /// Renews a lease whose node must be found first, as a single `renew` does.
-    async fn renew_alone(&self, lease: &Lease) -> Result<Renewal> {
+    /// Renews one lease: extended while its node exists on the current session (see
+    /// [`Self::owns`]).
+    pub(crate) async fn renew_one(&self, lease: &Lease) -> Result<Renewal> {
         Ok(if self.owns(lease).await? {
             Renewal::Extended(self.trusted_for(lease.ttl()))
         } else {
@@ -117,23 +124,74 @@ impl ZkBackend {
         })
     }
 
-    /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
-    /// its handle, or else found by that prefix among the lock's children.
-    pub(crate) async fn lease_node(
-        &self,
-        session: &Session,
-        lease: &Lease,
-    ) -> Result<Option<String>> {
-        if let Some(path) = known_node(lease) {
-            return Ok(Some(path));
+    /// Whether `lease`'s node still exists and belongs to the current, trusted session, as
+    /// the leader sees it: the read follows a `sync`, so a server cut off from the leader
+    /// (which keeps serving its stale view until it notices, `syncLimit × tickTime`) makes
+    /// the check fail instead of confirming a lock the leader may have given away.
+    async fn owns(&self, lease: &Lease) -> Result<bool> {
+        if lease.session_alive() == Some(false) {
+            return Ok(false);
         }
+        let session = self.session().await;
+        let Some(path) = self.lease_node(&session, lease).await? else {
+            return Ok(false);
+        };
+        match self.stat_via_leader(&session, &path).await? {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == session.id()),
+            Ok(None) | Err(zk::Error::SessionExpired) => Ok(false),
+            Err(e) => Err(map("read the lock node through the leader", e)),
+        }
+    }
+
+    /// Whether `lease` still holds, as the leader sees it: a mutex while its node exists on
+    /// the current session ([`Self::owns`]: nodes only queue behind a holder); a permit or a
+    /// read or write lock while its node also has the lease's czxid and holds at its place
+    /// in the queue, as [`Kind::place`] decides it for the attempt.
+    pub(crate) async fn holds(&self, lease: &Lease) -> Result<bool> {
+        let kind = Kind::of(lease.hold())?;
+        if kind == Kind::Exclusive {
+            return self.owns(lease).await;
+        }
+        Ok(self
+            .place_in_queue(lease)
+            .await?
+            .is_some_and(|(queue, index)| matches!(kind.place(&queue, index), Place::Holds { .. })))
+    }
+
+    /// The queue of `lease`'s node (a semaphore's or a read-write lock's) as the leader sees
+    /// it, with the node's index in it: `None` when the node is not on the current session
+    /// with the lease's czxid. The other nodes of the lease's owner (strays of lost replies)
+    /// are left out, as the attempt leaves them out.
+    async fn place_in_queue(&self, lease: &Lease) -> Result<Option<(Vec<String>, usize)>> {
+        if lease.session_alive() == Some(false) {
+            return Ok(None);
+        }
+        let session = self.session().await;
+        let Some(path) = self.lease_node(&session, lease).await? else {
+            return Ok(None);
+        };
+        let Some(name) = path.rsplit('/').next() else {
+            return Ok(None);
+        };
         let paths = LockPaths::of(lease.key(), lease.hold());
+        let (children, stat) = match self.queue_via_leader(&session, &paths, name).await {
+            Ok(read) => read,
+            Err(e) if session_expired(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(stat) = stat else {
+            return Ok(None);
+        };
+        if u64::try_from(stat.czxid).ok() != Some(lease.fencing_token().get()) {
+            return Ok(None);
+        }
         let own_prefix = node_prefix(lease.owner(), lease.hold());
-        let children = self.children(session, &paths.parent).await?;
-        Ok(children
+        let mut queue = queue(children);
+        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
+        Ok(queue
             .iter()
-            .find(|c| c.starts_with(&own_prefix) && sequence_of(c).is_some())
-            .map(|c| paths.child(c)))
+            .position(|c| c == name)
+            .map(|index| (queue, index)))
     }
 
     /// A `sync`, then each batch of paths as one multi-read of their data, sent back to back
@@ -183,6 +241,25 @@ impl ZkBackend {
                 Err(e) => Err(e),
             })
             .collect())
+    }
+
+    /// The path of `lease`'s node: from its owner token's prefix and the sequence number in
+    /// its handle, or else found by that prefix among the lock's children.
+    pub(crate) async fn lease_node(
+        &self,
+        session: &Session,
+        lease: &Lease,
+    ) -> Result<Option<String>> {
+        if let Some(path) = known_node(lease) {
+            return Ok(Some(path));
+        }
+        let paths = LockPaths::of(lease.key(), lease.hold());
+        let own_prefix = node_prefix(lease.owner(), lease.hold());
+        let children = self.children(session, &paths.parent).await?;
+        Ok(children
+            .iter()
+            .find(|c| c.starts_with(&own_prefix) && sequence_of(c).is_some())
+            .map(|c| paths.child(c)))
     }
 }
 

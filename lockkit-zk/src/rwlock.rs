@@ -1,9 +1,9 @@
 //! Read-write locks on ZooKeeper: one queue of readers' and writers' nodes; a reader holds
 //! while no writer's node is ahead of its own, a writer while its node is first.
 //!
-//! The attempt and the waits are every kind's (`acquire.rs`, `wait.rs`); this file has the
-//! rule `Kind::Read` and `Kind::Write` apply (what keeps a node out, which is also what it
-//! watches) and the argument that it is enough.
+//! The attempt, the waits and `is_held` are every kind's (`acquire.rs`, `wait.rs`,
+//! `renewal.rs`); this file has the rule `Kind::Read` and `Kind::Write` apply (what keeps a
+//! node out, which is also what it watches) and the argument that it is enough.
 //!
 //! # Decisions
 //! - **Where the queue lives.** The read-write lock `{namespace}/{name}` queues under
@@ -64,10 +64,8 @@
 //!
 //! [`WaitStrategy::Queue`]: lockkit_core::WaitStrategy::Queue
 
-use lockkit_core::Result;
-use lockkit_core::backend::{Hold, Lease};
+use lockkit_core::backend::Hold;
 
-use crate::backend::ZkBackend;
 use crate::naming::is_write_node;
 
 /// What keeps the node at `index` of `queue` from its grant as `hold`, and what it watches
@@ -77,17 +75,6 @@ pub(crate) fn blocker(queue: &[String], index: usize, hold: Hold) -> Option<&Str
     match hold {
         Hold::Read => queue[..index].iter().rev().find(|n| is_write_node(n)),
         _ => index.checked_sub(1).map(|i| &queue[i]),
-    }
-}
-
-impl ZkBackend {
-    /// Whether `lease` holds its read or write lock, as the leader sees it: its node exists
-    /// on the current session with the lease's czxid, and nothing ahead of it blocks it.
-    pub(crate) async fn holds_rw(&self, lease: &Lease) -> Result<bool> {
-        Ok(self
-            .place_in_queue(lease)
-            .await?
-            .is_some_and(|(queue, index)| blocker(&queue, index, lease.hold()).is_none()))
     }
 }
 

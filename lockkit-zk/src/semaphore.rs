@@ -1,10 +1,10 @@
 //! Semaphores on ZooKeeper: the first `permits` nodes of a queue hold a permit, and each
 //! waiter watches only what can change its place.
 //!
-//! The attempt and the waits are every kind's (`acquire.rs`, `wait.rs`); this file has the
-//! semaphore's rules, which `Kind::Permit` applies (the node's data, the refusal of another
-//! count, what a waiter watches, when a grant touches), the touch itself, and the argument
-//! that they are enough.
+//! The attempt, the waits and `is_held` are every kind's (`acquire.rs`, `wait.rs`,
+//! `renewal.rs`); this file has the semaphore's rules, which `Kind::Permit` applies (the
+//! node's data, the refusal of another count, what a waiter watches, when a grant touches),
+//! the touch itself, and the argument that they are enough.
 //!
 //! # Decisions
 //! - **Where the queue lives.** The semaphore `{namespace}/{name}` queues under
@@ -69,14 +69,14 @@
 //!
 //! [`WaitStrategy::Queue`]: lockkit_core::WaitStrategy::Queue
 
-use lockkit_core::backend::{Lease, OwnerToken};
-use lockkit_core::{Error, Result};
+use lockkit_core::Result;
+use lockkit_core::backend::OwnerToken;
 use zookeeper_client as zk;
 
 use crate::acquire::Watch;
 use crate::backend::{ZkBackend, within};
 use crate::error::map;
-use crate::naming::{LockPaths, node_id, node_prefix, permits_of, queue};
+use crate::naming::{node_id, permits_of};
 use crate::session::Session;
 
 /// The data of a permit node: the owner's digest (never the token) and the count.
@@ -134,61 +134,6 @@ impl ZkBackend {
             Err(e) => Err(map("touch the permit node", e)),
         }
     }
-
-    /// Whether `lease` holds a permit, as the leader sees it: its node exists on the current
-    /// session with the lease's czxid, among the first `permits` of the queue.
-    pub(crate) async fn holds_permit(&self, lease: &Lease, permits: u32) -> Result<bool> {
-        Ok(self
-            .place_in_queue(lease)
-            .await?
-            .is_some_and(|(_, index)| index < permits as usize))
-    }
-
-    /// The queue of `lease`'s node (a semaphore's or a read-write lock's) as the leader sees
-    /// it, with the node's index in it: `None` when the node is not on the current session
-    /// with the lease's czxid. The other nodes of the lease's owner (strays of lost replies)
-    /// are left out, as the grant leaves them out.
-    pub(crate) async fn place_in_queue(
-        &self,
-        lease: &Lease,
-    ) -> Result<Option<(Vec<String>, usize)>> {
-        if lease.session_alive() == Some(false) {
-            return Ok(None);
-        }
-        let session = self.session().await;
-        let Some(path) = self.lease_node(&session, lease).await? else {
-            return Ok(None);
-        };
-        let Some(name) = path.rsplit('/').next() else {
-            return Ok(None);
-        };
-        let paths = LockPaths::of(lease.key(), lease.hold());
-        let (children, stat) = match self.queue_via_leader(&session, &paths, name).await {
-            Ok(read) => read,
-            Err(e) if session_expired(&e) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let Some(stat) = stat else {
-            return Ok(None);
-        };
-        if u64::try_from(stat.czxid).ok() != Some(lease.fencing_token().get()) {
-            return Ok(None);
-        }
-        let own_prefix = node_prefix(lease.owner(), lease.hold());
-        let mut queue = queue(children);
-        queue.retain(|c| c == name || !c.starts_with(&own_prefix));
-        Ok(queue
-            .iter()
-            .position(|c| c == name)
-            .map(|index| (queue, index)))
-    }
-}
-
-/// Whether `error` reports the session expired (its nodes are gone with it).
-pub(crate) fn session_expired(error: &Error) -> bool {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<zk::Error>())
-        .is_some_and(|e| matches!(e, zk::Error::SessionExpired))
 }
 
 #[cfg(test)]

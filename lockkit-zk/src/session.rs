@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lockkit_core::backend::{Backoff, CancellationToken, Lease, runtime};
+use lockkit_core::backend::{Backoff, CancellationToken, runtime};
 use lockkit_core::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 use zookeeper_client as zk;
@@ -196,7 +196,7 @@ pub(crate) fn start(config: &ZkConfig, client: zk::Client) -> Arc<SessionSlot> {
 /// The states describe only the connection to one server. A server cut off from the leader
 /// keeps it `SyncConnected` for up to `syncLimit × tickTime` while the leader may expire the
 /// session: that case is caught by the renewals, which `sync` with the leader and are trusted
-/// only for part of the session timeout (`ZkBackend::owns`, `trusted_for`).
+/// only for part of the session timeout (`ZkBackend::owns` in `renewal.rs`, `trusted_for`).
 async fn watch(
     slot: Weak<SessionSlot>,
     config: ZkConfig,
@@ -452,25 +452,6 @@ impl ZkBackend {
             self.session_timeout(),
             self.inner.config.suspended_grace_fraction,
         )
-    }
-
-    /// Whether `lease`'s node still exists and belongs to the current, trusted session, as
-    /// the leader sees it: the read follows a `sync`, so a server cut off from the leader
-    /// (which keeps serving its stale view until it notices, `syncLimit × tickTime`) makes
-    /// the check fail instead of confirming a lock the leader may have given away.
-    pub(crate) async fn owns(&self, lease: &Lease) -> Result<bool> {
-        if lease.session_alive() == Some(false) {
-            return Ok(false);
-        }
-        let session = self.session().await;
-        let Some(path) = self.lease_node(&session, lease).await? else {
-            return Ok(false);
-        };
-        match self.stat_via_leader(&session, &path).await? {
-            Ok(Some(stat)) => Ok(stat.ephemeral_owner == session.id()),
-            Ok(None) | Err(zk::Error::SessionExpired) => Ok(false),
-            Err(e) => Err(map("read the lock node through the leader", e)),
-        }
     }
 }
 
