@@ -503,24 +503,6 @@ impl ZkBackend {
             .map(Step::Done)
     }
 
-    /// `stat` if known, else our node's stat as the leader sees it; `None` when the node is
-    /// not ours on this session (gone, or left by an earlier one).
-    async fn own_stat(
-        &self,
-        session: &Session,
-        path: &str,
-        stat: Option<zk::Stat>,
-    ) -> Result<Option<zk::Stat>> {
-        if stat.is_some() {
-            return Ok(stat);
-        }
-        match self.stat_via_leader(session, path).await? {
-            Ok(Some(stat)) if stat.ephemeral_owner == session.id() => Ok(Some(stat)),
-            Ok(_) => Ok(None),
-            Err(e) => Err(map("read the lock node through the leader", e)),
-        }
-    }
-
     /// The grant of our node `name` (of czxid `czxid`), unless the session was suspended
     /// meanwhile.
     fn grant(

@@ -365,6 +365,24 @@ impl ZkBackend {
         Ok(synced.and(read))
     }
 
+    /// `stat` if known, else our node's stat as the leader sees it; `None` when the node is
+    /// not ours on this session (gone, or left by an earlier one).
+    pub(crate) async fn own_stat(
+        &self,
+        session: &Session,
+        path: &str,
+        stat: Option<zk::Stat>,
+    ) -> Result<Option<zk::Stat>> {
+        if stat.is_some() {
+            return Ok(stat);
+        }
+        match self.stat_via_leader(session, path).await? {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id() => Ok(Some(stat)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(map("read the lock node through the leader", e)),
+        }
+    }
+
     /// The queue, listed after a `sync` with the leader, in one round trip.
     pub(crate) async fn queue_after_sync(
         &self,
