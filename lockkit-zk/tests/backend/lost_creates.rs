@@ -1,0 +1,164 @@
+//! A create whose reply was lost never leaves the acquisition a second node: the retry finds
+//! its own node, and strays with the acquisition's name are deleted.
+
+use std::time::{Duration, Instant};
+
+use lockkit_core::backend::{AcquireRequest, Attempt, Lease, LockBackend, OwnerToken};
+use lockkit_core::testing::proxy::{Direction, Fault};
+use lockkit_core::{ErrorKind, LockKey};
+use lockkit_zk::ZkBackend;
+use zookeeper_client as zk;
+
+use crate::support::{TEST_CHROOT, admin, test_config};
+use crate::{Queue, assert_no_znodes, client, key_behind_a_proxy, namespace, nodes_named};
+
+/// A create whose reply is lost (the request reached the ensemble, the answer did not
+/// come back) leaves a node; the next attempt of the same acquisition finds it by the digest
+/// of the owner token in its name instead of queueing a second one behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
+    let Some(Queue {
+        admin,
+        ns,
+        proxy,
+        backend,
+        request,
+        parent,
+    }) = key_behind_a_proxy("lost-reply").await
+    else {
+        return;
+    };
+    proxy.set(Direction::Replies, Fault::Drop);
+    let err = backend
+        .try_acquire(&request)
+        .await
+        .expect_err("the reply was dropped");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .iter()
+        .any(|c| c.contains("-lock-"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached the ensemble"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.heal();
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let grant = loop {
+        match backend.try_acquire(&request).await {
+            Ok(Attempt::Granted(grant)) => break grant,
+            Ok(Attempt::Contended(_)) => panic!("the retry queued behind its own node"),
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the retry failed: {e}"),
+        }
+    };
+    let nodes: Vec<String> = admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.contains("-lock-"))
+        .collect();
+    assert_eq!(nodes.len(), 1, "an orphan was left: {nodes:?}");
+    assert!(nodes[0].ends_with(grant.handle.as_deref().unwrap()));
+    backend.abandon(&request).await.unwrap();
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    drop(backend);
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// A create whose reply was lost can commit after the retry looked, leaving a second node
+/// with the acquisition's own name and a higher sequence (made here by a second client with
+/// that name). The next round of the acquisition deletes it, a stray that appears while the
+/// lock is held goes with the release, and nothing is left to block the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strays_with_the_acquisitions_own_name_are_deleted() {
+    let Some(config) = test_config() else { return };
+    let admin = admin(&config, TEST_CHROOT).await;
+    let ns = namespace();
+    let (_, holder) = client(&config, &ns).await;
+    let backend = ZkBackend::connect(config).await.unwrap();
+    let first = holder.mutex("strays").unwrap().lock().await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let request = AcquireRequest::new(
+        LockKey::new(&ns, "strays").unwrap(),
+        OwnerToken::generate().unwrap(),
+        ttl,
+        true,
+    );
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Contended(_)
+    ));
+    let parent = format!("/{ns}/strays");
+    let holders = format!(
+        "-lock-{}",
+        lockkit_core::backend::lease_of(&first).handle().unwrap()
+    );
+    admin.sync(&parent).await.expect("sync the lock");
+    let ours: Vec<String> = admin
+        .list_children(&parent)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| !c.ends_with(&holders))
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    let prefix = ours[0][..ours[0].rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
+    let stray = || async {
+        admin
+            .create(
+                &format!("{parent}/{prefix}"),
+                &[],
+                &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+    };
+
+    stray().await;
+    assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
+    assert!(matches!(
+        backend.try_acquire(&request).await.unwrap(),
+        Attempt::Contended(_)
+    ));
+    assert_eq!(
+        nodes_named(&admin, &parent, &prefix).await,
+        ours,
+        "the waiting round left the stray"
+    );
+
+    assert!(first.release().await.unwrap());
+    let Attempt::Granted(grant) = backend.try_acquire(&request).await.unwrap() else {
+        panic!("the next in line was not granted");
+    };
+    stray().await;
+    let lease = Lease::new(
+        request.key.clone(),
+        request.owner.clone(),
+        grant.fencing_token,
+        ttl,
+        Instant::now(),
+    )
+    .with_handle(grant.handle.clone().unwrap());
+    assert!(backend.release(&lease).await.unwrap());
+    assert_eq!(
+        nodes_named(&admin, &parent, &prefix).await,
+        Vec::<String>::new(),
+        "the release left the stray"
+    );
+    assert_no_znodes(&admin, &ns).await;
+}
