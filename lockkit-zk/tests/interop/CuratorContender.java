@@ -1,6 +1,6 @@
 // A Curator 5 service for tests/interop_curator.rs: it takes an InterProcessMutex on the znode
 // path lockkit uses for a key and runs critical sections of the shared protocol of
-// tests/support/sections.rs in a directory (marker, counter, history, overlaps).
+// lockkit-core/src/testing/sections.rs in a directory (marker, counter, history, overlaps).
 //
 // Usage: java -cp curator-recipes.jar:. CuratorContender CONNECT PATH SECTIONS HOLD_MS DIR TAG [NAMESPACE]
 // (NAMESPACE: Curator's namespace, prefixed to PATH by Curator.)
