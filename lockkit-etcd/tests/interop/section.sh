@@ -1,5 +1,5 @@
 #!/bin/sh
-# One critical section of the protocol in tests/support/sections.rs, run while holding the lock by
+# One critical section of the protocol in lockkit-core/src/testing/sections.rs, run while holding the lock by
 #   etcdctl lock PREFIX -- sh section.sh DIR TAG HOLD_SECONDS     (tests/interop_etcdctl.rs)
 #   lockkit run KEY -- sh section.sh DIR TAG HOLD_SECONDS         (the facade's tests/interop.rs)
 # The fencing token: LOCKKIT_FENCING_TOKEN under `lockkit run`; under `etcdctl lock`, the create
