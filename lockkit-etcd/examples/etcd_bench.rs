@@ -8,7 +8,7 @@
 //!    250 increments each of a shared value under one lock: throughput and wait percentiles.
 //!
 //! ```text
-//! cargo run --release -p lockkit-etcd --example bench
+//! cargo run --release -p lockkit-etcd --example etcd_bench
 //! ```
 
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //!
 //! ```sh
 //! compose/up.sh zk
-//! cargo run --release -p lockkit-zk --example bench
+//! cargo run --release -p lockkit-zk --example zk_bench
 //! ```
 
 use std::sync::Arc;
