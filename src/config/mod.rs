@@ -4,9 +4,9 @@
 use std::fmt;
 use std::path::Path;
 
-use lockkit_core::backend::url::{ConnectionUrl, redact};
 #[cfg(doc)]
 use lockkit_core::ErrorKind;
+use lockkit_core::backend::url::{ConnectionUrl, redact};
 use lockkit_core::{Error, LockKey, LockOptions, Result, Tier};
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
