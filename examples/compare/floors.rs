@@ -59,6 +59,7 @@ pub(crate) enum Floor {
 static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         include_str!("../../lockkit-redis/scripts/publish_classic.lua"),
+        include_str!("../../lockkit-redis/scripts/common.lua"),
         include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
         include_str!("../../lockkit-redis/scripts/acquire.lua")
     ))
@@ -66,6 +67,7 @@ static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
 static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         include_str!("../../lockkit-redis/scripts/publish_classic.lua"),
+        include_str!("../../lockkit-redis/scripts/common.lua"),
         include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
         include_str!("../../lockkit-redis/scripts/release.lua")
     ))

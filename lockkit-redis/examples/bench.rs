@@ -25,12 +25,14 @@ use redis::Script;
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
+        include_str!("../scripts/common.lua"),
         include_str!("../scripts/mutex_prelude.lua"),
         include_str!("../scripts/acquire.lua")
     ))
 });
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
+        include_str!("../scripts/common.lua"),
         include_str!("../scripts/mutex_prelude.lua"),
         include_str!("../scripts/release.lua")
     ))

@@ -11,7 +11,7 @@ if counter < token then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', keep)
 end
 local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
+if held and token_of(held, ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'KEEPTTL')
   return 1
 end

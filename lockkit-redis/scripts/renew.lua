@@ -4,13 +4,10 @@
 -- ARGV[2] TTL in ms, ARGV[3] fence key TTL in ms
 -- Returns 1 when the lock was ours (and is extended), 0 otherwise.
 local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
+if held and token_of(held, ARGV[1]) then
   -- The counter outlives the lock by at least the fence TTL, so a lock held longer than
   -- that still hands the next holder a counted token, not a clock reading.
-  local keep = math.max(tonumber(ARGV[2]), tonumber(ARGV[3]))
-  if redis.call('PTTL', KEYS[2]) < keep then
-    redis.call('PEXPIRE', KEYS[2], keep)
-  end
+  keep_alive(KEYS[2], math.max(tonumber(ARGV[2]), tonumber(ARGV[3])))
   if KEYS[3] then
     -- No-op without a value; with one, it is this grant's (only the holder writes it, and
     -- every end of the grant deletes it or lets it expire with the lock).

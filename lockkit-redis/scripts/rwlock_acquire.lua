@@ -13,12 +13,10 @@ local ttl = tonumber(ARGV[2])
 local owner = ARGV[1]
 local writes = ARGV[3] == 'write'
 local writer = prune_all(now, ARGV[6], ARGV[7])
-local held = redis.call('HGET', KEYS[2], owner)
-if held and redis.call('ZSCORE', KEYS[1], owner) then
-  redis.call('ZADD', KEYS[1], 'XX', string.format('%d', now + ttl), owner)
-  keep(now)
-  keep_fence(math.max(ttl, tonumber(ARGV[5])))
-  return {1, tonumber(held)}
+local fence_ttl = tonumber(ARGV[5])
+local held = regrant(owner, ttl, fence_ttl, now)
+if held then
+  return {1, held}
 end
 local blocked_until = false
 if writes then
@@ -42,19 +40,8 @@ if blocked_until then
   end
   return {0, math.max(0, blocked_until - now)}
 end
--- As for the mutex: the larger of the counter plus one and the server clock in
--- microseconds, so tokens keep increasing after the counter expires or is lost. Every
--- grant, read or write, takes the next one: a write's token is above every earlier grant's.
-local t = redis.call('TIME')
-local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local token = redis.call('INCR', KEYS[4])
-if token < clock then
-  token = clock
-  redis.call('SET', KEYS[4], string.format('%d', token))
-end
-keep_fence(math.max(ttl, tonumber(ARGV[5])))
-redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), owner)
-redis.call('HSET', KEYS[2], owner, string.format('%d', token))
+-- Every grant, read or write, takes the next token: a write's is above every earlier grant's.
+local token = admit(owner, ttl, fence_ttl, now)
 if writes then
   redis.call('SET', KEYS[3], owner)
   if redis.call('ZREM', KEYS[5], owner) == 1 then

@@ -1,30 +1,14 @@
 -- Shared by the read-write lock's scripts, prepended to each after the semaphore's prelude
--- (whose now_ms, keep and keep_fence they use). One rwlock's keys, all under its hash tag:
--- KEYS[1] holders, a ZSET of owner digests scored by their expiry (ms by this server's
+-- (whose expire_members, prune, keep, regrant and admit they use). One rwlock's keys, all
+-- under its hash tag: KEYS[1] holders, a ZSET of owner digests scored by their expiry (ms by this server's
 -- clock); KEYS[2] tokens, a HASH owner digest -> fencing token; KEYS[3] the writer, the
 -- digest of the holder that writes (in the place of the semaphore's permits count, so
 -- keep() keeps it with the holders); KEYS[4] the fence counter; KEYS[5] the waiting
 -- writers, a ZSET of owner digests scored by the expiry of their record.
 
--- Removes the expired holders, in batches (readers are not bounded, and `unpack` is);
--- returns how many there were.
-local function prune_holders(now)
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
-  for i = 1, #expired, 1000 do
-    local last = math.min(i + 999, #expired)
-    redis.call('ZREM', KEYS[1], unpack(expired, i, last))
-    redis.call('HDEL', KEYS[2], unpack(expired, i, last))
-  end
-  return #expired
-end
-
 -- Removes the expired waiting writers' records; returns how many there were.
 local function prune_waiting(now)
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', string.format('%d', now))
-  for i = 1, #expired, 1000 do
-    redis.call('ZREM', KEYS[5], unpack(expired, i, math.min(i + 999, #expired)))
-  end
-  return #expired
+  return expire_members(KEYS[5], nil, now)
 end
 
 -- The digest of the live holder that writes, or false; a marker left by a writer that is
@@ -53,7 +37,7 @@ end
 -- expired waiting writers. Returns the live writer, or false.
 local function prune_all(now, readers_channel, writers_channel)
   local marked = redis.call('GET', KEYS[3])
-  local holders = prune_holders(now)
+  local holders = prune(now)
   local writer = live_writer()
   local waiting = prune_waiting(now)
   if holders > 0 then

@@ -19,8 +19,5 @@ local ms = string.format('%d', math.max(1, tonumber(last[2]) - now))
 for _, key in ipairs({KEYS[1], KEYS[2], KEYS[4]}) do
   redis.call('PEXPIRE', key, ms)
 end
-local fence_ms = math.max(ttl, tonumber(ARGV[3]))
-if redis.call('PTTL', KEYS[3]) < fence_ms then
-  redis.call('PEXPIRE', KEYS[3], string.format('%d', fence_ms))
-end
+keep_alive(KEYS[3], math.max(ttl, tonumber(ARGV[3])))
 return 1

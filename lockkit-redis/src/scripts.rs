@@ -10,47 +10,37 @@ use redis::{Script, Value};
 
 use crate::error::unexpected;
 
-const ACQUIRE_LUA: &str = concat!(
-    include_str!("../scripts/mutex_prelude.lua"),
-    include_str!("../scripts/acquire.lua")
-);
-const RELEASE_LUA: &str = concat!(
-    include_str!("../scripts/mutex_prelude.lua"),
-    include_str!("../scripts/release.lua")
-);
-const RENEW_LUA: &str = include_str!("../scripts/renew.lua");
+/// A script's source: `scripts/common.lua` (the clock, the owner check, the one way fencing
+/// tokens are minted), then the named files of `scripts/` in order.
+macro_rules! lua {
+    ($($file:literal),+) => {
+        concat!(
+            include_str!("../scripts/common.lua"),
+            $(include_str!(concat!("../scripts/", $file))),+
+        )
+    };
+}
+
+const ACQUIRE_LUA: &str = lua!("mutex_prelude.lua", "acquire.lua");
+const RELEASE_LUA: &str = lua!("mutex_prelude.lua", "release.lua");
+const RENEW_LUA: &str = lua!("renew.lua");
 const INSPECT_LUA: &str = include_str!("../scripts/inspect.lua");
-const RAISE_FENCE_LUA: &str = include_str!("../scripts/raise_fence.lua");
-const FORCE_RELEASE_LUA: &str = concat!(
-    include_str!("../scripts/mutex_prelude.lua"),
-    include_str!("../scripts/force_release.lua")
-);
+const RAISE_FENCE_LUA: &str = lua!("raise_fence.lua");
+const FORCE_RELEASE_LUA: &str = lua!("mutex_prelude.lua", "force_release.lua");
 const PROCLAIM_LUA: &str = include_str!("../scripts/proclaim.lua");
-const SEMAPHORE_ACQUIRE_LUA: &str = concat!(
-    include_str!("../scripts/semaphore_prelude.lua"),
-    include_str!("../scripts/semaphore_acquire.lua")
+const SEMAPHORE_ACQUIRE_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_acquire.lua");
+const SEMAPHORE_RELEASE_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_release.lua");
+const SEMAPHORE_RENEW_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_renew.lua");
+const SEMAPHORE_HOLDS_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_holds.lua");
+const RWLOCK_ACQUIRE_LUA: &str = lua!(
+    "semaphore_prelude.lua",
+    "rwlock_prelude.lua",
+    "rwlock_acquire.lua"
 );
-const SEMAPHORE_RELEASE_LUA: &str = concat!(
-    include_str!("../scripts/semaphore_prelude.lua"),
-    include_str!("../scripts/semaphore_release.lua")
-);
-const SEMAPHORE_RENEW_LUA: &str = concat!(
-    include_str!("../scripts/semaphore_prelude.lua"),
-    include_str!("../scripts/semaphore_renew.lua")
-);
-const SEMAPHORE_HOLDS_LUA: &str = concat!(
-    include_str!("../scripts/semaphore_prelude.lua"),
-    include_str!("../scripts/semaphore_holds.lua")
-);
-const RWLOCK_ACQUIRE_LUA: &str = concat!(
-    include_str!("../scripts/semaphore_prelude.lua"),
-    include_str!("../scripts/rwlock_prelude.lua"),
-    include_str!("../scripts/rwlock_acquire.lua")
-);
-const RWLOCK_RELEASE_LUA: &str = concat!(
-    include_str!("../scripts/semaphore_prelude.lua"),
-    include_str!("../scripts/rwlock_prelude.lua"),
-    include_str!("../scripts/rwlock_release.lua")
+const RWLOCK_RELEASE_LUA: &str = lua!(
+    "semaphore_prelude.lua",
+    "rwlock_prelude.lua",
+    "rwlock_release.lua"
 );
 
 /// Compare-and-`PEXPIRE` of the lock, keeping its fence counter alive.

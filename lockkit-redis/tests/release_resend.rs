@@ -105,6 +105,7 @@ async fn a_permit_release_resent_after_its_reply_was_lost_does_not_report_the_pe
 /// The force-release script as the backend loads it (classic pub/sub).
 const FORCE_RELEASE: &str = concat!(
     include_str!("../scripts/publish_classic.lua"),
+    include_str!("../scripts/common.lua"),
     include_str!("../scripts/mutex_prelude.lua"),
     include_str!("../scripts/force_release.lua")
 );
