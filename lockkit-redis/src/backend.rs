@@ -233,7 +233,10 @@ impl RedisBackend {
         {
             return Ok(reply);
         }
-        if let Err(e) = self.release_keys(keys, &request.owner).await {
+        if let Err(e) = self
+            .release_hold(&request.key, request.hold, &request.owner)
+            .await
+        {
             tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
         }
         Err(self.unreplicated(acked))
@@ -315,14 +318,20 @@ impl RedisBackend {
         .with_retryable(true)
     }
 
-    /// Releases the lock if it is `owner_hex`'s, and says whether it was.
+    /// Releases `owner`'s `hold` of `key` on the caller's connection, and says whether it
+    /// was held.
     ///
     /// A release sent again after its connection dropped (see `Primary::request_on`) that
-    /// finds the lock gone cannot tell whether its first send released it (the reply was
-    /// lost) or the lock was gone before: that is an error saying so, not "not ours", which
+    /// finds the grant gone cannot tell whether its first send released it (the reply was
+    /// lost) or the grant was gone before: that is an error saying so, not "not ours", which
     /// would report a lock lost that was released.
-    async fn release_keys(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
-        let released = self.release_keys_on(keys, owner, Epoch::for_caller).await?;
+    pub(crate) async fn release_hold(
+        &self,
+        key: &LockKey,
+        hold: Hold,
+        owner: &OwnerToken,
+    ) -> Result<bool> {
+        let released = self.release_on(key, hold, owner, Epoch::for_caller).await?;
         RedisBackend::verdict(released)
     }
 
@@ -339,31 +348,35 @@ impl RedisBackend {
         }
     }
 
-    /// The release script for `owner` (its lock, handed over to the next waiter if one is
-    /// queued, and its own queue entry of a wait it gives up), on the connection `pick`
-    /// chooses.
-    async fn release_keys_on(
+    /// The release script of `hold` (a mutex, a permit, a read or the write lock) for
+    /// `owner`'s grant of `key`, and its own waiting entry of a wait it gives up, on the
+    /// connection `pick` chooses. Every kind's script answers 1 for a grant it released.
+    pub(crate) async fn release_on(
         &self,
-        keys: &Keys,
+        key: &LockKey,
+        hold: Hold,
         owner: &OwnerToken,
         pick: fn(&Epoch) -> redis::aio::ConnectionManager,
     ) -> Result<Released> {
-        let owner_hex = &owner.expose_hex();
-        let fence_ttl = millis(self.config.fence_ttl);
-        let sends = &AtomicUsize::new(0);
         let publishing = self.publishing();
+        let (invocation, what) = match hold {
+            Hold::Permit { .. } => (
+                semaphore::release_invocation(publishing, key, owner),
+                "giving a permit back",
+            ),
+            Hold::Read | Hold::Write => (
+                crate::rwlock::release_invocation(publishing, key, owner),
+                "releasing a read-write lock",
+            ),
+            _ => (self.mutex_release_invocation(key, owner), "releasing"),
+        };
+        let invocation = &invocation;
+        let sends = &AtomicUsize::new(0);
         let released: i64 = self
             .primary
-            .request_on("releasing", pick, |mut con| async move {
+            .request_on(what, pick, |mut con| async move {
                 sends.fetch_add(1, Ordering::SeqCst);
-                publishing
-                    .release
-                    .key(&keys.release()[..])
-                    .arg(owner_hex)
-                    .arg(&keys.channel)
-                    .arg(fence_ttl)
-                    .invoke_async(&mut con)
-                    .await
+                invocation.invoke_async(&mut con).await
             })
             .await?;
         Ok(match released {
@@ -371,6 +384,23 @@ impl RedisBackend {
             _ if sends.load(Ordering::SeqCst) > 1 => Released::GoneWhenSentAgain,
             _ => Released::NotOurs,
         })
+    }
+
+    /// The mutex's release script for `owner`: its lock (handed over to the next waiter if
+    /// one is queued), and its own queue entry.
+    fn mutex_release_invocation(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> redis::ScriptInvocation<'static> {
+        let keys = Keys::of(key);
+        let mut invocation = self.publishing().release.prepare_invoke();
+        invocation
+            .key(&keys.release()[..])
+            .arg(owner.expose_hex())
+            .arg(&keys.channel)
+            .arg(millis(self.config.fence_ttl));
+        invocation
     }
 
     /// Runs the force-release script for a lock read holding `expected` (`""`: free).
@@ -529,8 +559,7 @@ impl RedisBackend {
     }
 }
 
-/// What a release script found, from [`RedisBackend::release_keys_on`] (or
-/// `release_permit_on`, `release_rw_on`).
+/// What a release script found, from [`RedisBackend::release_on`].
 pub(crate) enum Released {
     /// The lock was the caller's, and is released.
     Ours,
@@ -675,20 +704,9 @@ impl LockBackend for RedisBackend {
             Epoch::after_attempts
         };
         // Whatever the clean-up found, nothing of the request is left.
-        match request.hold {
-            Hold::Permit { .. } => self
-                .release_permit_on(&request.key, request.owner.digest_hex(), pick)
-                .await
-                .map(drop),
-            Hold::Read | Hold::Write => self
-                .release_rw_on(&request.key, request.owner.digest_hex(), pick)
-                .await
-                .map(drop),
-            _ => self
-                .release_keys_on(&Keys::of(&request.key), &request.owner, pick)
-                .await
-                .map(drop),
-        }
+        self.release_on(&request.key, request.hold, &request.owner, pick)
+            .await
+            .map(drop)
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
@@ -709,21 +727,11 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool> {
-        match lease.hold() {
-            Hold::Permit { .. } => {
-                self.release_permit(lease.key(), lease.owner().digest_hex())
-                    .await
-            }
-            Hold::Read | Hold::Write => {
-                self.release_rw(lease.key(), lease.owner().digest_hex())
-                    .await
-            }
-            _ => {
-                self.proclaimed.forget(lease);
-                self.release_keys(&Keys::of(lease.key()), lease.owner())
-                    .await
-            }
+        if !matches!(lease.hold(), Hold::Permit { .. } | Hold::Read | Hold::Write) {
+            self.proclaimed.forget(lease);
         }
+        self.release_hold(lease.key(), lease.hold(), lease.owner())
+            .await
     }
 
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<bool> {

@@ -47,17 +47,15 @@
 //! A reader granted after waiting passes the wake-up on to the next waiting reader of its
 //! process, since it may share the lock too.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease, OwnerToken};
 use lockkit_core::{FencingToken, LockKey, Result};
-use redis::Value;
+use redis::{ScriptInvocation, Value};
 
-use crate::backend::{RedisBackend, Released};
-use crate::connection::Epoch;
+use crate::backend::RedisBackend;
 use crate::error::{BACKEND, unexpected};
-use crate::scripts::millis;
+use crate::scripts::{Publishing, millis};
 
 /// The Redis names of one read-write lock.
 ///
@@ -188,6 +186,23 @@ fn retry_after(request: &AcquireRequest, blocked_for: Duration) -> Duration {
     }
 }
 
+/// The rwlock's release script for `owner`'s read or write lock of `key`, which drops its
+/// waiting writer record too (see [`RedisBackend::release_on`]).
+pub(crate) fn release_invocation(
+    publishing: &'static Publishing,
+    key: &LockKey,
+    owner: &OwnerToken,
+) -> ScriptInvocation<'static> {
+    let keys = RwKeys::of(key);
+    let mut invocation = publishing.rwlock_release.prepare_invoke();
+    invocation
+        .key(&keys.all()[..])
+        .arg(owner.digest_hex())
+        .arg(&keys.readers_channel)
+        .arg(&keys.writers_channel);
+    invocation
+}
+
 impl RedisBackend {
     /// One attempt at a read or the write lock of `request.key`'s rwlock.
     pub(crate) async fn try_acquire_rw(&self, request: &AcquireRequest) -> Result<Attempt> {
@@ -217,8 +232,10 @@ impl RedisBackend {
                 .await?;
             let reply = rw_reply(&reply)?;
             if matches!(reply, RwReply::Granted(_)) && acked < self.config.min_replicas as usize {
-                let owner = request.owner.digest_hex();
-                if let Err(e) = self.release_rw(&request.key, owner).await {
+                if let Err(e) = self
+                    .release_hold(&request.key, request.hold, &request.owner)
+                    .await
+                {
                     tracing::warn!(error = %e, "could not give back an unreplicated rwlock grant; it expires with its TTL");
                 }
                 return Err(self.unreplicated(acked));
@@ -257,46 +274,6 @@ impl RedisBackend {
                 }))
             }
         }
-    }
-
-    /// Gives back `owner_digest`'s read or write lock (and drops its waiting writer record),
-    /// and says whether it was held; a release sent again that finds it gone is an error, as
-    /// for the mutex (see `release_keys`).
-    pub(crate) async fn release_rw(&self, key: &LockKey, owner_digest: String) -> Result<bool> {
-        let released = self
-            .release_rw_on(key, owner_digest, Epoch::for_caller)
-            .await?;
-        RedisBackend::verdict(released)
-    }
-
-    /// The rwlock's release script for `owner_digest`, on the connection `pick` chooses.
-    pub(crate) async fn release_rw_on(
-        &self,
-        key: &LockKey,
-        owner_digest: String,
-        pick: fn(&Epoch) -> redis::aio::ConnectionManager,
-    ) -> Result<Released> {
-        let keys = RwKeys::of(key);
-        let mut invocation = self.publishing().rwlock_release.prepare_invoke();
-        invocation
-            .key(&keys.all()[..])
-            .arg(owner_digest)
-            .arg(&keys.readers_channel)
-            .arg(&keys.writers_channel);
-        let invocation = &invocation;
-        let sends = &AtomicUsize::new(0);
-        let released: i64 = self
-            .primary
-            .request_on("releasing a read-write lock", pick, |mut con| async move {
-                sends.fetch_add(1, Ordering::SeqCst);
-                invocation.invoke_async(&mut con).await
-            })
-            .await?;
-        Ok(match released {
-            1 => Released::Ours,
-            _ if sends.load(Ordering::SeqCst) > 1 => Released::GoneWhenSentAgain,
-            _ => Released::NotOurs,
-        })
     }
 
     /// Whether `lease` still holds its read or write lock: its owner is a live holder with

@@ -2,17 +2,15 @@
 //! owner digests scored by their expiry, a HASH of their fencing tokens and the permits count
 //! they agreed on, each operation one script (`scripts/semaphore_*.lua`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease};
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease, OwnerToken};
 use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
-use redis::{Script, Value};
+use redis::{Script, ScriptInvocation, Value};
 
-use crate::backend::{RedisBackend, Released};
-use crate::connection::Epoch;
+use crate::backend::RedisBackend;
 use crate::error::{BACKEND, unexpected};
-use crate::scripts::{self, millis};
+use crate::scripts::{self, Publishing, millis};
 
 /// The Redis names of one semaphore.
 ///
@@ -142,6 +140,24 @@ fn acquire_command(
     cmd
 }
 
+/// The semaphore's release script for `owner`'s permit of `key` (see
+/// [`RedisBackend::release_on`]).
+pub(crate) fn release_invocation(
+    publishing: &'static Publishing,
+    key: &LockKey,
+    owner: &OwnerToken,
+) -> ScriptInvocation<'static> {
+    let keys = PermitKeys::of(key);
+    let mut invocation = publishing.semaphore_release.prepare_invoke();
+    invocation
+        .key(&keys.holders)
+        .key(&keys.tokens)
+        .key(&keys.permits)
+        .arg(owner.digest_hex())
+        .arg(&keys.channel);
+    invocation
+}
+
 impl RedisBackend {
     /// One attempt at a permit of `request.key`'s semaphore of `permits`.
     pub(crate) async fn try_acquire_permit(
@@ -171,8 +187,10 @@ impl RedisBackend {
             let reply = permit_reply(&reply)?;
             if matches!(reply, PermitReply::Granted(_)) && acked < self.config.min_replicas as usize
             {
-                let owner = request.owner.digest_hex();
-                if let Err(e) = self.release_permit(&request.key, owner).await {
+                if let Err(e) = self
+                    .release_hold(&request.key, request.hold, &request.owner)
+                    .await
+                {
                     tracing::warn!(error = %e, "could not give back an unreplicated permit; it expires with its TTL");
                 }
                 return Err(self.unreplicated(acked));
@@ -221,47 +239,6 @@ impl RedisBackend {
                 recorded,
             )),
         }
-    }
-
-    /// Gives back the permit of `owner_digest`, and says whether it was held; a release sent
-    /// again that finds it gone is an error, as for the mutex (see `release_keys`).
-    pub(crate) async fn release_permit(&self, key: &LockKey, owner_digest: String) -> Result<bool> {
-        let released = self
-            .release_permit_on(key, owner_digest, Epoch::for_caller)
-            .await?;
-        RedisBackend::verdict(released)
-    }
-
-    /// The semaphore's release script for `owner_digest`, on the connection `pick` chooses.
-    pub(crate) async fn release_permit_on(
-        &self,
-        key: &LockKey,
-        owner_digest: String,
-        pick: fn(&Epoch) -> redis::aio::ConnectionManager,
-    ) -> Result<Released> {
-        let (keys, owner) = (&PermitKeys::of(key), &owner_digest);
-        let sends = &AtomicUsize::new(0);
-        let publishing = self.publishing();
-        let released: i64 = self
-            .primary
-            .request_on("giving a permit back", pick, |mut con| async move {
-                sends.fetch_add(1, Ordering::SeqCst);
-                publishing
-                    .semaphore_release
-                    .key(&keys.holders)
-                    .key(&keys.tokens)
-                    .key(&keys.permits)
-                    .arg(owner)
-                    .arg(&keys.channel)
-                    .invoke_async(&mut con)
-                    .await
-            })
-            .await?;
-        Ok(match released {
-            1 => Released::Ours,
-            _ if sends.load(Ordering::SeqCst) > 1 => Released::GoneWhenSentAgain,
-            _ => Released::NotOurs,
-        })
     }
 
     /// Whether `lease` still holds its permit: its owner is a live holder with its token.
