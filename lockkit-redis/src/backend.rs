@@ -14,7 +14,7 @@ use lockkit_core::{
     Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
     Support, Tier, WaitStrategy,
 };
-use redis::Value;
+use redis::{Script, Value};
 
 use crate::config::{RedisConfig, parse_host};
 use crate::connection::{Dialer, Epoch, Primary, Sentinels};
@@ -211,33 +211,45 @@ impl RedisBackend {
             .map(drop)
     }
 
-    /// The acquire script and `WAIT min_replicas replica_timeout` in one pipeline, on the
-    /// connection reserved for it. A grant fewer replicas acknowledged is given back.
-    async fn acquire_replicated(
+    /// Runs a kind's acquire `script` with `keys` and `args` for `request`. With
+    /// `min_replicas`, the script and `WAIT min_replicas replica_timeout` go in one pipeline
+    /// on the connection reserved for it, and a grant fewer replicas acknowledged is given
+    /// back (the kind's release, [`RedisBackend::release_on`]) and is an error.
+    pub(crate) async fn acquire_with<R: AcquireScriptReply>(
         &self,
-        keys: &Keys,
         request: &AcquireRequest,
-        queued_as: Option<&str>,
-    ) -> Result<AcquireReply> {
+        script: &Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<R> {
+        if self.config.min_replicas == 0 {
+            let mut invocation = script.prepare_invoke();
+            invocation.key(keys).arg(args);
+            let invocation = &invocation;
+            let reply = self
+                .primary
+                .request(R::WHAT, |mut con| async move {
+                    invocation.invoke_async::<Value>(&mut con).await
+                })
+                .await?;
+            return R::parse(&reply);
+        }
         let mut invocation = redis::cmd("EVALSHA");
         invocation
-            .arg(self.publishing().acquire.get_hash())
-            .arg(4)
-            .arg(&keys.acquire()[..])
-            .arg(&self.acquire_args(request, queued_as)[..]);
-        let (reply, acked) = self
-            .invoke_replicated(&invocation, "the acquire script")
-            .await?;
-        let reply = scripts::acquire_reply(BACKEND, &reply)?;
-        if matches!(reply, AcquireReply::Contended(_)) || acked >= self.config.min_replicas as usize
-        {
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let (reply, acked) = self.invoke_replicated(&invocation, R::SCRIPT).await?;
+        let reply = R::parse(&reply)?;
+        if !reply.is_grant() || acked >= self.config.min_replicas as usize {
             return Ok(reply);
         }
         if let Err(e) = self
             .release_hold(&request.key, request.hold, &request.owner)
             .await
         {
-            tracing::warn!(error = %e, "could not give back an unreplicated grant; it expires with its TTL");
+            tracing::warn!(error = %e, hold = ?request.hold, "could not give back an unreplicated grant; it expires with its TTL");
         }
         Err(self.unreplicated(acked))
     }
@@ -273,7 +285,7 @@ impl RedisBackend {
     /// A script's `invocation` and `WAIT min_replicas replica_timeout` in one pipeline, on
     /// the connection reserved for it (`WAIT` counts that connection's writes and blocks it).
     /// Returns the script's reply and how many replicas acknowledged it.
-    pub(crate) async fn invoke_replicated(
+    async fn invoke_replicated(
         &self,
         invocation: &redis::Cmd,
         script: &str,
@@ -305,7 +317,7 @@ impl RedisBackend {
 
     /// The error of a grant that `acked` replicas acknowledged, fewer than `min_replicas`,
     /// and that was given back.
-    pub(crate) fn unreplicated(&self, acked: usize) -> Error {
+    fn unreplicated(&self, acked: usize) -> Error {
         let need = self.config.min_replicas as usize;
         Error::new(
             ErrorKind::QuorumNotReached { got: acked, need },
@@ -559,6 +571,31 @@ impl RedisBackend {
     }
 }
 
+/// The reply of a kind's acquire script, as [`RedisBackend::acquire_with`] reads it.
+pub(crate) trait AcquireScriptReply: Sized {
+    /// The request, as a timeout names it.
+    const WHAT: &'static str;
+    /// The script, as an error names it.
+    const SCRIPT: &'static str;
+    /// Reads the script's reply.
+    fn parse(value: &Value) -> Result<Self>;
+    /// Whether the reply grants the request.
+    fn is_grant(&self) -> bool;
+}
+
+impl AcquireScriptReply for AcquireReply {
+    const WHAT: &'static str = "acquiring";
+    const SCRIPT: &'static str = "the acquire script";
+
+    fn parse(value: &Value) -> Result<Self> {
+        scripts::acquire_reply(BACKEND, value)
+    }
+
+    fn is_grant(&self) -> bool {
+        matches!(self, AcquireReply::Granted(_))
+    }
+}
+
 /// What a release script found, from [`RedisBackend::release_on`].
 pub(crate) enum Released {
     /// The lock was the caller's, and is released.
@@ -609,24 +646,10 @@ impl LockBackend for RedisBackend {
             }
             None => (None, None, None),
         };
-        let reply = if self.config.min_replicas > 0 {
-            self.acquire_replicated(&keys, request, queued_as.as_deref())
-                .await?
-        } else {
-            let publishing = self.publishing();
-            let (script_keys, args) = (
-                &keys.acquire(),
-                &self.acquire_args(request, queued_as.as_deref()),
-            );
-            self.primary
-                .request("acquiring", |mut con| async move {
-                    let mut invocation = publishing.acquire.prepare_invoke();
-                    invocation.key(&script_keys[..]).arg(&args[..]);
-                    invocation.invoke_async::<Value>(&mut con).await
-                })
-                .await
-                .and_then(|value| scripts::acquire_reply(BACKEND, &value))?
-        };
+        let args = self.acquire_args(request, queued_as.as_deref());
+        let reply = self
+            .acquire_with(request, &self.publishing().acquire, &keys.acquire(), &args)
+            .await?;
         match reply {
             AcquireReply::Granted(token) => {
                 if let (Some(notifier), Some(digest)) = (notifier, &digest) {

@@ -53,7 +53,7 @@ use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Le
 use lockkit_core::{FencingToken, LockKey, Result};
 use redis::{ScriptInvocation, Value};
 
-use crate::backend::RedisBackend;
+use crate::backend::{AcquireScriptReply, RedisBackend};
 use crate::error::{BACKEND, unexpected};
 use crate::scripts::{Publishing, millis};
 
@@ -138,6 +138,19 @@ pub(crate) enum RwReply {
     Blocked(Duration),
 }
 
+impl AcquireScriptReply for RwReply {
+    const WHAT: &'static str = "acquiring a read-write lock";
+    const SCRIPT: &'static str = "the rwlock's acquire script";
+
+    fn parse(value: &Value) -> Result<Self> {
+        rw_reply(value)
+    }
+
+    fn is_grant(&self) -> bool {
+        matches!(self, RwReply::Granted(_))
+    }
+}
+
 pub(crate) fn rw_reply(value: &Value) -> Result<RwReply> {
     let unexpected = || unexpected(BACKEND, "the rwlock's acquire script");
     let Value::Array(items) = value else {
@@ -220,38 +233,14 @@ impl RedisBackend {
             })
             .flatten();
         let args = acquire_args(&keys, request, self.config.fence_ttl);
-        let reply = if self.config.min_replicas > 0 {
-            let mut invocation = redis::cmd("EVALSHA");
-            invocation
-                .arg(self.publishing().rwlock_acquire.get_hash())
-                .arg(5)
-                .arg(&keys.all()[..])
-                .arg(&args[..]);
-            let (reply, acked) = self
-                .invoke_replicated(&invocation, "the rwlock's acquire script")
-                .await?;
-            let reply = rw_reply(&reply)?;
-            if matches!(reply, RwReply::Granted(_)) && acked < self.config.min_replicas as usize {
-                if let Err(e) = self
-                    .release_hold(&request.key, request.hold, &request.owner)
-                    .await
-                {
-                    tracing::warn!(error = %e, "could not give back an unreplicated rwlock grant; it expires with its TTL");
-                }
-                return Err(self.unreplicated(acked));
-            }
-            reply
-        } else {
-            let mut invocation = self.publishing().rwlock_acquire.prepare_invoke();
-            invocation.key(&keys.all()[..]).arg(&args[..]);
-            let invocation = &invocation;
-            self.primary
-                .request("acquiring a read-write lock", |mut con| async move {
-                    invocation.invoke_async::<Value>(&mut con).await
-                })
-                .await
-                .and_then(|value| rw_reply(&value))?
-        };
+        let reply: RwReply = self
+            .acquire_with(
+                request,
+                &self.publishing().rwlock_acquire,
+                &keys.all(),
+                &args,
+            )
+            .await?;
         match reply {
             RwReply::Granted(token) => {
                 if request.hold == Hold::Read && request.wait {

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease, OwnerToken};
 use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
-use redis::{Script, ScriptInvocation, Value};
+use redis::{ScriptInvocation, Value};
 
-use crate::backend::RedisBackend;
+use crate::backend::{AcquireScriptReply, RedisBackend};
 use crate::error::{BACKEND, unexpected};
 use crate::scripts::{self, Publishing, millis};
 
@@ -95,6 +95,19 @@ pub(crate) enum PermitReply {
     Mismatch(u32),
 }
 
+impl AcquireScriptReply for PermitReply {
+    const WHAT: &'static str = "acquiring a permit";
+    const SCRIPT: &'static str = "the semaphore's acquire script";
+
+    fn parse(value: &Value) -> Result<Self> {
+        permit_reply(value)
+    }
+
+    fn is_grant(&self) -> bool {
+        matches!(self, PermitReply::Granted(_))
+    }
+}
+
 pub(crate) fn permit_reply(value: &Value) -> Result<PermitReply> {
     let unexpected = || unexpected(BACKEND, "the semaphore's acquire script");
     let Value::Array(items) = value else {
@@ -115,29 +128,6 @@ pub(crate) fn permit_reply(value: &Value) -> Result<PermitReply> {
             .map_err(|_| unexpected()),
         _ => Err(unexpected()),
     }
-}
-
-/// The acquire script's invocation for `request`, as one command (for a `WAIT` pipeline).
-fn acquire_command(
-    script: &Script,
-    keys: &PermitKeys,
-    request: &AcquireRequest,
-    permits: u32,
-    fence_ttl: Duration,
-) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash())
-        .arg(4)
-        .arg(&keys.holders)
-        .arg(&keys.tokens)
-        .arg(&keys.permits)
-        .arg(&keys.fence)
-        .arg(request.owner.digest_hex())
-        .arg(millis(request.ttl))
-        .arg(permits)
-        .arg(millis(fence_ttl))
-        .arg(&keys.channel);
-    cmd
 }
 
 /// The semaphore's release script for `owner`'s permit of `key` (see
@@ -177,49 +167,27 @@ impl RedisBackend {
             .wait
             .then(|| self.primary.epoch().notifier.marker(&keys.channel))
             .flatten();
-        let fence_ttl = self.config.fence_ttl;
-        let reply = if self.config.min_replicas > 0 {
-            let script = &self.publishing().semaphore_acquire;
-            let invocation = acquire_command(script, &keys, request, permits, fence_ttl);
-            let (reply, acked) = self
-                .invoke_replicated(&invocation, "the semaphore's acquire script")
-                .await?;
-            let reply = permit_reply(&reply)?;
-            if matches!(reply, PermitReply::Granted(_)) && acked < self.config.min_replicas as usize
-            {
-                if let Err(e) = self
-                    .release_hold(&request.key, request.hold, &request.owner)
-                    .await
-                {
-                    tracing::warn!(error = %e, "could not give back an unreplicated permit; it expires with its TTL");
-                }
-                return Err(self.unreplicated(acked));
-            }
-            reply
-        } else {
-            let owner = &request.owner.digest_hex();
-            let keys = &keys;
-            let (ttl, fence_ttl) = (millis(request.ttl), millis(fence_ttl));
-            let publishing = self.publishing();
-            self.primary
-                .request("acquiring a permit", |mut con| async move {
-                    publishing
-                        .semaphore_acquire
-                        .key(&keys.holders)
-                        .key(&keys.tokens)
-                        .key(&keys.permits)
-                        .key(&keys.fence)
-                        .arg(owner)
-                        .arg(ttl)
-                        .arg(permits)
-                        .arg(fence_ttl)
-                        .arg(&keys.channel)
-                        .invoke_async::<Value>(&mut con)
-                        .await
-                })
-                .await
-                .and_then(|value| permit_reply(&value))?
-        };
+        let args = [
+            request.owner.digest_hex(),
+            millis(request.ttl).to_string(),
+            permits.to_string(),
+            millis(self.config.fence_ttl).to_string(),
+            keys.channel.clone(),
+        ];
+        let script_keys = [
+            keys.holders.as_str(),
+            &keys.tokens,
+            &keys.permits,
+            &keys.fence,
+        ];
+        let reply: PermitReply = self
+            .acquire_with(
+                request,
+                &self.publishing().semaphore_acquire,
+                &script_keys,
+                &args,
+            )
+            .await?;
         match reply {
             PermitReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
             PermitReply::Full(first_expiry) => {
