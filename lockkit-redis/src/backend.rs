@@ -2,39 +2,37 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lockkit_core::backend::{
-    AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage,
-    OwnerToken, Renewal,
+    AcquireRequest, Attempt, Contention, Grant, Hold, Leader, Lease, LockBackend, LockPage, Renewal,
 };
 use lockkit_core::{
-    Capabilities, Error, ErrorKind, FencingGuarantee, FencingToken, LockInfo, LockKey, Result,
-    Support, Tier, WaitStrategy,
+    Capabilities, Error, FencingGuarantee, LockInfo, LockKey, Result, Support, Tier, WaitStrategy,
 };
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::config::{RedisConfig, parse_host};
-use crate::connection::{Dialer, Epoch, Primary, Sentinels};
+use crate::connection::{Dialer, Primary, Sentinels};
 use crate::election::Proclaimed;
-use crate::error::{BACKEND, refused_in_pipeline, unexpected};
+use crate::error::{BACKEND, unexpected};
 use crate::listing;
 use crate::notify::Refusal;
-use crate::scripts::{self, AcquireReply, Keys, PubSub, Publishing, millis};
-use crate::semaphore;
+use crate::scripts::{self, Keys, PubSub, Publishing};
 
 /// Locks on one Redis server (tier `single`) or on the primary of a Sentinel group (tier
 /// `replicated`).
 ///
-/// - **acquire**: one round trip, a Lua script that does `SET key owner:token NX PX ttl` and,
-///   on success, increments the key's fence counter (the fencing token); on contention it
-///   returns the holder's remaining TTL, so a waiter never sleeps past it.
-/// - **release**: one round trip, a Lua compare-and-delete that publishes a release
-///   notification.
+/// - **acquire**: one round trip, the `acquire` Lua script: a free lock is granted (to the
+///   first live waiter of its queue, if any) with the fencing token `max(counter + 1, server
+///   clock in µs)`, written as `owner:token` with the TTL; on contention it returns the
+///   holder's remaining TTL, so a waiter never sleeps past it (`acquire.rs`).
+/// - **release**: one round trip, a Lua compare-and-delete, or a hand-over to the first live
+///   waiter, that publishes a release notification (`cleanup.rs`).
 /// - **renewal**: Lua compare-and-`PEXPIRE`; the leases due at one tick go out as one
-///   pipeline.
+///   pipeline (`renewal.rs`).
 /// - **waiting**: a mutex waiter queues on the server (first come, first served), in the
 ///   same script as its attempt; the release script hands the lock to the first live waiter
 ///   and announces it on that waiter's inbox channel, on the one pub/sub connection every
@@ -43,7 +41,7 @@ use crate::semaphore;
 ///   takes its entry with it, and one that vanished loses its turn when its entry lapses
 ///   (a grant handed to it lapses with the entry). Polling when pub/sub is off
 ///   ([`RedisConfig::notifications`]) or refused (the queue then hands over to a poller, who
-///   finds the lock its own at its next attempt).
+///   finds the lock its own at its next attempt) (`wait.rs`).
 /// - **semaphores**: the holders of a key's semaphore are a ZSET of owner digests scored by
 ///   their expiry (server clock), beside a HASH of their tokens and the agreed permits; one
 ///   script per operation, as for the mutex (`semaphore.rs`).
@@ -57,7 +55,7 @@ pub struct RedisBackend {
     pub(crate) primary: Arc<Primary>,
     pub(crate) config: Arc<RedisConfig>,
     /// Whether the server lately refused a subscription (waiters then poll).
-    refusal: Arc<Refusal>,
+    pub(crate) refusal: Arc<Refusal>,
     /// The grants that proclaimed a value (shared by a cluster's primaries, so that it
     /// follows a lock whose slot moves).
     pub(crate) proclaimed: Arc<Proclaimed>,
@@ -71,6 +69,10 @@ impl RedisBackend {
     /// [`ErrorKind::InvalidConfig`] for an invalid configuration; [`ErrorKind::Unavailable`]
     /// when the server does not answer within `connect_timeout + response_timeout`;
     /// [`ErrorKind::Auth`] for wrong credentials.
+    ///
+    /// [`ErrorKind::InvalidConfig`]: lockkit_core::ErrorKind::InvalidConfig
+    /// [`ErrorKind::Unavailable`]: lockkit_core::ErrorKind::Unavailable
+    /// [`ErrorKind::Auth`]: lockkit_core::ErrorKind::Auth
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         config.validate()?;
         if config.cluster {
@@ -211,235 +213,6 @@ impl RedisBackend {
             .map(drop)
     }
 
-    /// Runs a kind's acquire `script` with `keys` and `args` for `request`. With
-    /// `min_replicas`, the script and `WAIT min_replicas replica_timeout` go in one pipeline
-    /// on the connection reserved for it, and a grant fewer replicas acknowledged is given
-    /// back (the kind's release, [`RedisBackend::release_on`]) and is an error.
-    pub(crate) async fn acquire_with<R: AcquireScriptReply>(
-        &self,
-        request: &AcquireRequest,
-        script: &Script,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<R> {
-        if self.config.min_replicas == 0 {
-            let mut invocation = script.prepare_invoke();
-            invocation.key(keys).arg(args);
-            let invocation = &invocation;
-            let reply = self
-                .primary
-                .request(R::WHAT, |mut con| async move {
-                    invocation.invoke_async::<Value>(&mut con).await
-                })
-                .await?;
-            return R::parse(&reply);
-        }
-        let mut invocation = redis::cmd("EVALSHA");
-        invocation
-            .arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        let (reply, acked) = self.invoke_replicated(&invocation, R::SCRIPT).await?;
-        let reply = R::parse(&reply)?;
-        if !reply.is_grant() || acked >= self.config.min_replicas as usize {
-            return Ok(reply);
-        }
-        if let Err(e) = self
-            .release_hold(&request.key, request.hold, &request.owner)
-            .await
-        {
-            tracing::warn!(error = %e, hold = ?request.hold, "could not give back an unreplicated grant; it expires with its TTL");
-        }
-        Err(self.unreplicated(acked))
-    }
-
-    /// The arguments of the acquire script for `request` (its keys are [`Keys::acquire`]): a
-    /// request that will wait queues under the name `queued_as` (see
-    /// `Handover::attempting`), its hand-over announced on this epoch's inbox (unless its
-    /// waiters poll).
-    fn acquire_args(&self, request: &AcquireRequest, queued_as: Option<&str>) -> [String; 8] {
-        let (queue, name, inbox) = match queued_as {
-            Some(name) => {
-                let inbox = if self.notifies() {
-                    self.primary.epoch().notifier.inbox().name().to_owned()
-                } else {
-                    String::new()
-                };
-                ("1".to_owned(), name.to_owned(), inbox)
-            }
-            None => (String::new(), String::new(), String::new()),
-        };
-        [
-            request.owner.expose_hex(),
-            millis(request.ttl).to_string(),
-            millis(self.config.fence_ttl).to_string(),
-            String::new(),
-            queue,
-            name,
-            inbox,
-            String::new(),
-        ]
-    }
-
-    /// A script's `invocation` and `WAIT min_replicas replica_timeout` in one pipeline, on
-    /// the connection reserved for it (`WAIT` counts that connection's writes and blocks it).
-    /// Returns the script's reply and how many replicas acknowledged it.
-    async fn invoke_replicated(
-        &self,
-        invocation: &redis::Cmd,
-        script: &str,
-    ) -> Result<(Value, usize)> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        pipe.add_command(invocation.clone());
-        pipe.cmd("WAIT")
-            .arg(self.config.min_replicas)
-            .arg(millis(self.config.replica_timeout));
-        let pipe = &pipe;
-        let replies = self
-            .primary
-            .request_on(
-                "acquiring",
-                |epoch| epoch.replication.clone(),
-                |mut con| async move {
-                    let replies = scripts::query_reloading(pipe, &mut con).await?;
-                    scripts::primary_moved(&replies).map_or(Ok(replies), Err)
-                },
-            )
-            .await?;
-        match replies.as_slice() {
-            [Value::ServerError(e), _] => Err(refused_in_pipeline(script, e)),
-            [reply, Value::Int(acked)] => Ok((reply.clone(), usize::try_from(*acked).unwrap_or(0))),
-            _ => Err(unexpected(BACKEND, &format!("{script} and WAIT"))),
-        }
-    }
-
-    /// The error of a grant that `acked` replicas acknowledged, fewer than `min_replicas`,
-    /// and that was given back.
-    fn unreplicated(&self, acked: usize) -> Error {
-        let need = self.config.min_replicas as usize;
-        Error::new(
-            ErrorKind::QuorumNotReached { got: acked, need },
-            BACKEND,
-            format!(
-                "the grant reached {acked} replica(s) within {:?}, min_replicas = {need}: it was given back",
-                self.config.replica_timeout
-            ),
-        )
-        .with_retryable(true)
-    }
-
-    /// Releases `owner`'s `hold` of `key` on the caller's connection, and says whether it
-    /// was held.
-    ///
-    /// A release sent again after its connection dropped (see `Primary::request_on`) that
-    /// finds the grant gone cannot tell whether its first send released it (the reply was
-    /// lost) or the grant was gone before: that is an error saying so, not "not ours", which
-    /// would report a lock lost that was released.
-    pub(crate) async fn release_hold(
-        &self,
-        key: &LockKey,
-        hold: Hold,
-        owner: &OwnerToken,
-    ) -> Result<bool> {
-        let released = self.release_on(key, hold, owner, Epoch::for_caller).await?;
-        RedisBackend::verdict(released)
-    }
-
-    /// What a release answers for what its script found.
-    pub(crate) fn verdict(released: Released) -> Result<bool> {
-        match released {
-            Released::Ours => Ok(true),
-            Released::NotOurs => Ok(false),
-            Released::GoneWhenSentAgain => Err(Error::new(
-                ErrorKind::Unavailable,
-                BACKEND,
-                "the release was sent again after its connection dropped and found the grant gone: the first send may have released it, or it was lost before",
-            )),
-        }
-    }
-
-    /// The release script of `hold` (a mutex, a permit, a read or the write lock) for
-    /// `owner`'s grant of `key`, and its own waiting entry of a wait it gives up, on the
-    /// connection `pick` chooses. Every kind's script answers 1 for a grant it released.
-    pub(crate) async fn release_on(
-        &self,
-        key: &LockKey,
-        hold: Hold,
-        owner: &OwnerToken,
-        pick: fn(&Epoch) -> redis::aio::ConnectionManager,
-    ) -> Result<Released> {
-        let publishing = self.publishing();
-        let (invocation, what) = match hold {
-            Hold::Permit { .. } => (
-                semaphore::release_invocation(publishing, key, owner),
-                "giving a permit back",
-            ),
-            Hold::Read | Hold::Write => (
-                crate::rwlock::release_invocation(publishing, key, owner),
-                "releasing a read-write lock",
-            ),
-            _ => (self.mutex_release_invocation(key, owner), "releasing"),
-        };
-        let invocation = &invocation;
-        let sends = &AtomicUsize::new(0);
-        let released: i64 = self
-            .primary
-            .request_on(what, pick, |mut con| async move {
-                sends.fetch_add(1, Ordering::SeqCst);
-                invocation.invoke_async(&mut con).await
-            })
-            .await?;
-        Ok(match released {
-            1 => Released::Ours,
-            _ if sends.load(Ordering::SeqCst) > 1 => Released::GoneWhenSentAgain,
-            _ => Released::NotOurs,
-        })
-    }
-
-    /// The mutex's release script for `owner`: its lock (handed over to the next waiter if
-    /// one is queued), and its own queue entry.
-    fn mutex_release_invocation(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-    ) -> redis::ScriptInvocation<'static> {
-        let keys = Keys::of(key);
-        let mut invocation = self.publishing().release.prepare_invoke();
-        invocation
-            .key(&keys.release()[..])
-            .arg(owner.expose_hex())
-            .arg(&keys.channel)
-            .arg(millis(self.config.fence_ttl));
-        invocation
-    }
-
-    /// Runs the force-release script for a lock read holding `expected` (`""`: free).
-    pub(crate) async fn break_lock(&self, key: &LockKey, expected: &str) -> Result<()> {
-        let keys = &Keys::of(key);
-        let fence_ttl = millis(self.config.fence_ttl);
-        let publishing = self.publishing();
-        let reply: Value = self
-            .primary
-            .request("breaking the lock", |mut con| async move {
-                publishing
-                    .force_release
-                    .key(&keys.release()[..])
-                    .arg(&keys.channel)
-                    .arg(fence_ttl)
-                    .arg("")
-                    .arg(expected)
-                    .invoke_async(&mut con)
-                    .await
-            })
-            .await?;
-        match reply {
-            Value::Int(_) => Ok(()),
-            _ => Err(unexpected(BACKEND, "the force-release script")),
-        }
-    }
-
     pub(crate) async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
         let lock = &Keys::of(key).lock;
         let reply: Value = self
@@ -450,161 +223,6 @@ impl RedisBackend {
             .await?;
         scripts::inspect_reply(BACKEND, &reply)
     }
-
-    /// One pipelined round trip of compare-and-`PEXPIRE`s (plus `WAIT` with `min_replicas`).
-    async fn renew_batch(&self, leases: &[Lease]) -> Result<Vec<Renewal>> {
-        let mut pipe =
-            scripts::renew_pipeline(leases, self.config.fence_ttl, Some(&self.proclaimed));
-        if self.config.min_replicas > 0 {
-            pipe.cmd("WAIT")
-                .arg(self.config.min_replicas)
-                .arg(millis(self.config.replica_timeout));
-        }
-        let pipe = &pipe;
-        let mut replies = self
-            .primary
-            .request_on(
-                "renewing",
-                |epoch| epoch.renewals.clone(),
-                |mut con| async move {
-                    let replies = scripts::query_reloading(pipe, &mut con).await?;
-                    scripts::primary_moved(&replies).map_or(Ok(replies), Err)
-                },
-            )
-            .await?;
-        if self.config.min_replicas > 0 {
-            let acked = match replies.pop() {
-                Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
-                _ => return Err(unexpected(BACKEND, "WAIT")),
-            };
-            let need = self.config.min_replicas as usize;
-            if acked < need {
-                return Err(Error::new(
-                    ErrorKind::QuorumNotReached { got: acked, need },
-                    BACKEND,
-                    format!("a renewal reached {acked} replica(s), min_replicas = {need}"),
-                )
-                .with_retryable(true));
-            }
-        }
-        if replies.len() != leases.len() {
-            return Err(unexpected(BACKEND, "a renewal pipeline"));
-        }
-        replies
-            .iter()
-            .zip(leases)
-            .map(|(reply, lease)| match (scripts::renewed(reply), reply) {
-                (Some(true), _) => Ok(Renewal::Extended(lease.ttl())),
-                (Some(false), _) => {
-                    self.proclaimed.forget(lease);
-                    Ok(Renewal::Lost)
-                }
-                (None, Value::ServerError(e)) => Err(refused_in_pipeline("renewal", e)),
-                (None, _) => Err(Error::new(
-                    ErrorKind::Backend,
-                    BACKEND,
-                    format!("renewal failed: {reply:?}"),
-                )
-                .with_retryable(true)),
-            })
-            .collect()
-    }
-
-    /// The wait of a queued mutex waiter: until the lock is handed over to it (announced on
-    /// the inbox), or `max_wait`, or the holder's remaining TTL (a holder that expires hands
-    /// over at the next attempt of any waiter), at most a third of the waiter's TTL so that
-    /// its attempts keep its queue entry alive.
-    async fn wait_for_handover(
-        &self,
-        request: &AcquireRequest,
-        contention: &Contention,
-        max_wait: Duration,
-    ) -> Result<Option<Grant>> {
-        let notifier = &self.primary.epoch().notifier;
-        let handover = notifier.inbox().expect(&request.owner.digest_hex());
-        let subscription = match notifier
-            .subscribe(&notifier.inbox_channel(&request.key), contention.marker)
-            .await
-        {
-            Ok(subscription) => subscription,
-            Err(e) if crate::cluster::redirected(&e) => return Err(e),
-            Err(e) => {
-                self.poll_for_a_while(&e);
-                return Ok(None);
-            }
-        };
-        // The inbox was not subscribed when the attempt was sent (or lost its subscription
-        // since): the lock may have been handed over unannounced. Look at once.
-        if subscription.changed_since_marker() {
-            return Ok(None);
-        }
-        let max_wait = max_wait
-            .min(contention.retry_after.unwrap_or(max_wait))
-            .min(request.ttl / 3);
-        let _ = tokio::time::timeout(max_wait, handover.arrived()).await;
-        drop(subscription);
-        let token = handover.tokens().first().map(|(_, token)| *token);
-        match token {
-            // With min_replicas, a grant counts once replicas acknowledged it: the next
-            // attempt finds the lock ours and waits for them.
-            Some(token) if self.config.min_replicas == 0 => {
-                notifier.inbox().forget(&request.owner.digest_hex());
-                Ok(Some(Grant::new(FencingToken(token), request.ttl)))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Whether waiters are woken by release notifications now (configured, and the server
-    /// did not refuse them lately).
-    pub(crate) fn notifies(&self) -> bool {
-        self.config.notifications && self.refusal.allows()
-    }
-
-    /// Falls back to polling for a while after the server refused a subscription. (A
-    /// subscription a cluster answered `MOVED` is no refusal: the waits return that error, and
-    /// the cluster's router follows the slot.)
-    pub(crate) fn poll_for_a_while(&self, error: &Error) {
-        if self.refusal.refused(error) {
-            tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
-        }
-    }
-}
-
-/// The reply of a kind's acquire script, as [`RedisBackend::acquire_with`] reads it.
-pub(crate) trait AcquireScriptReply: Sized {
-    /// The request, as a timeout names it.
-    const WHAT: &'static str;
-    /// The script, as an error names it.
-    const SCRIPT: &'static str;
-    /// Reads the script's reply.
-    fn parse(value: &Value) -> Result<Self>;
-    /// Whether the reply grants the request.
-    fn is_grant(&self) -> bool;
-}
-
-impl AcquireScriptReply for AcquireReply {
-    const WHAT: &'static str = "acquiring";
-    const SCRIPT: &'static str = "the acquire script";
-
-    fn parse(value: &Value) -> Result<Self> {
-        scripts::acquire_reply(BACKEND, value)
-    }
-
-    fn is_grant(&self) -> bool {
-        matches!(self, AcquireReply::Granted(_))
-    }
-}
-
-/// What a release script found, from [`RedisBackend::release_on`].
-pub(crate) enum Released {
-    /// The lock was the caller's, and is released.
-    Ours,
-    /// The lock was not the caller's.
-    NotOurs,
-    /// Not the caller's at a second send after the connection dropped: the first send may
-    /// have released it.
-    GoneWhenSentAgain,
 }
 
 #[async_trait]
@@ -627,53 +245,10 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Attempt> {
         match request.hold {
-            Hold::Exclusive => {}
-            Hold::Permit { permits } => return self.try_acquire_permit(request, permits).await,
-            Hold::Read | Hold::Write => return self.try_acquire_rw(request).await,
-            other => return Err(other.unsupported(BACKEND)),
-        }
-        let keys = Keys::of(&request.key);
-        // Registered before the attempt that may queue it, so that no hand-over announced
-        // from then on is missed; the marker tells the wait whether the inbox was subscribed.
-        let epoch = request.wait.then(|| self.primary.epoch());
-        let notifier = epoch.as_ref().map(|epoch| &epoch.notifier);
-        let (marker, digest, queued_as) = match notifier {
-            Some(notifier) => {
-                let digest = request.owner.digest_hex();
-                let queued_as = notifier.inbox().expect(&digest).attempting(&digest);
-                let marker = notifier.marker(&notifier.inbox_channel(&request.key));
-                (marker, Some(digest), Some(queued_as))
-            }
-            None => (None, None, None),
-        };
-        let args = self.acquire_args(request, queued_as.as_deref());
-        let reply = self
-            .acquire_with(request, &self.publishing().acquire, &keys.acquire(), &args)
-            .await?;
-        match reply {
-            AcquireReply::Granted(token) => {
-                if let (Some(notifier), Some(digest)) = (notifier, &digest) {
-                    notifier.inbox().forget(digest);
-                }
-                Ok(Attempt::Granted(Grant::new(token, request.ttl)))
-            }
-            AcquireReply::Contended(remaining) => {
-                let contention = match marker {
-                    Some(marker) => Contention::new().with_marker(marker),
-                    None => Contention::new(),
-                };
-                // The script writes nothing for a try that does not get the lock; a waiter's
-                // attempt queued it.
-                let contention = if request.wait {
-                    contention
-                } else {
-                    contention.with_nothing_left()
-                };
-                Ok(Attempt::Contended(match remaining {
-                    Some(remaining) => contention.with_retry_after(remaining),
-                    None => contention,
-                }))
-            }
+            Hold::Exclusive => self.try_acquire_mutex(request).await,
+            Hold::Permit { permits } => self.try_acquire_permit(request, permits).await,
+            Hold::Read | Hold::Write => self.try_acquire_rw(request).await,
+            other => Err(other.unsupported(BACKEND)),
         }
     }
 
@@ -686,50 +261,11 @@ impl LockBackend for RedisBackend {
         if request.hold == Hold::Exclusive {
             return self.wait_for_handover(request, contention, max_wait).await;
         }
-        let channel = semaphore::channel_of(&request.key, request.hold);
-        let epoch = self.primary.epoch();
-        let mut subscription = match epoch.notifier.subscribe(&channel, contention.marker).await {
-            Ok(subscription) => subscription,
-            Err(e) if crate::cluster::redirected(&e) => return Err(e),
-            Err(e) => {
-                self.poll_for_a_while(&e);
-                return Ok(None);
-            }
-        };
-        // A release between the attempt and the subscription published nothing we saw: try
-        // again at once (the attempt costs what a look at the holder would, and may win).
-        // Subscribed since before the attempt with nothing received since, the holder the
-        // attempt saw still holds, and its release will be seen.
-        if subscription.changed_since_marker() {
-            return Ok(None);
-        }
-        let remaining = contention.retry_after.unwrap_or(max_wait);
-        let _ = tokio::time::timeout(max_wait.min(remaining), subscription.released()).await;
-        Ok(None)
+        self.wait_for_release(request, contention, max_wait).await
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {
-        let notifier = &self.primary.epoch().notifier;
-        if request.hold == Hold::Exclusive {
-            notifier.inbox().forget(&request.owner.digest_hex());
-        } else {
-            // This acquisition may have taken the wake-up of a release: another waiter retries.
-            notifier.pass_on(&semaphore::channel_of(&request.key, request.hold));
-        }
-        // The clean-up follows the attempts on their connection, so the server runs it after
-        // them, never before (a grant nobody holds, for a TTL): with min_replicas the
-        // replication connection, where an attempt may still wait behind other tasks' WAITs;
-        // otherwise the application runtime's (the clean-up of a dropped acquisition runs on
-        // lockkit's runtime).
-        let pick: fn(&Epoch) -> redis::aio::ConnectionManager = if self.config.min_replicas > 0 {
-            |epoch| epoch.replication.clone()
-        } else {
-            Epoch::after_attempts
-        };
-        // Whatever the clean-up found, nothing of the request is left.
-        self.release_on(&request.key, request.hold, &request.owner, pick)
-            .await
-            .map(drop)
+        self.clean_up(request).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {

@@ -1,7 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 mod backend;
+mod cleanup;
 mod cluster;
 mod config;
 mod connection;
@@ -12,9 +14,11 @@ mod lanes;
 mod listing;
 mod notify;
 mod redlock;
+mod renewal;
 mod rwlock;
 mod scripts;
 mod semaphore;
+mod wait;
 
 pub use backend::RedisBackend;
 pub use cluster::RedisClusterBackend;

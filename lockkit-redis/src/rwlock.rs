@@ -53,7 +53,8 @@ use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Le
 use lockkit_core::{FencingToken, LockKey, Result};
 use redis::{ScriptInvocation, Value};
 
-use crate::backend::{AcquireScriptReply, RedisBackend};
+use crate::acquire::AcquireScriptReply;
+use crate::backend::RedisBackend;
 use crate::error::{BACKEND, unexpected};
 use crate::scripts::{Publishing, millis};
 

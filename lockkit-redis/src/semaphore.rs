@@ -8,7 +8,8 @@ use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Le
 use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
 use redis::{ScriptInvocation, Value};
 
-use crate::backend::{AcquireScriptReply, RedisBackend};
+use crate::acquire::AcquireScriptReply;
+use crate::backend::RedisBackend;
 use crate::error::{BACKEND, unexpected};
 use crate::scripts::{self, Publishing, millis};
 

@@ -1,0 +1,217 @@
+//! One attempt at a grant on one Redis server or a Sentinel primary: the mutex's attempt,
+//! and the one way every kind of grant (a mutex, a permit, a read or the write lock) runs its
+//! acquire script.
+//!
+//! - **The mutex's attempt** is one round trip, the `acquire` script
+//!   (`scripts/mutex_prelude.lua` and `acquire.lua`): a lock that is the caller's already is
+//!   its grant again (extended), a free lock goes to the first live waiter of its queue (the
+//!   caller, or another it is handed to now), and otherwise the caller is refused with the
+//!   holder's remaining TTL, queued first when it will wait. A grant's fencing token is
+//!   `max(counter + 1, server clock in µs)` (`next_token` in `common.lua`), so tokens keep
+//!   increasing after the counter expires or is lost, unless the server's clock steps back.
+//! - **Every kind's script** goes through [`RedisBackend::acquire_with`]: on its own, or with
+//!   `min_replicas` in one pipeline with `WAIT` on the connection reserved for it, where a
+//!   grant fewer replicas acknowledged is given back with the kind's release and reported as
+//!   [`ErrorKind::QuorumNotReached`]. Each kind's reply type says how to read the reply and
+//!   whether it is a grant ([`AcquireScriptReply`]).
+
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
+use lockkit_core::{Error, ErrorKind, Result};
+use redis::{Script, Value};
+
+use crate::backend::RedisBackend;
+use crate::error::{BACKEND, refused_in_pipeline, unexpected};
+use crate::scripts::{self, AcquireReply, Keys, millis};
+
+/// The reply of a kind's acquire script, as [`RedisBackend::acquire_with`] reads it.
+pub(crate) trait AcquireScriptReply: Sized {
+    /// The request, as a timeout names it.
+    const WHAT: &'static str;
+    /// The script, as an error names it.
+    const SCRIPT: &'static str;
+    /// Reads the script's reply.
+    fn parse(value: &Value) -> Result<Self>;
+    /// Whether the reply grants the request.
+    fn is_grant(&self) -> bool;
+}
+
+impl AcquireScriptReply for AcquireReply {
+    const WHAT: &'static str = "acquiring";
+    const SCRIPT: &'static str = "the acquire script";
+
+    fn parse(value: &Value) -> Result<Self> {
+        scripts::acquire_reply(BACKEND, value)
+    }
+
+    fn is_grant(&self) -> bool {
+        matches!(self, AcquireReply::Granted(_))
+    }
+}
+
+impl RedisBackend {
+    /// One attempt at the mutex of `request.key`.
+    pub(crate) async fn try_acquire_mutex(&self, request: &AcquireRequest) -> Result<Attempt> {
+        let keys = Keys::of(&request.key);
+        // Registered before the attempt that may queue it, so that no hand-over announced
+        // from then on is missed; the marker tells the wait whether the inbox was subscribed.
+        let epoch = request.wait.then(|| self.primary.epoch());
+        let notifier = epoch.as_ref().map(|epoch| &epoch.notifier);
+        let (marker, digest, queued_as) = match notifier {
+            Some(notifier) => {
+                let digest = request.owner.digest_hex();
+                let queued_as = notifier.inbox().expect(&digest).attempting(&digest);
+                let marker = notifier.marker(&notifier.inbox_channel(&request.key));
+                (marker, Some(digest), Some(queued_as))
+            }
+            None => (None, None, None),
+        };
+        let args = self.acquire_args(request, queued_as.as_deref());
+        let reply = self
+            .acquire_with(request, &self.publishing().acquire, &keys.acquire(), &args)
+            .await?;
+        match reply {
+            AcquireReply::Granted(token) => {
+                if let (Some(notifier), Some(digest)) = (notifier, &digest) {
+                    notifier.inbox().forget(digest);
+                }
+                Ok(Attempt::Granted(Grant::new(token, request.ttl)))
+            }
+            AcquireReply::Contended(remaining) => {
+                let contention = match marker {
+                    Some(marker) => Contention::new().with_marker(marker),
+                    None => Contention::new(),
+                };
+                // The script writes nothing for a try that does not get the lock; a waiter's
+                // attempt queued it.
+                let contention = if request.wait {
+                    contention
+                } else {
+                    contention.with_nothing_left()
+                };
+                Ok(Attempt::Contended(match remaining {
+                    Some(remaining) => contention.with_retry_after(remaining),
+                    None => contention,
+                }))
+            }
+        }
+    }
+
+    /// Runs a kind's acquire `script` with `keys` and `args` for `request`. With
+    /// `min_replicas`, the script and `WAIT min_replicas replica_timeout` go in one pipeline
+    /// on the connection reserved for it, and a grant fewer replicas acknowledged is given
+    /// back (the kind's release, [`RedisBackend::release_on`]) and is an error.
+    pub(crate) async fn acquire_with<R: AcquireScriptReply>(
+        &self,
+        request: &AcquireRequest,
+        script: &Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<R> {
+        if self.config.min_replicas == 0 {
+            let mut invocation = script.prepare_invoke();
+            invocation.key(keys).arg(args);
+            let invocation = &invocation;
+            let reply = self
+                .primary
+                .request(R::WHAT, |mut con| async move {
+                    invocation.invoke_async::<Value>(&mut con).await
+                })
+                .await?;
+            return R::parse(&reply);
+        }
+        let mut invocation = redis::cmd("EVALSHA");
+        invocation
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let (reply, acked) = self.invoke_replicated(&invocation, R::SCRIPT).await?;
+        let reply = R::parse(&reply)?;
+        if !reply.is_grant() || acked >= self.config.min_replicas as usize {
+            return Ok(reply);
+        }
+        if let Err(e) = self
+            .release_hold(&request.key, request.hold, &request.owner)
+            .await
+        {
+            tracing::warn!(error = %e, hold = ?request.hold, "could not give back an unreplicated grant; it expires with its TTL");
+        }
+        Err(self.unreplicated(acked))
+    }
+
+    /// The arguments of the acquire script for `request` (its keys are [`Keys::acquire`]): a
+    /// request that will wait queues under the name `queued_as` (see
+    /// `Handover::attempting`), its hand-over announced on this epoch's inbox (unless its
+    /// waiters poll).
+    fn acquire_args(&self, request: &AcquireRequest, queued_as: Option<&str>) -> [String; 8] {
+        let (queue, name, inbox) = match queued_as {
+            Some(name) => {
+                let inbox = if self.notifies() {
+                    self.primary.epoch().notifier.inbox().name().to_owned()
+                } else {
+                    String::new()
+                };
+                ("1".to_owned(), name.to_owned(), inbox)
+            }
+            None => (String::new(), String::new(), String::new()),
+        };
+        [
+            request.owner.expose_hex(),
+            millis(request.ttl).to_string(),
+            millis(self.config.fence_ttl).to_string(),
+            String::new(),
+            queue,
+            name,
+            inbox,
+            String::new(),
+        ]
+    }
+
+    /// A script's `invocation` and `WAIT min_replicas replica_timeout` in one pipeline, on
+    /// the connection reserved for it (`WAIT` counts that connection's writes and blocks it).
+    /// Returns the script's reply and how many replicas acknowledged it.
+    async fn invoke_replicated(
+        &self,
+        invocation: &redis::Cmd,
+        script: &str,
+    ) -> Result<(Value, usize)> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.add_command(invocation.clone());
+        pipe.cmd("WAIT")
+            .arg(self.config.min_replicas)
+            .arg(millis(self.config.replica_timeout));
+        let pipe = &pipe;
+        let replies = self
+            .primary
+            .request_on(
+                "acquiring",
+                |epoch| epoch.replication.clone(),
+                |mut con| async move {
+                    let replies = scripts::query_reloading(pipe, &mut con).await?;
+                    scripts::primary_moved(&replies).map_or(Ok(replies), Err)
+                },
+            )
+            .await?;
+        match replies.as_slice() {
+            [Value::ServerError(e), _] => Err(refused_in_pipeline(script, e)),
+            [reply, Value::Int(acked)] => Ok((reply.clone(), usize::try_from(*acked).unwrap_or(0))),
+            _ => Err(unexpected(BACKEND, &format!("{script} and WAIT"))),
+        }
+    }
+
+    /// The error of a grant that `acked` replicas acknowledged, fewer than `min_replicas`,
+    /// and that was given back.
+    fn unreplicated(&self, acked: usize) -> Error {
+        let need = self.config.min_replicas as usize;
+        Error::new(
+            ErrorKind::QuorumNotReached { got: acked, need },
+            BACKEND,
+            format!(
+                "the grant reached {acked} replica(s) within {:?}, min_replicas = {need}: it was given back",
+                self.config.replica_timeout
+            ),
+        )
+        .with_retryable(true)
+    }
+}

@@ -1,0 +1,109 @@
+//! Waiting on one Redis server or a Sentinel primary.
+//!
+//! A mutex waiter queues on the server in the same script as its attempt; the release script
+//! hands the lock to the first live waiter and announces it on that waiter's inbox channel,
+//! so the woken waiter holds the lock without another request
+//! ([`RedisBackend::wait_for_handover`]). A semaphore's or a read-write lock's waiter listens
+//! on the release channel of what it waits for and attempts again when something went
+//! ([`RedisBackend::wait_for_release`]). Every waiter of a backend shares its one pub/sub
+//! connection; when the server refuses a subscription, waiters poll for a while.
+
+use std::time::Duration;
+
+use lockkit_core::backend::{AcquireRequest, Contention, Grant};
+use lockkit_core::{Error, FencingToken, Result};
+
+use crate::backend::RedisBackend;
+use crate::semaphore;
+
+impl RedisBackend {
+    /// The wait of a queued mutex waiter: until the lock is handed over to it (announced on
+    /// the inbox), or `max_wait`, or the holder's remaining TTL (a holder that expires hands
+    /// over at the next attempt of any waiter), at most a third of the waiter's TTL so that
+    /// its attempts keep its queue entry alive.
+    pub(crate) async fn wait_for_handover(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<Option<Grant>> {
+        let notifier = &self.primary.epoch().notifier;
+        let handover = notifier.inbox().expect(&request.owner.digest_hex());
+        let subscription = match notifier
+            .subscribe(&notifier.inbox_channel(&request.key), contention.marker)
+            .await
+        {
+            Ok(subscription) => subscription,
+            Err(e) if crate::cluster::redirected(&e) => return Err(e),
+            Err(e) => {
+                self.poll_for_a_while(&e);
+                return Ok(None);
+            }
+        };
+        // The inbox was not subscribed when the attempt was sent (or lost its subscription
+        // since): the lock may have been handed over unannounced. Look at once.
+        if subscription.changed_since_marker() {
+            return Ok(None);
+        }
+        let max_wait = max_wait
+            .min(contention.retry_after.unwrap_or(max_wait))
+            .min(request.ttl / 3);
+        let _ = tokio::time::timeout(max_wait, handover.arrived()).await;
+        drop(subscription);
+        let token = handover.tokens().first().map(|(_, token)| *token);
+        match token {
+            // With min_replicas, a grant counts once replicas acknowledged it: the next
+            // attempt finds the lock ours and waits for them.
+            Some(token) if self.config.min_replicas == 0 => {
+                notifier.inbox().forget(&request.owner.digest_hex());
+                Ok(Some(Grant::new(FencingToken(token), request.ttl)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The wait of a semaphore's or a read-write lock's waiter: until a release is heard on
+    /// the channel of what it waits for, or `max_wait`, or the first expiry its attempt saw.
+    pub(crate) async fn wait_for_release(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<Option<Grant>> {
+        let channel = semaphore::channel_of(&request.key, request.hold);
+        let epoch = self.primary.epoch();
+        let mut subscription = match epoch.notifier.subscribe(&channel, contention.marker).await {
+            Ok(subscription) => subscription,
+            Err(e) if crate::cluster::redirected(&e) => return Err(e),
+            Err(e) => {
+                self.poll_for_a_while(&e);
+                return Ok(None);
+            }
+        };
+        // A release between the attempt and the subscription published nothing we saw: try
+        // again at once (the attempt costs what a look at the holder would, and may win).
+        // Subscribed since before the attempt with nothing received since, the holder the
+        // attempt saw still holds, and its release will be seen.
+        if subscription.changed_since_marker() {
+            return Ok(None);
+        }
+        let remaining = contention.retry_after.unwrap_or(max_wait);
+        let _ = tokio::time::timeout(max_wait.min(remaining), subscription.released()).await;
+        Ok(None)
+    }
+
+    /// Whether waiters are woken by release notifications now (configured, and the server
+    /// did not refuse them lately).
+    pub(crate) fn notifies(&self) -> bool {
+        self.config.notifications && self.refusal.allows()
+    }
+
+    /// Falls back to polling for a while after the server refused a subscription. (A
+    /// subscription a cluster answered `MOVED` is no refusal: the waits return that error, and
+    /// the cluster's router follows the slot.)
+    pub(crate) fn poll_for_a_while(&self, error: &Error) {
+        if self.refusal.refused(error) {
+            tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
+        }
+    }
+}
