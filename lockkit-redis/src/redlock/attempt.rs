@@ -1,29 +1,9 @@
 //! One Redlock acquisition attempt: the fan-out of the acquire script, the answers counted
 //! until they decide, and the rollback of an attempt that did not win a majority.
 //!
-//! # Where a contended attempt spent its time (before issue 15)
-//! Measured with a temporary probe in this module on `examples/compare --speed-only` (W2: 8
-//! workers x 250 increments of one key, 5 local nodes, release build, a shared 2-core
-//! machine at load average 7-10), 619 contended attempts:
-//! - **round trips**: one fan-out of 5 acquires per attempt; 18% of the contended attempts
-//!   had grants on a minority (a split with another waiter) and then awaited a rollback
-//!   fan-out of 5 more. Granted attempt p50 0.13 ms; a holder's release p50 0.10 ms.
-//! - **the slowest node**: the answers ruled out a majority after p50 0.47 ms (mean 0.68),
-//!   but the attempt waited for all five: p50 3.0 ms, mean 3.9, p90 8.3. About 3 ms of every
-//!   contended attempt went to nodes that could not change its outcome.
-//! - **the rollback**: awaited before the waiter could wait or retry: p50 2.5 ms, mean 3.5,
-//!   the slowest node a second time.
-//! - **the wait/retry path**: 524 of the 619 contended attempts found that a release had
-//!   come in while they were waiting for the stragglers (the notifier's marker) and
-//!   retried at once; only 94 waited for a notification (p50 1.1 ms). The straggler wait
-//!   *was* the wait, paid for in CPU-bound milliseconds on every contended attempt.
-//!
-//! After the change (same probe and workload): a contended attempt answers after p50
-//! 0.19-0.27 ms; 0.2 rollback requests per contended attempt (2.0 while the rollback still
-//! went to every silent node, see below); 1.3 contended attempts per grant (2.6 then). In 8
-//! interleaved pairs of runs of the old and new builds: W2 median 1,504 incr/s against 1,210
-//! (the old build failed its W2 once), W1 p50 265 µs against 262 (the same within the
-//! noise), W2 wait p99 about 50 ms on both.
+//! Measured before this design, a contended attempt spent most of its time waiting for nodes
+//! that could not change its outcome, and then for its own rollback (docs/measurements.md,
+//! "Redlock: where a contended attempt spent its time").
 //!
 //! # What an attempt does now
 //! - It stops as soon as the answers decide: a majority granted, or so many nodes answered

@@ -29,6 +29,7 @@ use fanout::NodeResult;
 mod attempt;
 mod fanout;
 mod operator;
+mod renewal;
 mod wait;
 
 const BACKEND: &str = "redlock";
@@ -133,9 +134,6 @@ struct Node {
     /// Whether this node lately refused (or did not answer) a subscription.
     refusal: Refusal,
 }
-
-/// What a renewal pipeline may take per lease on top of the node timeout.
-const RENEWAL_TIME_PER_LEASE: Duration = Duration::from_micros(20);
 
 impl RedlockBackend {
     /// Opens connections to every node and loads the scripts where it can.
@@ -344,67 +342,10 @@ impl RedlockBackend {
         Err(self.quorum_error_of("writing the fencing token back", got, &errors))
     }
 
-    /// One pipeline per node renewing every lease, all nodes at once; per lease, how many
-    /// nodes extended it, how many said it is not ours, and the failures.
-    async fn renew_on_all(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let pipe = Arc::new(scripts::renew_pipeline(leases, self.config.fence_ttl, None));
-        // A node runs the pipeline's scripts one after the other: 10,000 leases did not fit in
-        // the 100 ms node timeout, and every renewal of the tick failed. The validity of the
-        // answers is counted with the longer bound.
-        let timeout = u32::try_from(leases.len())
-            .ok()
-            .and_then(|n| RENEWAL_TIME_PER_LEASE.checked_mul(n))
-            .and_then(|batch| self.config.node_timeout.checked_add(batch))
-            .unwrap_or(Duration::MAX);
-        let replies = self
-            .on_all(timeout, true, move |mut con| {
-                let pipe = pipe.clone();
-                async move { scripts::query_reloading(&pipe, &mut con).await }
-            })
-            .await;
-        leases
-            .iter()
-            .enumerate()
-            .map(|(i, lease)| {
-                let answers: Vec<NodeResult<Value>> = replies
-                    .iter()
-                    .map(|node| match node {
-                        Ok(values) => values
-                            .get(i)
-                            .cloned()
-                            .ok_or_else(|| unexpected(BACKEND, "a renewal pipeline")),
-                        Err(e) => Err(crate::error::repeat(e)),
-                    })
-                    .collect();
-                let extended = answers
-                    .iter()
-                    .filter(|a| matches!(a, Ok(Value::Int(1))))
-                    .count();
-                let refused = answers
-                    .iter()
-                    .filter(|a| matches!(a, Ok(Value::Int(0))))
-                    .count();
-                if extended >= self.quorum() {
-                    Ok(Renewal::Extended(lease.ttl().saturating_sub(timeout)))
-                } else if refused > self.nodes.len() - self.quorum() {
-                    Ok(Renewal::Lost)
-                } else {
-                    Err(self.quorum_error("renewing", extended, &answers))
-                }
-            })
-            .collect()
-    }
-
     /// How long a grant or renewal is valid from when it was sent: the TTL less one node
     /// timeout (see the type's docs for why).
     fn validity(&self, ttl: Duration) -> Duration {
         ttl.saturating_sub(self.config.node_timeout)
-    }
-
-    fn past_max_hold(&self, lease: &Lease) -> bool {
-        self.config
-            .max_hold
-            .is_some_and(|max| lease.acquired_at().elapsed() >= max)
     }
 }
 
@@ -484,25 +425,7 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Renewal>> {
-        let (expired, live): (Vec<usize>, Vec<usize>) =
-            (0..leases.len()).partition(|&i| self.past_max_hold(&leases[i]));
-        let live_leases: Vec<Lease> = live.iter().map(|&i| leases[i].clone()).collect();
-        let mut renewed = if live_leases.is_empty() {
-            Vec::new()
-        } else {
-            self.renew_on_all(&live_leases).await
-        };
-        let mut results: Vec<Option<Result<Renewal>>> = (0..leases.len()).map(|_| None).collect();
-        for i in expired {
-            results[i] = Some(Ok(Renewal::Lost));
-        }
-        for i in live.into_iter().rev() {
-            results[i] = renewed.pop();
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(unexpected(BACKEND, "a renewal"))))
-            .collect()
+        self.renew_leases(leases).await
     }
 
     /// Answers once a majority deleted the keys: the other nodes got the same request (all
