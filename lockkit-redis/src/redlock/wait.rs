@@ -22,36 +22,9 @@
 //! back or rolls a minority back (a rollback keeps the waiter's place, see `attempt.rs`), as
 //! for any attempt.
 //!
-//! # Measured (2026-12-04, W2: 8 clients × 500 increments, 5 local nodes, 2 cores)
-//! - **Before** (waiters retried on a release notification heard on one node): 912-1,457
-//!   increments/s, 555-770 µs of client CPU each; a release woke a waiter in every process,
-//!   each retrying on all five nodes.
-//! - **Queue and hand-over**: 2,400-3,180/s, 210-290 µs of client CPU, longest wait 6-13 ms;
-//!   `examples/compare --tiers redlock-5`: 2,912 and 2,998/s (longest wait 7.8 and 6.9 ms)
-//!   against rslock's 2,856 and 3,520/s (352 and 387 ms) in the same runs. Both make ten
-//!   requests per increment (`INFO commandstats`: 10.5 scripts per increment, the release
-//!   and the next holder's queueing attempt on five nodes); what separates them is the
-//!   work per request: the redis-servers spent 295-382 µs of CPU per increment on lockkit's
-//!   scripts (an `EVALSHA` of the queue's bookkeeping took 23 µs) against 147-185 µs on
-//!   rslock's `SET NX` and two-command release, and the client 210-290 µs against 158-230.
-//! - **Fan-outs gathered on lockkit's runtime** (`fanout.rs`): the eventfd writes that wake
-//!   another thread fell from 12.9 to 5.6 per increment (`strace -c -f`).
-//! - **Tried, not kept**: letting a waiter be overtaken for 10 ms before it queues (Go's
-//!   `sync.Mutex` starvation mode): 2,321-2,850/s with waits up to 113 ms, no faster.
-//!   Listening on every node and taking the first majority of announcements, so that one
-//!   slow node does not hold the grant: 2,078-2,351/s against 2,099-2,180/s in five
-//!   alternating runs of `examples/compare --speed-only --tiers redlock-5`. The fan-outs on
-//!   the caller's runtime (the lanes' tasks spawned there, each node's requests on a
-//!   connection that runtime drives, as `CallerConnection` does for Redis):
-//!   2,192-2,516/s against 2,115-2,494/s in four alternating runs, rslock 2,536-3,530/s.
-//! - **What is left** (the same runs): the machine is 80-89% busy (`vmstat`) and the gap
-//!   is CPU per increment. `perf record` of the suite's process puts 49% of its samples in
-//!   the kernel (sockets, wake-ups) with no user-space hot spot; on the servers, the
-//!   queueing attempt costs 12 µs per `EVALSHA` (`redis-benchmark` against a held lock; a
-//!   script that returns at once, 1.2 µs): each `redis.call` about 1.5 µs, against one
-//!   `SET NX` for rslock's attempt. Two commands fewer per node and increment (2026-12-05:
-//!   the fence counter written with `SET ... GET`, the queue's keys extended to two TTLs)
-//!   moved neither the nodes' CPU nor the throughput measurably (`docs/measurements.md`).
+//! What the queue and hand-over gained over retrying on a release notification, and the
+//! alternatives tried and not kept, are in docs/measurements.md ("Redlock: queue and
+//! hand-over, measured").
 
 use std::time::Duration;
 
