@@ -202,6 +202,7 @@ impl RedisBackend {
         &self.config
     }
 
+    /// Loads every script into the server's script cache.
     async fn load_scripts(&self) -> Result<()> {
         self.primary
             .request("loading the scripts", |mut con| async move {
@@ -213,6 +214,7 @@ impl RedisBackend {
             .map(drop)
     }
 
+    /// Who holds the mutex of `key`, as the inspect script reads it.
     pub(crate) async fn holder(&self, key: &LockKey) -> Result<Option<scripts::Holder>> {
         let lock = &Keys::of(key).lock;
         let reply: Value = self

@@ -144,30 +144,26 @@ impl AcquireScriptReply for RwReply {
     const SCRIPT: &'static str = "the rwlock's acquire script";
 
     fn parse(value: &Value) -> Result<Self> {
-        rw_reply(value)
+        let unexpected = || unexpected(BACKEND, Self::SCRIPT);
+        let Value::Array(items) = value else {
+            return Err(unexpected());
+        };
+        let [Value::Int(code), Value::Int(n)] = items.as_slice() else {
+            return Err(unexpected());
+        };
+        match code {
+            1 => u64::try_from(*n)
+                .map(|t| RwReply::Granted(FencingToken(t)))
+                .map_err(|_| unexpected()),
+            0 => Ok(RwReply::Blocked(Duration::from_millis(
+                u64::try_from(*n).unwrap_or(0),
+            ))),
+            _ => Err(unexpected()),
+        }
     }
 
     fn is_grant(&self) -> bool {
         matches!(self, RwReply::Granted(_))
-    }
-}
-
-pub(crate) fn rw_reply(value: &Value) -> Result<RwReply> {
-    let unexpected = || unexpected(BACKEND, "the rwlock's acquire script");
-    let Value::Array(items) = value else {
-        return Err(unexpected());
-    };
-    let [Value::Int(code), Value::Int(n)] = items.as_slice() else {
-        return Err(unexpected());
-    };
-    match code {
-        1 => u64::try_from(*n)
-            .map(|t| RwReply::Granted(FencingToken(t)))
-            .map_err(|_| unexpected()),
-        0 => Ok(RwReply::Blocked(Duration::from_millis(
-            u64::try_from(*n).unwrap_or(0),
-        ))),
-        _ => Err(unexpected()),
     }
 }
 
@@ -333,7 +329,7 @@ mod tests {
 
     #[test]
     fn an_unexpected_rwlock_reply_is_an_error() {
-        let reply = |items: Vec<Value>| rw_reply(&Value::Array(items));
+        let reply = |items: Vec<Value>| RwReply::parse(&Value::Array(items));
         assert_eq!(
             reply(vec![Value::Int(1), Value::Int(7)]).ok(),
             Some(RwReply::Granted(FencingToken(7)))

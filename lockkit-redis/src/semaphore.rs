@@ -101,33 +101,29 @@ impl AcquireScriptReply for PermitReply {
     const SCRIPT: &'static str = "the semaphore's acquire script";
 
     fn parse(value: &Value) -> Result<Self> {
-        permit_reply(value)
+        let unexpected = || unexpected(BACKEND, Self::SCRIPT);
+        let Value::Array(items) = value else {
+            return Err(unexpected());
+        };
+        let [Value::Int(code), Value::Int(n)] = items.as_slice() else {
+            return Err(unexpected());
+        };
+        match code {
+            1 => u64::try_from(*n)
+                .map(|t| PermitReply::Granted(FencingToken(t)))
+                .map_err(|_| unexpected()),
+            0 => Ok(PermitReply::Full(Duration::from_millis(
+                u64::try_from(*n).unwrap_or(0),
+            ))),
+            2 => u32::try_from(*n)
+                .map(PermitReply::Mismatch)
+                .map_err(|_| unexpected()),
+            _ => Err(unexpected()),
+        }
     }
 
     fn is_grant(&self) -> bool {
         matches!(self, PermitReply::Granted(_))
-    }
-}
-
-pub(crate) fn permit_reply(value: &Value) -> Result<PermitReply> {
-    let unexpected = || unexpected(BACKEND, "the semaphore's acquire script");
-    let Value::Array(items) = value else {
-        return Err(unexpected());
-    };
-    let [Value::Int(code), Value::Int(n)] = items.as_slice() else {
-        return Err(unexpected());
-    };
-    match code {
-        1 => u64::try_from(*n)
-            .map(|t| PermitReply::Granted(FencingToken(t)))
-            .map_err(|_| unexpected()),
-        0 => Ok(PermitReply::Full(Duration::from_millis(
-            u64::try_from(*n).unwrap_or(0),
-        ))),
-        2 => u32::try_from(*n)
-            .map(PermitReply::Mismatch)
-            .map_err(|_| unexpected()),
-        _ => Err(unexpected()),
     }
 }
 
@@ -275,7 +271,7 @@ mod tests {
 
     #[test]
     fn an_unexpected_permit_reply_is_an_error() {
-        let reply = |items: Vec<Value>| permit_reply(&Value::Array(items));
+        let reply = |items: Vec<Value>| PermitReply::parse(&Value::Array(items));
         assert_eq!(
             reply(vec![Value::Int(1), Value::Int(7)]).ok(),
             Some(PermitReply::Granted(FencingToken(7)))

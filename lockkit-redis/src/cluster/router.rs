@@ -53,6 +53,7 @@ impl RedisClusterBackend {
             .await
     }
 
+    /// The primary each queued mutex waiter last attempted on (see `Inner::waiters`).
     pub(super) fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<String, RedisBackend>> {
         self.inner
             .waiters
@@ -70,6 +71,7 @@ impl RedisClusterBackend {
             .cloned()
     }
 
+    /// A copy of the cluster's map as it is now.
     pub(super) fn map(&self) -> SlotMap {
         self.inner
             .map
