@@ -19,37 +19,8 @@
 //! [`Notifier::marker`] before its attempt knows without asking the server whether something
 //! may have come in unseen since.
 //!
-//! # Where a contended hand-over's time goes (measured 2026-12-04)
-//!
-//! W2 (8 clients × 250-500 increments under one lock, release build, the compose servers and
-//! the client on this project's 2-core machine); client CPU is this process's CPU time per
-//! increment (`/proc/self/stat`, now a column of `examples/compare`'s W2 table).
-//! - **Before**: a waiter retried on a release notification, reserving the lock once it had
-//!   waited 10 ms; a guard's release ran on lockkit's runtime. 3,189-3,670 increments/s,
-//!   252-302 µs of client CPU each, ~10 scripts per increment (`INFO commandstats`).
-//!   `perf record -g` put 65% of the client's samples in the kernel, most of them switching
-//!   and waking threads (`finish_task_switch` 18%, wake-ups 17%): a hand-over crossed
-//!   between the caller's runtime and lockkit's about five times.
-//! - **The release in the caller's task** (`MutexGuard::release`; one dropped before its
-//!   answer is sent again in the background): 4,116-5,107/s, 182-190 µs.
-//! - **The queue and the hand-over** (this module's inbox, `scripts/mutex_prelude.lua`):
-//!   6,697-7,077/s, 102-115 µs, longest wait 3.1-4.4 ms. A hand-over costs exactly two
-//!   scripts, the holder's release and the next holder's attempt that queued it
-//!   (`tests/commands.rs`), and one push to one connection. `examples/compare --tiers redis`:
-//!   7,568 and 7,993/s (longest wait 3.6 and 3.2 ms) against rslock's 4,912 and 5,238/s
-//!   (307 and 259 ms) in the same runs.
-//! - **Attempts and releases on a connection the caller's runtime drives**
-//!   (`connection.rs`, `CallerConnection`): 9,189-11,994/s at 40-52 µs, against 7,303-7,702/s
-//!   at 85-88 µs without, in interleaved runs of a W2 probe (8 clients × 500); rslock made
-//!   9,408-11,258/s in the same runs. A first try, a connection opened lazily wherever it was
-//!   first used, panicked inside tokio's timer when lockkit's runtime later used a connection
-//!   whose runtime had shut down: now lockkit's background work keeps its own connection, and
-//!   a runtime's connection is forgotten when that runtime shuts down.
-//! - **Tried, not kept** (before the queue): a two-thread lockkit runtime (no change), the
-//!   whole acquisition on lockkit's runtime (+10% on Redis, −30% on Redlock), reserving on
-//!   every wait (half the scripts, the same throughput).
-//!
-//! Redlock's hand-over is measured in the module docs of `redlock/wait.rs`.
+//! Where a contended hand-over's time goes, and what was tried, is measured in
+//! `docs/measurements.md`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
