@@ -1,18 +1,21 @@
 //! Release notifications and hand-overs: every waiter of a backend listens through ONE shared
 //! pub/sub connection.
 //!
-//! - **Hand-overs** (mutex waiters of Redis and Sentinel): a waiter queues on the server, and
-//!   the release that ends the holder's grant gives the lock to the first live waiter in the
-//!   queue and announces it on that waiter's *inbox*, a channel of its notifier's own
-//!   (`lockkit:inbox:` and 128 random bits), as `digest:token`. The notifier hands the token
-//!   to the waiter registered under that owner digest ([`Notifier::expect`]), which then holds
-//!   the lock without another request. One message per hand-over, to one connection,
-//!   however many processes wait.
-//! - **Release channels** (semaphores, read-write locks, Redlock, election observers): a
-//!   notifier subscribes to the release channel of each key that has waiters. A release
-//!   wakes ONE waiter of the key in this process (it retries at once; the others would only
-//!   lose the race to it), or stores a wake-up for the next waiter when none is waiting at
-//!   that moment; observers are all woken.
+//! - **Hand-overs** (mutex waiters of Redis, Sentinel, a Redis Cluster's primaries and
+//!   Redlock): a waiter queues on the server, and the release that ends the holder's grant
+//!   gives the lock to the first live waiter in the queue and announces it on that waiter's
+//!   *inbox*, a channel of its notifier's own (`lockkit:inbox:` and 128 random bits; with
+//!   sharded pub/sub, that and the lock key), as `digest/attempt:token`. The notifier hands
+//!   the token to the waiter registered under that owner digest ([`Inbox::expect`]), which
+//!   then holds the lock without another request. One message per hand-over, to one
+//!   connection, however many processes wait. Redlock's nodes share one inbox name, and its
+//!   waiter counts a grant once a majority announced it (`redlock/wait.rs`).
+//! - **Release channels** (semaphores, read-write locks and election observers, which
+//!   Redlock does not support; its releases publish nothing): a notifier subscribes to the
+//!   release channel of each key that has waiters. A release wakes ONE waiter of the key in
+//!   this process (it retries at once; the others would only lose the race to it), or
+//!   stores a wake-up for the next waiter when none is waiting at that moment; observers are
+//!   all woken.
 //!
 //! Every channel records when it last changed on a notifier-wide sequence (a release; for
 //! the inbox, only a (re)subscription or a disconnection), so a waiter that took a
