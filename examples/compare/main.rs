@@ -72,9 +72,11 @@ use lockkit::LockkitConfig;
 use serde::Serialize;
 
 mod chart;
+mod contended_floors;
 mod election;
 mod failed;
 mod faults;
+mod floor_servers;
 mod floors;
 mod peers;
 mod permits;
@@ -332,7 +334,7 @@ async fn run_tier(
     };
     report.uncontended = report.record("W1", w1.await);
     let w2 = async {
-        let floor = floors::ContendedFloor::connect(name, url)
+        let floor = contended_floors::ContendedFloor::connect(name, url)
             .await
             .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
         let w2 = contended(

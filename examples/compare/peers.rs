@@ -31,7 +31,7 @@ impl Peer {
     pub(crate) fn for_target(target: &str, url: &str) -> Result<Option<Peer>, BoxError> {
         Ok(match target {
             "redis" | "redlock-5" => Some(Peer {
-                hosts: crate::floors::url_hosts(url)?,
+                hosts: crate::floor_servers::url_hosts(url)?,
             }),
             _ => None,
         })

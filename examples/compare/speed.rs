@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use lockkit::{LockClient, Mutex};
 
-use crate::floors::{BoxError, ContendedFloor, Contender, Floor};
+use crate::contended_floors::{ContendedFloor, Contender};
+use crate::floors::{BoxError, Floor};
 use crate::peers::{Peer, PeerClient};
 use serde::Serialize;
 

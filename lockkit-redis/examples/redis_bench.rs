@@ -9,7 +9,7 @@
 //!    release notifications vs polling.
 //!
 //! Run it in a release build with the servers up:
-//! `compose/up.sh redis redlock && cargo run --release -p lockkit-redis --example bench`
+//! `compose/up.sh redis redlock && cargo run --release -p lockkit-redis --example redis_bench`
 //! (`-- --quick` for small counts). Rounds of the uncontended runs alternate, so that noise
 //! from the shared machine hits every contestant alike; the figures are medians over rounds.
 
