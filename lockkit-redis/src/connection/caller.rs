@@ -10,8 +10,9 @@ use super::Dialer;
 
 /// The connection an application's runtime drives itself, for the requests its tasks make on
 /// a contended lock's hand-over path (attempts, releases): sent and answered without a switch
-/// to lockkit's thread and back, which costs a contended lock more throughput and client CPU
-/// than it saves (docs/measurements.md, "Caller connections").
+/// to lockkit's thread and back, which costs a contended lock throughput and client CPU
+/// (docs/measurements.md: "Redis: where a contended hand-over's time goes" and "Contended
+/// hand-over with caller connections").
 ///
 /// Opened on first use from a runtime that is not lockkit's, so its driver runs there; a task
 /// on that runtime that never ends is dropped when the runtime shuts down and forgets the
@@ -52,9 +53,10 @@ impl CallerConnection {
     /// A future that `block_on` runs (`#[tokio::main]`'s own, say) is not a task: it is
     /// polled on the thread that blocks, not on a worker, and a runtime's connection would be
     /// driven on a worker anyway; the hop to lockkit's thread, which waits on nothing else,
-    /// costs less than one to a parked worker (docs/measurements.md). A current-thread runtime runs its tasks only while a
-    /// thread blocks on it: a connection driven there would stall every other runtime's
-    /// requests on it whenever that runtime sits idle, still alive.
+    /// costs less than one to a parked worker (docs/measurements.md, "Contended hand-over
+    /// with caller connections"). A current-thread runtime runs its tasks only while a thread
+    /// blocks on it: a connection driven there would stall every other runtime's requests on
+    /// it whenever that runtime sits idle, still alive.
     pub(super) fn get(&self, shared: &ConnectionManager) -> ConnectionManager {
         if lockkit_core::backend::runtime::is_current() || tokio::task::try_id().is_none() {
             return shared.clone();
