@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, ConnectOptions, GetOptions, Identity, SortOrder, TlsOptions, Txn, TxnOp,
-    TxnResponse,
+    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, SortOrder, TlsOptions,
+    Txn, TxnOp, TxnResponse,
 };
 use lockkit_core::backend::cleanup::{Acquisitions, Sweeps};
 use lockkit_core::backend::{
@@ -168,6 +168,21 @@ impl EtcdBackend {
             key.namespace(),
             key.name()
         )
+    }
+
+    /// The first key of `key`'s lock range by create revision (its holder) and how many
+    /// keys the range holds, in one linearizable read, for `what`.
+    pub(crate) async fn read_holder(&self, key: &LockKey, what: &str) -> Result<GetResponse> {
+        let prefix = self.lock_prefix(key);
+        self.read(what, |mut client| {
+            let prefix = prefix.clone();
+            async move {
+                client
+                    .get(prefix, Some(by_create(SortOrder::Ascend, 1)))
+                    .await
+            }
+        })
+        .await
     }
 
     /// The etcd key range (`<prefix>/<namespace>/../semaphore/<name>/`) under which the
@@ -378,17 +393,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let prefix = self.lock_prefix(key);
-        let response = self
-            .read("inspecting", |mut client| {
-                let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(by_create(SortOrder::Ascend, 1)))
-                        .await
-                }
-            })
-            .await?;
+        let response = self.read_holder(key, "inspecting").await?;
         let Some(holder) = response.kvs().first() else {
             return Ok(None);
         };

@@ -43,15 +43,13 @@
 
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, PutOptions, SortOrder, Txn, TxnOp, WatchFilterType, WatchOptions,
-};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
 use lockkit_core::backend::Lease;
 use lockkit_core::{Leader, LockKey, Result};
 use tokio::time::Instant;
 
 use crate::backend::EtcdBackend;
-use crate::naming::{by_create, key_of, proclaimed_of, stored_value, token_of};
+use crate::naming::{key_of, proclaimed_of, stored_value, token_of};
 use crate::request::{held_by, txn_of};
 use crate::wait::{FAR_FUTURE, until_event};
 
@@ -91,17 +89,7 @@ impl EtcdBackend {
 
     /// The leader of the election `key` and its value, in one linearizable read.
     pub(crate) async fn read_leader(&self, key: &LockKey) -> Result<LeaderRead> {
-        let prefix = self.lock_prefix(key);
-        let response = self
-            .read("reading the leader", |mut client| {
-                let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(by_create(SortOrder::Ascend, 1)))
-                        .await
-                }
-            })
-            .await?;
+        let response = self.read_holder(key, "reading the leader").await?;
         let revision = response.header().map_or(0, |h| h.revision());
         let leader = response.kvs().first().map(|kv| {
             let leader = Leader::new(token_of(kv.create_revision()), proclaimed_of(kv.value()));

@@ -1,12 +1,12 @@
 //! The etcd backend's operator operations: listing held locks a range page at a time, and
 //! breaking a lock by deleting its holder's key.
 
-use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lockkit_core::backend::{LockPage, inspect_names, validate_listing};
 use lockkit_core::{Error, LockKey, Result};
 
 use crate::backend::EtcdBackend;
-use crate::naming::{by_create, prefix_end};
+use crate::naming::prefix_end;
 
 impl EtcdBackend {
     /// One range read of at most `limit` key names (keys only) under
@@ -70,17 +70,7 @@ impl EtcdBackend {
     /// key: the next waiter's watch on it fires, and the holder's next renewal check finds
     /// its key gone. The queue and other clients' keys stay.
     pub(crate) async fn break_lock(&self, key: &LockKey) -> Result<bool> {
-        let prefix = self.lock_prefix(key);
-        let response = self
-            .read("reading the holder", |mut client| {
-                let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(by_create(SortOrder::Ascend, 1)))
-                        .await
-                }
-            })
-            .await?;
+        let response = self.read_holder(key, "reading the holder").await?;
         let Some(holder) = response.kvs().first() else {
             return Ok(false);
         };
