@@ -153,20 +153,9 @@ impl RedisBackend {
         max_wait: Duration,
     ) -> Result<()> {
         let keys = Keys::of(key);
-        let subscription = match self
-            .primary
-            .epoch()
-            .notifier
-            .subscribe(&keys.channel, None)
-            .await
-        {
-            Ok(subscription) => subscription,
-            Err(e) if crate::cluster::redirected(&e) => return Err(e),
-            Err(e) => {
-                self.poll_for_a_while(&e);
-                tokio::time::sleep(max_wait).await;
-                return Ok(());
-            }
+        let Some(subscription) = self.listen(&keys.channel, None).await? else {
+            tokio::time::sleep(max_wait).await;
+            return Ok(());
         };
         let changed = subscription.leader_changes().notified();
         tokio::pin!(changed);

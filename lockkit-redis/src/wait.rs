@@ -11,9 +11,10 @@
 use std::time::Duration;
 
 use lockkit_core::backend::{AcquireRequest, Contention, Grant};
-use lockkit_core::{Error, FencingToken, Result};
+use lockkit_core::{FencingToken, Result};
 
 use crate::backend::RedisBackend;
+use crate::notify::Subscription;
 use crate::semaphore;
 
 impl RedisBackend {
@@ -29,16 +30,9 @@ impl RedisBackend {
     ) -> Result<Option<Grant>> {
         let notifier = &self.primary.epoch().notifier;
         let handover = notifier.inbox().expect(&request.owner.digest_hex());
-        let subscription = match notifier
-            .subscribe(&notifier.inbox_channel(&request.key), contention.marker)
-            .await
-        {
-            Ok(subscription) => subscription,
-            Err(e) if crate::cluster::redirected(&e) => return Err(e),
-            Err(e) => {
-                self.poll_for_a_while(&e);
-                return Ok(None);
-            }
+        let channel = notifier.inbox_channel(&request.key);
+        let Some(subscription) = self.listen(&channel, contention.marker).await? else {
+            return Ok(None);
         };
         // The inbox was not subscribed when the attempt was sent (or lost its subscription
         // since): the lock may have been handed over unannounced. Look at once.
@@ -71,14 +65,8 @@ impl RedisBackend {
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
         let channel = semaphore::channel_of(&request.key, request.hold);
-        let epoch = self.primary.epoch();
-        let mut subscription = match epoch.notifier.subscribe(&channel, contention.marker).await {
-            Ok(subscription) => subscription,
-            Err(e) if crate::cluster::redirected(&e) => return Err(e),
-            Err(e) => {
-                self.poll_for_a_while(&e);
-                return Ok(None);
-            }
+        let Some(mut subscription) = self.listen(&channel, contention.marker).await? else {
+            return Ok(None);
         };
         // A release between the attempt and the subscription published nothing we saw: try
         // again at once (the attempt costs what a look at the holder would, and may win).
@@ -98,12 +86,30 @@ impl RedisBackend {
         self.config.notifications && self.refusal.allows()
     }
 
-    /// Falls back to polling for a while after the server refused a subscription. (A
-    /// subscription a cluster answered `MOVED` is no refusal: the waits return that error, and
-    /// the cluster's router follows the slot.)
-    pub(crate) fn poll_for_a_while(&self, error: &Error) {
-        if self.refusal.refused(error) {
-            tracing::warn!(error = %error, "release notifications unavailable; waiters poll with backoff");
+    /// Subscribes to `channel` (see [`Notifier::subscribe`](crate::notify::Notifier::subscribe)), or answers `None` when the
+    /// server refused: waiters then poll for a while. A subscription a cluster answered
+    /// `MOVED` is no refusal: that error is returned, and the cluster's router follows the
+    /// slot.
+    pub(crate) async fn listen(
+        &self,
+        channel: &str,
+        marker: Option<u64>,
+    ) -> Result<Option<Subscription>> {
+        match self
+            .primary
+            .epoch()
+            .notifier
+            .subscribe(channel, marker)
+            .await
+        {
+            Ok(subscription) => Ok(Some(subscription)),
+            Err(e) if crate::cluster::redirected(&e) => Err(e),
+            Err(e) => {
+                if self.refusal.refused(&e) {
+                    tracing::warn!(error = %e, "release notifications unavailable; waiters poll with backoff");
+                }
+                Ok(None)
+            }
         }
     }
 }
