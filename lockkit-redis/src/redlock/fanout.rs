@@ -88,7 +88,7 @@ impl RedlockBackend {
     ///
     /// The requests still pending then are driven to their end (or the bound) on lockkit's
     /// runtime. Only for requests whose order does not matter (reads, renewals, script
-    /// loads); what changes a lock goes through [`RedlockBackend::script_until`].
+    /// loads); what changes a lock goes through [`RedlockBackend::fan_out`].
     pub(super) async fn on_all_until<T, F, Fut>(
         &self,
         bound: Duration,
@@ -163,28 +163,10 @@ impl RedlockBackend {
         (answers, pending)
     }
 
-    /// Runs one script that changes the lock of `keys[0]` on every node at once, until
-    /// `enough` (see [`RedlockBackend::on_all_until`]), waiting for each node at most the
-    /// node timeout. Each node's request goes through that node's lane for the lock (see
-    /// [`RedlockBackend::send_script`]), so the nodes that have not answered when this
-    /// returns may still apply it: callers treat them as "may hold".
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn script_until(
-        &self,
-        owner: &OwnerToken,
-        script: &'static redis::Script,
-        keys: &[&str],
-        args: &[String],
-        ttl: Duration,
-        enough: impl Fn(&[Option<NodeResult<Value>>]) -> bool + Send + Sync + 'static,
-    ) -> Vec<Option<NodeResult<Value>>> {
-        self.fan_out(owner, script, keys, args, ttl, None, enough)
-            .await
-    }
-
-    /// Sends one script to every node in the acquisition's lanes (see
-    /// [`RedlockBackend::send_script`]) and gathers the answers until `enough` or the node
-    /// timeout, on lockkit's runtime, where the lanes' tasks and the connections' drivers
+    /// Sends one script that changes the lock of `keys[0]` to every node in the acquisition's
+    /// lanes (see [`RedlockBackend::send_script`]) and gathers the answers until `enough` or
+    /// the node timeout; the nodes that have not answered when this returns may still apply
+    /// it, so callers treat them as "may hold". It runs on lockkit's runtime, where the lanes' tasks and the connections' drivers
     /// run: the caller is woken once, with the answers, instead of once per node (on a
     /// contended lock each wake-up is a switch between threads on the hand-over's path:
     /// 13 per hand-over were two thirds of the W2 process's system calls).
@@ -277,7 +259,7 @@ impl RedlockBackend {
     }
 
     /// Runs one script that changes a lock on every node (see
-    /// [`RedlockBackend::script_until`]) and waits for every answer (or its timeout).
+    /// [`RedlockBackend::fan_out`]) and waits for every answer (or its timeout).
     pub(super) async fn script_on_all(
         &self,
         owner: &OwnerToken,
@@ -286,7 +268,7 @@ impl RedlockBackend {
         args: &[String],
         ttl: Duration,
     ) -> Vec<NodeResult<Value>> {
-        self.script_until(owner, script, keys, args, ttl, |_| false)
+        self.fan_out(owner, script, keys, args, ttl, None, |_| false)
             .await
             .into_iter()
             .map(|answer| answer.unwrap_or_else(|| Err(unexpected(BACKEND, "a node"))))

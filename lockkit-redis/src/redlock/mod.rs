@@ -263,7 +263,7 @@ impl RedlockBackend {
     }
 
     /// Releases the lock on every node, pursuing each node for `ttl` (see
-    /// [`RedlockBackend::script_until`]).
+    /// [`RedlockBackend::fan_out`]).
     async fn release_on_all(
         &self,
         key: &LockKey,
@@ -318,7 +318,7 @@ impl RedlockBackend {
         let keys = Keys::of(&request.key);
         let quorum = self.quorum();
         let answers = self
-            .script_until(
+            .fan_out(
                 &request.owner,
                 &scripts::RAISE_FENCE,
                 &[&keys.lock, &keys.fence],
@@ -328,6 +328,7 @@ impl RedlockBackend {
                     millis(self.config.fence_ttl).to_string(),
                 ],
                 request.ttl,
+                None,
                 move |answers| answered_one(answers) >= quorum,
             )
             .await;
@@ -435,12 +436,13 @@ impl LockBackend for RedlockBackend {
         let keys = Keys::of(lease.key());
         let quorum = self.quorum();
         let answers = self
-            .script_until(
+            .fan_out(
                 lease.owner(),
                 &scripts::classic().release,
                 &keys.release()[..4],
                 &self.release_args(lease.owner()),
                 lease.ttl(),
+                None,
                 move |answers| answered_one(answers) >= quorum,
             )
             .await;
