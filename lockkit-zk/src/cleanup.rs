@@ -270,13 +270,11 @@ impl ZkBackend {
                     ledger.clone(),
                 );
                 async move {
-                    let Some(backend) = ZkBackend::upgrade(&backend) else {
+                    let Some((backend, session)) =
+                        ZkBackend::in_session(&backend, session_id).await
+                    else {
                         return Ok(Sweep::Done);
                     };
-                    let session = backend.session().await;
-                    if session.id() != session_id {
-                        return Ok(Sweep::Done);
-                    }
                     let in_use = backend
                         .pending()
                         .get(&owner)
@@ -309,9 +307,14 @@ impl ZkBackend {
         Arc::downgrade(&self.inner)
     }
 
-    /// The backend of `weak`, while it is in use.
-    fn upgrade(weak: &Weak<Inner>) -> Option<ZkBackend> {
-        weak.upgrade().map(|inner| ZkBackend { inner })
+    /// The backend of `weak` and its session, while the backend is in use and its session
+    /// is still `session_id`, the one a clean-up was scheduled in.
+    async fn in_session(weak: &Weak<Inner>, session_id: i64) -> Option<(ZkBackend, Arc<Session>)> {
+        let backend = ZkBackend {
+            inner: weak.upgrade()?,
+        };
+        let session = backend.session().await;
+        (session.id() == session_id).then_some((backend, session))
     }
 
     /// Hands the nodes that hold `paths`' queue to the janitor, which removes them once
@@ -373,13 +376,11 @@ impl ZkBackend {
             move || {
                 let (backend, path) = (backend.clone(), path.clone());
                 async move {
-                    let Some(backend) = ZkBackend::upgrade(&backend) else {
+                    let Some((backend, session)) =
+                        ZkBackend::in_session(&backend, session_id).await
+                    else {
                         return Ok(Sweep::Done);
                     };
-                    let session = backend.session().await;
-                    if session.id() != session_id {
-                        return Ok(Sweep::Done);
-                    }
                     backend
                         .delete_node(&session, &path, "delete the lock node")
                         .await?;
