@@ -119,7 +119,8 @@ impl RwKeys {
 }
 
 /// Adds a read or write lock's renewal to a renewal pipeline (see
-/// [`scripts::renew_pipeline`]): the semaphore's renew script on the rwlock's keys.
+/// [`renew_pipeline`](crate::scripts::renew_pipeline)): the semaphore's renew script on the
+/// rwlock's keys.
 pub(crate) fn push_renewal(pipe: &mut redis::Pipeline, lease: &Lease, fence_ttl: Duration) {
     let keys = RwKeys::of(lease.key());
     // A reader leaves the writer's marker out: it exists only while a writer holds. A

@@ -302,7 +302,7 @@ pub(crate) fn millis(duration: Duration) -> u64 {
         .max(1)
 }
 
-/// The reply of [`ACQUIRE`].
+/// The reply of the acquire script ([`Publishing::acquire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     Granted(FencingToken),

@@ -113,7 +113,7 @@ const NO_RWLOCKS: &str = "Redlock does not keep the waiting-writer records and t
 pub struct RedlockBackend {
     nodes: Arc<[Node]>,
     config: Arc<RedlockConfig>,
-    /// The change count all nodes' notifiers share (see `notify.rs`).
+    /// The change count all nodes' notifiers share (see `notify/`).
     notifications: Arc<AtomicU64>,
     /// Where hand-overs to this backend's waiters are announced, on every node.
     inbox: Arc<Inbox>,
