@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockkit_core::backend::{Backoff, OwnerToken};
 use lockkit_core::{Error, ErrorKind};
@@ -15,6 +16,10 @@ use tokio::time::Instant;
 
 use super::{BACKEND, RedlockBackend};
 use crate::error::{from_redis, timed_out, unexpected};
+
+/// How many times a gather whose deadline passed lets lockkit's other tasks run, taking the
+/// answers they deliver, before it counts the nodes still silent as timed out.
+const LATE_ROUNDS: usize = 3;
 
 /// One node's answer, or why it gave none.
 pub(super) type NodeResult<T> = std::result::Result<T, Error>;
@@ -154,6 +159,19 @@ impl RedlockBackend {
         .await
         .is_err();
         if late {
+            // On a starved machine the timer and the answers come due in the same wake-up,
+            // and the timer's task may run before the connections' drivers read them: let
+            // those run, then take what arrived. (Callers count validity from the send, so a
+            // late answer only shortens it.)
+            for _ in 0..LATE_ROUNDS {
+                tokio::task::yield_now().await;
+                while let Some(Some((i, answer))) = pending.next().now_or_never() {
+                    answers[i] = Some(answer);
+                }
+                if enough(&answers) || answers.iter().all(Option::is_some) {
+                    break;
+                }
+            }
             for (answer, node) in answers.iter_mut().zip(self.nodes.iter()) {
                 if answer.is_none() {
                     *answer = Some(Err(timed_out(BACKEND, &node.addr, bound)));
@@ -166,8 +184,8 @@ impl RedlockBackend {
     /// Sends one script that changes the lock of `keys[0]` to every node in the acquisition's
     /// lanes (see [`RedlockBackend::send_script`]) and gathers the answers until `enough` or
     /// the node timeout; the nodes that have not answered when this returns may still apply
-    /// it, so callers treat them as "may hold". It runs on lockkit's runtime, where the lanes' tasks and the connections' drivers
-    /// run: the caller is woken once, with the answers, instead of once per node (on a
+    /// it, so callers treat them as "may hold". It runs on lockkit's runtime, where the
+    /// lanes' tasks and the connections' drivers run: the caller is woken once, with the answers, instead of once per node (on a
     /// contended lock each wake-up is a switch between threads on the hand-over's path:
     /// 13 per hand-over were two thirds of the W2 process's system calls).
     #[allow(clippy::too_many_arguments)]
