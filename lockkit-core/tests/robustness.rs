@@ -306,23 +306,32 @@ async fn a_queue_waiter_does_not_re_read_the_queue_every_backoff_max() {
 }
 
 /// Locks with `twist` and `ttl`, and checks that the grant was confirmed by a renewal (never
-/// given back) and handed out with more than half the TTL left.
+/// given back) and handed out with more than half the TTL left. A round whose renewal could
+/// not answer in the little validity left (a busy machine) gives the grant back and takes it
+/// again, which is correct but proves nothing: it is run again, up to five rounds.
 async fn confirmed_by_a_renewal(twist: Twist, ttl: Duration) {
-    let backend = Twisted::new(twist);
-    let guard = locks(backend.clone(), LockOptions::default().with_ttl(ttl))
-        .mutex("late")
-        .unwrap()
-        .lock_timeout(Duration::from_secs(5))
-        .await
-        .expect("the renewal confirmed the grant");
-    assert_eq!(backend.abandoned.load(Ordering::SeqCst), 0);
-    assert!(
-        guard.remaining() > ttl / 2,
-        "handed out with {:?} left instead of the renewal's validity",
-        guard.remaining()
-    );
-    assert!(guard.is_held().await.unwrap());
-    assert!(guard.release().await.unwrap());
+    for _ in 0..5 {
+        let backend = Twisted::new(twist);
+        let guard = locks(backend.clone(), LockOptions::default().with_ttl(ttl))
+            .mutex("late")
+            .unwrap()
+            .lock_timeout(Duration::from_secs(5))
+            .await
+            .expect("the renewal confirmed the grant");
+        if backend.abandoned.load(Ordering::SeqCst) > 0 {
+            drop(guard);
+            continue;
+        }
+        assert!(
+            guard.remaining() > ttl / 2,
+            "handed out with {:?} left instead of the renewal's validity",
+            guard.remaining()
+        );
+        assert!(guard.is_held().await.unwrap());
+        assert!(guard.release().await.unwrap());
+        return;
+    }
+    panic!("in 5 rounds every grant was given back: none was confirmed by a renewal");
 }
 
 #[tokio::test]
