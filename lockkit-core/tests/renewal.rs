@@ -197,10 +197,13 @@ async fn without_auto_renew_the_lease_expires_and_reports_lost() {
 async fn a_grant_with_little_validity_left_is_renewed_in_time() {
     let backend = Instrumented::default();
     backend.short_grants.store(true, Ordering::SeqCst);
-    let ttl = Duration::from_millis(600);
+    // The grant has 500 ms: its renewal is due at a third of that and has 300 ms to answer
+    // (a loaded machine's scheduling delays fit), while a renewal timed from the TTL (due at
+    // 667 ms) would come after the deadline.
+    let ttl = Duration::from_secs(2);
     let locks = client(&backend, ttl);
     let guard = hold(&locks, "short").await;
-    tokio::time::sleep(ttl * 2).await;
+    tokio::time::sleep(ttl).await;
     assert!(
         !guard.is_lost(),
         "a grant with a quarter of its TTL left was not renewed before its deadline"

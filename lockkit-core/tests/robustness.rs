@@ -352,7 +352,7 @@ async fn a_grant_that_arrives_nearly_expired_is_confirmed_by_a_renewal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_waits_for_the_background_releases_of_dropped_guards() {
-    let backend = Twisted::new(Twist::SlowRelease(Duration::from_millis(300)));
+    let backend = Twisted::new(Twist::SlowRelease(Duration::from_secs(3)));
     let locks = locks(backend.clone(), LockOptions::default());
     for name in ["a", "b", "c"] {
         drop(locks.mutex(name).unwrap().lock().await.unwrap());

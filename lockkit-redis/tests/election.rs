@@ -99,23 +99,32 @@ async fn a_proclamation_wakes_every_observer_at_once() {
         let election = locks.election("watched").unwrap();
         let leadership = election.campaign("first").await.unwrap();
         let mut observers = Vec::new();
+        let mut proclaimed = Vec::new();
         for _ in 0..OBSERVERS {
             let mut changes = election.observe();
             let first = changes.next().await.unwrap().unwrap();
             assert_eq!(first.and_then(|l| l.value).as_deref(), Some("first"));
-            // Each observer waits for the next two changes in its own task.
+            // Each observer waits for the next two changes in its own task, and says when it
+            // saw the first of them.
+            let (saw, seen) = tokio::sync::oneshot::channel();
+            proclaimed.push(seen);
             observers.push(tokio::spawn(async move {
-                let mut next = Vec::new();
-                for _ in 0..2 {
-                    next.push(changes.next().await.unwrap().unwrap());
-                }
-                next
+                let second = changes.next().await.unwrap().unwrap();
+                let _ = saw.send(());
+                [second, changes.next().await.unwrap().unwrap()]
             }));
         }
         // Long enough for every observer to be waiting, not reading.
         tokio::time::sleep(Duration::from_millis(500)).await;
         leadership.proclaim("second").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The resignation waits until every observer saw the proclamation, so that none reads
+        // after it and sees only the vacancy.
+        for (i, seen) in proclaimed.into_iter().enumerate() {
+            tokio::time::timeout(Duration::from_secs(20), seen)
+                .await
+                .unwrap_or_else(|_| panic!("observer {i} was not woken by the proclamation"))
+                .unwrap();
+        }
         let term = leadership.term();
         assert!(leadership.resign().await.unwrap());
         for (i, observer) in observers.into_iter().enumerate() {

@@ -76,19 +76,20 @@ async fn minority_down_keeps_working_majority_down_fails_and_the_holder_learns_i
 
     // A holder that loses its majority: lost() fires no later than its validity deadline.
     let doomed = locks.mutex("doomed").unwrap().lock().await.unwrap();
-    let deadline_before_kill = doomed.valid_until();
     common::member("kill", "redlock-3");
+    let killed_at = Instant::now();
     let lost_by = tokio::time::timeout(ttl * 2, doomed.lost()).await;
     let lost_at = Instant::now();
     assert!(
         lost_by.is_ok(),
         "the holder was never told it lost its majority"
     );
-    // Renewals may have moved the deadline on before the kill; never past one TTL from it.
+    // A renewal sent before the kill returned may have succeeded and counts its validity
+    // from its send; none sent after it can. The slack is for this task's wake-up only.
     assert!(
-        lost_at <= deadline_before_kill + ttl + Duration::from_millis(50),
+        lost_at <= killed_at + ttl + Duration::from_millis(500),
         "lost() fired {:?} after the last possible validity deadline",
-        lost_at.duration_since(deadline_before_kill + ttl)
+        lost_at.duration_since(killed_at + ttl)
     );
     assert!(
         doomed.valid_until() <= lost_at + Duration::from_millis(5),

@@ -336,7 +336,10 @@ async fn min_replicas_applies_to_permits() {
     let client = |min_replicas: u32| {
         let mut config = config.clone();
         config.min_replicas = min_replicas;
-        config.replica_timeout = Duration::from_millis(200);
+        // Room for a starved replica to acknowledge (the refusals below wait for all of it),
+        // inside the request's own timeout.
+        config.replica_timeout = Duration::from_secs(2);
+        config.response_timeout = Duration::from_secs(5);
         let ns = ns.clone();
         async move {
             let backend = Arc::new(RedisBackend::connect(config).await.unwrap());
