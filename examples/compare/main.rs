@@ -16,9 +16,11 @@
 //!   against the backend's raw-protocol floor (`floors.rs`) and its peer (`peers.rs`: rslock
 //!   on single-node Redis and Redlock), in alternating rounds. The Sentinel and Redlock tiers
 //!   alternate with single-node Redis too, and report their p50 over its p50 in those rounds.
-//! - W2 contended: 8 workers × M iterations of acquire → read a shared value → add 1 → write
-//!   → release; the final value must be 8 × M per round, a shortfall is reported as lost
-//!   updates. Three rounds, in each of which lockkit, its raw floor (a contended lock written
+//! - W2 contended: 8 workers × M iterations of acquire → read a counter in the store the lock
+//!   lives in → write it plus one → release (`store.rs`: GET and SET on Redis, a range and a
+//!   put on etcd, getData and setData on ZooKeeper, each worker over its own connection: what
+//!   a service does under a lock); the final value must be 8 × M per round, a shortfall is
+//!   reported as lost updates. Three rounds, in each of which lockkit, its raw floor (a contended lock written
 //!   by hand over the same protocol, `floors.rs` says which per backend) and its peer (each
 //!   worker with its own rslock client) run in turn, each round starting with the next one.
 //!   Throughput, wait p50, p99 and max: medians over the rounds (every round is in the JSON).
@@ -83,6 +85,7 @@ mod permits;
 mod report;
 mod rwlock;
 mod speed;
+mod store;
 mod targets;
 
 use faults::{
@@ -338,6 +341,7 @@ async fn run_tier(
             .await
             .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
         let w2 = contended(
+            name,
             (name != "memory").then_some(url),
             &locks,
             floor.as_ref(),

@@ -1,14 +1,13 @@
 //! W1 and W2: speed, uncontended and contended.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lockkit::{LockClient, Mutex};
+use lockkit::{LockClient, Mutex, MutexGuard};
 
 use crate::contended_floors::{ContendedFloor, Contender};
 use crate::floors::{BoxError, Floor};
 use crate::peers::{Peer, PeerClient};
+use crate::store::{Counter, Store};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -63,7 +62,7 @@ pub(crate) struct Contended {
 #[derive(Debug, Serialize)]
 pub(crate) struct ContendedSide {
     pub(crate) what: String,
-    /// The shared value after every round.
+    /// The counter in the store after every round.
     pub(crate) final_value: u64,
     /// The shortfall of `final_value` from rounds x workers x iterations.
     pub(crate) lost_updates: u64,
@@ -208,9 +207,11 @@ async fn timed_cycles(mutex: &Mutex, n: usize, samples: &mut Vec<Duration>) -> l
 
 /// W2: lockkit, its raw floor and its peer (when the backend has them) in turn in each
 /// round, each round starting with the next of them, so that drift and order hit them alike.
-/// Each keeps its own shared value across its rounds. `url` gives each lockkit worker its own
-/// client, as each peer worker has (`None`: the memory tier, one client for all).
+/// Each keeps its own counter in `target`'s store across its rounds (`store.rs`), and each of
+/// its workers its own connection to it. `url` gives each lockkit worker its own client, as
+/// each peer worker has (`None`: the memory tier, one client for all).
 pub(crate) async fn contended(
+    target: &str,
     url: Option<&str>,
     locks: &LockClient,
     floor: Option<&ContendedFloor>,
@@ -222,8 +223,16 @@ pub(crate) async fn contended(
     const ROUNDS: usize = 3;
     let floor_error = |e| crate::compare_error(format!("floor: {e}"));
     let peer_error = |e| crate::compare_error(format!("peer: {e}"));
+    let store_error = |e| crate::compare_error(format!("the counter's store: {e}"));
+    let side = |contender: &'static str| async move {
+        Side::new(target, url, contender, workers)
+            .await
+            .map_err(store_error)
+    };
+    let (mut ours, mut theirs, mut peers) = (side("lockkit").await?, None, None);
     let mut contenders = Vec::new();
     if let Some(floor) = floor {
+        theirs = Some(side("floor").await?);
         for _ in 0..workers {
             contenders.push(floor.contender().await.map_err(floor_error)?);
         }
@@ -237,23 +246,34 @@ pub(crate) async fn contended(
     }
     let mut peer_clients = Vec::new();
     if let Some(peer) = peer {
+        peers = Some(side("peer").await?);
         let key = format!("{{peer/w2-{:08x}}}", rand::random::<u32>());
         for _ in 0..workers {
             peer_clients.push(peer.client(&key).await.map_err(peer_error)?);
         }
     }
-    let (mut ours, mut theirs, mut peers) = (Side::default(), Side::default(), Side::default());
+    let mut lockkit_workers: Vec<LockkitWorker> = clients
+        .iter()
+        .map(|locks| {
+            let mutex = locks.mutex(&crate::run_key("w2-lock"))?;
+            Ok(LockkitWorker { mutex, held: None })
+        })
+        .collect::<lockkit::Result<_>>()?;
     for round in 0..ROUNDS {
         for turn in 0..3 {
-            match (round + turn) % 3 {
-                0 => lockkit_round(&clients, iterations, &mut ours).await?,
-                1 if floor.is_some() => {
-                    contenders = workers_round(contenders, iterations, &mut theirs)
+            match ((round + turn) % 3, &mut theirs, &mut peers) {
+                (0, _, _) => {
+                    lockkit_workers = workers_round(lockkit_workers, iterations, &mut ours)
+                        .await
+                        .map_err(|e| crate::compare_error(format!("lockkit: {e}")))?;
+                }
+                (1, Some(theirs), _) => {
+                    contenders = workers_round(contenders, iterations, theirs)
                         .await
                         .map_err(floor_error)?;
                 }
-                2 if peer.is_some() => {
-                    peer_clients = workers_round(peer_clients, iterations, &mut peers)
+                (2, _, Some(peers)) => {
+                    peer_clients = workers_round(peer_clients, iterations, peers)
                         .await
                         .map_err(peer_error)?;
                 }
@@ -261,6 +281,7 @@ pub(crate) async fn contended(
             }
         }
     }
+    drop(lockkit_workers);
     for contender in contenders {
         contender.clean_up().await;
     }
@@ -270,9 +291,28 @@ pub(crate) async fn contended(
         }
     }
     let expected = (ROUNDS * workers * iterations) as u64;
-    let lockkit = ours.report("lockkit", expected);
-    let floor = floor.map(|floor| theirs.report(floor.describe(), expected));
-    let peer = peer.map(|peer| peers.report(peer.describe(), expected));
+    let lockkit = ours
+        .report("lockkit", expected)
+        .await
+        .map_err(store_error)?;
+    let floor = match (floor, theirs) {
+        (Some(floor), Some(theirs)) => Some(
+            theirs
+                .report(floor.describe(), expected)
+                .await
+                .map_err(store_error)?,
+        ),
+        _ => None,
+    };
+    let peer = match (peer, peers) {
+        (Some(peer), Some(peers)) => Some(
+            peers
+                .report(peer.describe(), expected)
+                .await
+                .map_err(store_error)?,
+        ),
+        _ => None,
+    };
     let over = |ours: f64, theirs: Option<&ContendedSide>, of: fn(&ContendedSide) -> f64| {
         theirs.map(|theirs| ours / of(theirs))
     };
@@ -294,25 +334,44 @@ pub(crate) async fn contended(
     })
 }
 
-/// One contender of W2 over the rounds.
-#[derive(Default)]
+/// One contender of W2 over the rounds: its counter, a connection to it per worker, and its
+/// rounds.
 struct Side {
-    shared: Arc<AtomicU64>,
+    store: Store,
+    counters: Vec<Counter>,
     rounds: Vec<Round>,
 }
 
 impl Side {
-    /// Adds a round: `waits` of its acquires, `elapsed` from its start to its last release,
-    /// the process's CPU time `cpu` at its start.
+    /// A side whose `workers` have a connection each to a new counter in `target`'s store.
+    async fn new(
+        target: &str,
+        url: Option<&str>,
+        contender: &str,
+        workers: usize,
+    ) -> Result<Side, BoxError> {
+        let store = Store::create(target, url, contender).await?;
+        let mut counters = Vec::new();
+        for _ in 0..workers {
+            counters.push(store.counter().await?);
+        }
+        Ok(Side {
+            store,
+            counters,
+            rounds: Vec::new(),
+        })
+    }
+
+    /// Adds a round: `done` increments, `waits` of its acquires, `elapsed` from its start to
+    /// its last release, the process's CPU time `cpu` at its start.
     fn push(
         &mut self,
-        before: u64,
+        done: u64,
         mut waits: Vec<Duration>,
         elapsed: Duration,
         cpu: Option<Duration>,
     ) {
         waits.sort();
-        let done = self.shared.load(Ordering::SeqCst).saturating_sub(before);
         let used = cpu
             .zip(process_cpu())
             .map(|(start, end)| end.saturating_sub(start));
@@ -327,14 +386,16 @@ impl Side {
         });
     }
 
-    fn report(self, what: &str, expected: u64) -> ContendedSide {
-        let final_value = self.shared.load(Ordering::SeqCst);
+    /// The medians over the rounds, with the counter's final value; removes the counter.
+    async fn report(self, what: &str, expected: u64) -> Result<ContendedSide, BoxError> {
+        let final_value = self.store.value().await?;
+        self.store.clean_up().await;
         let median = |of: fn(&Round) -> f64| {
             let mut values: Vec<f64> = self.rounds.iter().map(of).collect();
             values.sort_by(f64::total_cmp);
             values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
         };
-        ContendedSide {
+        Ok(ContendedSide {
             what: what.to_owned(),
             final_value,
             lost_updates: expected.saturating_sub(final_value),
@@ -353,58 +414,33 @@ impl Side {
                 .map(|r| r.wait_max_us)
                 .fold(f64::NAN, f64::max),
             rounds: self.rounds,
-        }
+        })
     }
 }
 
-/// The critical section: read the shared value, yield, write it plus one.
-async fn increment(shared: &AtomicU64) {
-    let seen = shared.load(Ordering::SeqCst);
-    tokio::task::yield_now().await;
-    shared.store(seen + 1, Ordering::SeqCst);
+/// A lockkit W2 worker: the mutex of its own client, and its guard while it holds it.
+struct LockkitWorker {
+    mutex: Mutex,
+    held: Option<MutexGuard>,
 }
 
-/// A round of lockkit's workers, one per client of `clients`.
-async fn lockkit_round(
-    clients: &[LockClient],
-    iterations: usize,
-    side: &mut Side,
-) -> lockkit::Result<()> {
-    let before = side.shared.load(Ordering::SeqCst);
-    let cpu = process_cpu();
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    let key = crate::run_key("w2-counter");
-    for locks in clients {
-        let (locks, shared, key) = (locks.clone(), side.shared.clone(), key.clone());
-        tasks.spawn(async move {
-            let mutex = locks.mutex(&key)?;
-            let mut waits = Vec::with_capacity(iterations);
-            for _ in 0..iterations {
-                let t = Instant::now();
-                let guard = mutex.lock().await?;
-                waits.push(t.elapsed());
-                increment(&shared).await;
-                guard.release().await?;
-            }
-            Ok::<_, lockkit::Error>(waits)
-        });
-    }
-    let mut waits = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(worker) => waits.extend(worker?),
-            Err(e) => panic!("a worker panicked: {e}"),
-        }
-    }
-    side.push(before, waits, started.elapsed(), cpu);
-    Ok(())
-}
-
-/// A W2 worker that is not lockkit's: a floor's or a peer's.
+/// A W2 worker: lockkit's, a floor's or a peer's.
 trait Worker: Send + 'static {
     fn lock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn unlock(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+impl Worker for LockkitWorker {
+    async fn lock(&mut self) -> Result<(), BoxError> {
+        self.held = Some(self.mutex.lock().await?);
+        Ok(())
+    }
+    async fn unlock(&mut self) -> Result<(), BoxError> {
+        if let Some(guard) = self.held.take() {
+            guard.release().await?;
+        }
+        Ok(())
+    }
 }
 
 impl Worker for Contender {
@@ -425,41 +461,52 @@ impl Worker for PeerClient {
     }
 }
 
-/// A round of a floor's or a peer's workers; gives them back for the next one.
+/// A round of one side's workers, each with its counter connection; gives the workers back
+/// for the next one.
 async fn workers_round<W: Worker>(
     workers: Vec<W>,
     iterations: usize,
     side: &mut Side,
 ) -> Result<Vec<W>, BoxError> {
-    let before = side.shared.load(Ordering::SeqCst);
+    let before = side.store.value().await?;
     let cpu = process_cpu();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for mut worker in workers {
-        let shared = side.shared.clone();
+    for (index, (mut worker, mut counter)) in
+        workers.into_iter().zip(side.counters.drain(..)).enumerate()
+    {
         tasks.spawn(async move {
             let mut waits = Vec::with_capacity(iterations);
             for _ in 0..iterations {
                 let t = Instant::now();
                 worker.lock().await?;
                 waits.push(t.elapsed());
-                increment(&shared).await;
+                counter.increment().await?;
                 worker.unlock().await?;
             }
-            Ok::<_, BoxError>((worker, waits))
+            Ok::<_, BoxError>((index, worker, counter, waits))
         });
     }
-    let (mut workers, mut waits) = (Vec::new(), Vec::new());
+    let mut returned = Vec::new();
+    let mut waits = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(worker) => {
-                let (worker, its_waits) = worker?;
-                workers.push(worker);
+                let (index, worker, counter, its_waits) = worker?;
+                returned.push((index, worker, counter));
                 waits.extend(its_waits);
             }
             Err(e) => panic!("a W2 worker panicked: {e}"),
         }
     }
-    side.push(before, waits, started.elapsed(), cpu);
+    let elapsed = started.elapsed();
+    returned.sort_by_key(|(index, _, _)| *index);
+    let mut workers = Vec::new();
+    for (_, worker, counter) in returned {
+        workers.push(worker);
+        side.counters.push(counter);
+    }
+    let done = side.store.value().await?.saturating_sub(before);
+    side.push(done, waits, elapsed, cpu);
     Ok(workers)
 }
