@@ -6,18 +6,23 @@
 //!   server, the Sentinel primary, the Cluster primary of the counter's slot, Redlock's first
 //!   node);
 //! - etcd: a range read, then a put;
-//! - ZooKeeper: `getData`, then `setData` on a persistent node;
+//! - ZooKeeper: `sync`, `getData`, then `setData` on a persistent node (a worker's
+//!   connection may be to a follower that has not applied the previous holder's write yet:
+//!   without the `sync` its read could be stale, an update lost with the lock intact);
 //! - memory: an in-process counter, read, a yield, written (the memory tier has no store).
 //!
 //! Every contender (lockkit, its floor, its peer) has a counter of its own, read once more at
-//! the end: anything short of one increment per grant is a lost update.
+//! the end: anything short of one increment per grant is a lost update. A slow answer from
+//! a loaded server is slow, not a failure: the counter's connections wait 10 s for a reply
+//! (redis-rs's default is 500 ms).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::floor_servers::{cluster_primary, redis_at, sentinel_primary, url_host, url_hosts};
+use crate::floor_servers::{cluster_primary, sentinel_primary, url_host, url_hosts};
 use crate::floors::BoxError;
 
 /// Where one contender's counter lives.
@@ -108,7 +113,12 @@ impl Store {
         Ok(match self {
             Store::Memory(shared) => Counter::Memory(shared.clone()),
             Store::Redis { host, key } => Counter::Redis {
-                con: redis_at(host).await?,
+                con: ConnectionManager::new_with_config(
+                    redis::Client::open(format!("redis://{host}"))?,
+                    ConnectionManagerConfig::new()
+                        .set_response_timeout(Some(Duration::from_secs(10))),
+                )
+                .await?,
                 key: key.clone(),
             },
             #[cfg(feature = "etcd")]
@@ -179,6 +189,7 @@ impl Counter {
                 }
             }
             Counter::Zk { client, path } => {
+                client.sync(path).await?;
                 let (data, _) = client.get_data(path).await?;
                 std::str::from_utf8(&data)?.parse()?
             }
