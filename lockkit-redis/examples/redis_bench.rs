@@ -1,7 +1,10 @@
 //! Benchmarks of the Redis backends against the compose topologies, printed side by side:
 //!
 //! 1. uncontended acquire+release through lockkit vs a raw loop of the same two Lua scripts
-//!    with the same client crate (target: lockkit <= 1.1x the raw loop);
+//!    with the same client crate (target: lockkit <= 1.1x the raw loop), and what a cycle
+//!    costs without them: rslock's pair by hand (`SET NX PX`, then its compare-and-delete
+//!    script) and two `PING`s (two round trips that do nothing), so that the gap to a bare
+//!    `SET NX` splits into the scripts' work and the client's;
 //! 2. Redlock over 5 nodes vs the single node, both through lockkit (target <= 1.5x), and
 //!    the raw fan-out of the same scripts to all nodes and to a majority; each with the share
 //!    of the machine's CPU that was busy meanwhile (from `/proc/stat`, every process);
@@ -25,6 +28,7 @@ use redis::Script;
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
+        include_str!("../scripts/publish_classic.lua"),
         include_str!("../scripts/common.lua"),
         include_str!("../scripts/mutex_prelude.lua"),
         include_str!("../scripts/acquire.lua")
@@ -32,6 +36,7 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
 });
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
+        include_str!("../scripts/publish_classic.lua"),
         include_str!("../scripts/common.lua"),
         include_str!("../scripts/mutex_prelude.lua"),
         include_str!("../scripts/release.lua")
@@ -162,6 +167,53 @@ async fn raw_cycles(
             .invoke_async(con)
             .await?;
         assert_eq!(released, 1);
+        latencies.push(t.elapsed());
+    }
+    Ok(Sample {
+        latencies,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// rslock's compare-and-delete release script.
+static UNLOCK_IF_OURS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    )
+});
+
+/// rslock's cycle by hand: `SET key owner NX PX ttl`, then its compare-and-delete script
+/// (`pings == false`); or two `PING`s, the two round trips of a cycle with no work in them.
+async fn bare_cycles(
+    con: &mut redis::aio::ConnectionManager,
+    cycles: usize,
+    pings: bool,
+) -> Result<Sample, BoxError> {
+    let mut latencies = Vec::with_capacity(cycles);
+    let started = Instant::now();
+    for _ in 0..cycles {
+        let owner = OwnerToken::generate()?.expose_hex();
+        let t = Instant::now();
+        if pings {
+            let () = redis::cmd("PING").query_async(con).await?;
+            let () = redis::cmd("PING").query_async(con).await?;
+        } else {
+            let set: Option<String> = redis::cmd("SET")
+                .arg("{bench/bare}")
+                .arg(&owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(10_000)
+                .query_async(con)
+                .await?;
+            assert!(set.is_some(), "the bare loop's key was taken");
+            let deleted: i64 = UNLOCK_IF_OURS
+                .key("{bench/bare}")
+                .arg(&owner)
+                .invoke_async(con)
+                .await?;
+            assert_eq!(deleted, 1);
+        }
         latencies.push(t.elapsed());
     }
     Ok(Sample {
@@ -341,6 +393,8 @@ async fn main() -> Result<(), BoxError> {
     lockkit_cycles(&redlock, 100).await?;
     raw_cycles(&mut raw, 100).await?;
     raw_fanout_cycles(&mut raw_nodes, 100, false).await?;
+    bare_cycles(&mut raw, 100, false).await?;
+    bare_cycles(&mut raw, 100, true).await?;
 
     let mut runs = [
         Contestant::new("raw Lua loop (single node)"),
@@ -348,6 +402,8 @@ async fn main() -> Result<(), BoxError> {
         Contestant::new("raw parallel fan-out of the same scripts, 5 nodes, all answers"),
         Contestant::new("raw parallel fan-out of the same scripts, 5 nodes, first 3 answers"),
         Contestant::new("lockkit Redlock, 5 nodes"),
+        Contestant::new("rslock's pair by hand: SET NX PX, compare-and-delete script"),
+        Contestant::new("two PINGs (the round trips alone)"),
     ];
     for _ in 0..rounds {
         for (i, run) in runs.iter_mut().enumerate() {
@@ -357,7 +413,9 @@ async fn main() -> Result<(), BoxError> {
                 1 => lockkit_cycles(&single, cycles).await?,
                 2 => raw_fanout_cycles(&mut raw_nodes, cycles, false).await?,
                 3 => raw_fanout_cycles(&mut raw_nodes, cycles, true).await?,
-                _ => lockkit_cycles(&redlock, cycles).await?,
+                4 => lockkit_cycles(&redlock, cycles).await?,
+                5 => bare_cycles(&mut raw, cycles, false).await?,
+                _ => bare_cycles(&mut raw, cycles, true).await?,
             };
             run.add(sample, busy_since(before));
         }
@@ -401,6 +459,14 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "raw 5-node fan-out to all / raw single node, p50: {:.2}x",
         p50[2] / p50[0]
+    );
+    println!(
+        "single node, p50 µs: lockkit {:.1} = two round trips {:.1} + rslock's commands {:+.1} + lockkit's scripts {:+.1} + lockkit's client {:+.1}",
+        p50[1],
+        p50[6],
+        p50[5] - p50[6],
+        p50[0] - p50[5],
+        p50[1] - p50[0]
     );
 
     println!(
