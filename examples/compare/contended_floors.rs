@@ -8,7 +8,7 @@ use redis::aio::ConnectionManager;
 
 use crate::floor_servers::{
     ACQUIRE, RELEASE, cluster_primary, delete_keys, redis_at, release_channel, sentinel_primary,
-    url_host, url_hosts,
+    url_host, url_hosts, zk_with_node,
 };
 use crate::floors::BoxError;
 
@@ -115,16 +115,8 @@ impl ContendedFloor {
             }
             "zk-3" => {
                 let hosts = url_hosts(url)?.join(",");
-                let client = zookeeper_client::Client::connect(&hosts).await?;
                 let dir = format!("/lockkit-floor-w2-{run}");
-                client
-                    .create(
-                        &dir,
-                        &[],
-                        &zookeeper_client::CreateMode::Persistent
-                            .with_acls(zookeeper_client::Acls::anyone_all()),
-                    )
-                    .await?;
+                let client = zk_with_node(&hosts, &dir, &[]).await?;
                 Some(ContendedFloor::Zk { client, hosts, dir })
             }
             #[cfg(feature = "etcd")]

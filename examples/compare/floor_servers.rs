@@ -29,6 +29,25 @@ pub(crate) async fn redis_at(host: &str) -> Result<ConnectionManager, BoxError> 
     Ok(ConnectionManager::new(redis::Client::open(format!("redis://{host}"))?).await?)
 }
 
+/// Connects to the ZooKeeper `hosts` (`h1:p,h2:p`) and creates the persistent node `path`
+/// holding `data`, open to anyone (the suite's own scratch node).
+pub(crate) async fn zk_with_node(
+    hosts: &str,
+    path: &str,
+    data: &[u8],
+) -> Result<zookeeper_client::Client, BoxError> {
+    let client = zookeeper_client::Client::connect(hosts).await?;
+    client
+        .create(
+            path,
+            data,
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await?;
+    Ok(client)
+}
+
 pub(crate) fn url_hosts(url: &str) -> Result<Vec<String>, BoxError> {
     let parsed = lockkit_core::backend::url::ConnectionUrl::parse(url)?;
     Ok(parsed

@@ -40,7 +40,7 @@ use redis::aio::ConnectionManager;
 
 use crate::floor_servers::{
     ACQUIRE, RELEASE, cluster_primary, delete_keys, redis_at, release_channel, sentinel_primary,
-    url_host, url_hosts,
+    url_host, url_hosts, zk_with_node,
 };
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -94,16 +94,8 @@ impl Floor {
                 Some(Floor::Redlock(nodes, key))
             }
             "zk-3" => {
-                let client = zookeeper_client::Client::connect(&url_hosts(url)?.join(",")).await?;
                 let parent = format!("/lockkit-floor-{:08x}", rand::random::<u32>());
-                client
-                    .create(
-                        &parent,
-                        &[],
-                        &zookeeper_client::CreateMode::Persistent
-                            .with_acls(zookeeper_client::Acls::anyone_all()),
-                    )
-                    .await?;
+                let client = zk_with_node(&url_hosts(url)?.join(","), &parent, &[]).await?;
                 Some(Floor::Zk(client, parent))
             }
             #[cfg(feature = "etcd")]

@@ -224,15 +224,15 @@ pub(crate) async fn contended(
     let floor_error = |e| crate::compare_error(format!("floor: {e}"));
     let peer_error = |e| crate::compare_error(format!("peer: {e}"));
     let store_error = |e| crate::compare_error(format!("the counter's store: {e}"));
-    let side = |contender: &'static str| async move {
-        Side::new(target, url, contender, workers)
+    let side = |contender: &'static str, what: &'static str| async move {
+        Side::new(target, url, contender, what, workers)
             .await
             .map_err(store_error)
     };
-    let (mut ours, mut theirs, mut peers) = (side("lockkit").await?, None, None);
+    let (mut ours, mut theirs, mut peers) = (side("lockkit", "lockkit").await?, None, None);
     let mut contenders = Vec::new();
     if let Some(floor) = floor {
-        theirs = Some(side("floor").await?);
+        theirs = Some(side("floor", floor.describe()).await?);
         for _ in 0..workers {
             contenders.push(floor.contender().await.map_err(floor_error)?);
         }
@@ -246,7 +246,7 @@ pub(crate) async fn contended(
     }
     let mut peer_clients = Vec::new();
     if let Some(peer) = peer {
-        peers = Some(side("peer").await?);
+        peers = Some(side("peer", peer.describe()).await?);
         let key = format!("{{peer/w2-{:08x}}}", rand::random::<u32>());
         for _ in 0..workers {
             peer_clients.push(peer.client(&key).await.map_err(peer_error)?);
@@ -291,27 +291,14 @@ pub(crate) async fn contended(
         }
     }
     let expected = (ROUNDS * workers * iterations) as u64;
-    let lockkit = ours
-        .report("lockkit", expected)
-        .await
-        .map_err(store_error)?;
-    let floor = match (floor, theirs) {
-        (Some(floor), Some(theirs)) => Some(
-            theirs
-                .report(floor.describe(), expected)
-                .await
-                .map_err(store_error)?,
-        ),
-        _ => None,
+    let lockkit = ours.report(expected).await.map_err(store_error)?;
+    let floor = match theirs {
+        Some(theirs) => Some(theirs.report(expected).await.map_err(store_error)?),
+        None => None,
     };
-    let peer = match (peer, peers) {
-        (Some(peer), Some(peers)) => Some(
-            peers
-                .report(peer.describe(), expected)
-                .await
-                .map_err(store_error)?,
-        ),
-        _ => None,
+    let peer = match peers {
+        Some(peers) => Some(peers.report(expected).await.map_err(store_error)?),
+        None => None,
     };
     let over = |ours: f64, theirs: Option<&ContendedSide>, of: fn(&ContendedSide) -> f64| {
         theirs.map(|theirs| ours / of(theirs))
@@ -337,17 +324,21 @@ pub(crate) async fn contended(
 /// One contender of W2 over the rounds: its counter, a connection to it per worker, and its
 /// rounds.
 struct Side {
+    /// The contender, for the table.
+    what: &'static str,
     store: Store,
     counters: Vec<Counter>,
     rounds: Vec<Round>,
 }
 
 impl Side {
-    /// A side whose `workers` have a connection each to a new counter in `target`'s store.
+    /// A side (`what`, for the table) whose `workers` have a connection each to a new counter
+    /// of `contender`'s in `target`'s store.
     async fn new(
         target: &str,
         url: Option<&str>,
         contender: &str,
+        what: &'static str,
         workers: usize,
     ) -> Result<Side, BoxError> {
         let store = Store::create(target, url, contender).await?;
@@ -356,6 +347,7 @@ impl Side {
             counters.push(store.counter().await?);
         }
         Ok(Side {
+            what,
             store,
             counters,
             rounds: Vec::new(),
@@ -387,7 +379,7 @@ impl Side {
     }
 
     /// The medians over the rounds, with the counter's final value; removes the counter.
-    async fn report(self, what: &str, expected: u64) -> Result<ContendedSide, BoxError> {
+    async fn report(self, expected: u64) -> Result<ContendedSide, BoxError> {
         let final_value = self.store.value().await?;
         self.store.clean_up().await;
         let median = |of: fn(&Round) -> f64| {
@@ -396,7 +388,7 @@ impl Side {
             values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
         };
         Ok(ContendedSide {
-            what: what.to_owned(),
+            what: self.what.to_owned(),
             final_value,
             lost_updates: expected.saturating_sub(final_value),
             increments_per_sec: median(|r| r.increments_per_sec),
@@ -423,6 +415,9 @@ struct LockkitWorker {
     mutex: Mutex,
     held: Option<MutexGuard>,
 }
+
+/// How long one read-and-write of a W2 counter may take before the run fails.
+const GIVE_UP: Duration = Duration::from_secs(60);
 
 /// A W2 worker: lockkit's, a floor's or a peer's.
 trait Worker: Send + 'static {
@@ -481,7 +476,10 @@ async fn workers_round<W: Worker>(
                 let t = Instant::now();
                 worker.lock().await?;
                 waits.push(t.elapsed());
-                counter.increment().await?;
+                // As the peers' acquire: a store that stopped answering fails the run.
+                tokio::time::timeout(GIVE_UP, counter.increment())
+                    .await
+                    .map_err(|_| format!("the counter: no answer in {GIVE_UP:?}"))??;
                 worker.unlock().await?;
             }
             Ok::<_, BoxError>((index, worker, counter, waits))

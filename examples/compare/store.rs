@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::floor_servers::{cluster_primary, sentinel_primary, url_host, url_hosts};
+use crate::floor_servers::{cluster_primary, sentinel_primary, url_host, url_hosts, zk_with_node};
 use crate::floors::BoxError;
 
 /// Where one contender's counter lives.
@@ -90,16 +90,8 @@ impl Store {
             },
             "zk-3" => {
                 let hosts = url_hosts(url)?.join(",");
-                let client = zookeeper_client::Client::connect(&hosts).await?;
                 let path = format!("/lockkit-compare-{name}");
-                client
-                    .create(
-                        &path,
-                        b"0",
-                        &zookeeper_client::CreateMode::Persistent
-                            .with_acls(zookeeper_client::Acls::anyone_all()),
-                    )
-                    .await?;
+                zk_with_node(&hosts, &path, b"0").await?;
                 return Ok(Store::Zk { hosts, path });
             }
             _ => return Err(format!("no store for the target {target:?}").into()),
