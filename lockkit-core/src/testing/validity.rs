@@ -190,7 +190,8 @@ pub(super) async fn a_short_grant_that_cannot_be_confirmed_is_given_back_and_tak
 ///
 /// The confirming renewal has half the floor to answer. When it cannot (a busy machine), the
 /// first grant is lost and a new one (or a wait behind the lost grant's record) is correct;
-/// that round proves nothing and is run again. A share path that never renews loses the first grant in every round and fails.
+/// that round proves nothing and is run again. A share path that never renews loses the
+/// first grant in every round and fails.
 pub(super) async fn a_reentrant_share_is_handed_out_with_useful_validity(
     h: &dyn Harness,
 ) -> Outcome {

@@ -185,9 +185,10 @@ impl RedlockBackend {
     /// lanes (see [`RedlockBackend::send_script`]) and gathers the answers until `enough` or
     /// the node timeout; the nodes that have not answered when this returns may still apply
     /// it, so callers treat them as "may hold". It runs on lockkit's runtime, where the
-    /// lanes' tasks and the connections' drivers run: the caller is woken once, with the answers, instead of once per node (on a
-    /// contended lock each wake-up is a switch between threads on the hand-over's path:
-    /// 13 per hand-over were two thirds of the W2 process's system calls).
+    /// lanes' tasks and the connections' drivers run: the caller is woken once, with the
+    /// answers, instead of once per node (on a contended lock each wake-up is a switch
+    /// between threads on the hand-over's path: 13 per hand-over were two thirds of the W2
+    /// process's system calls).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn fan_out(
         &self,
