@@ -127,12 +127,12 @@ impl RedisBackend {
 
     /// The backend on `primary`, once its scripts are loaded and its eviction policy checked.
     async fn on(
-        primary: Primary,
+        primary: Arc<Primary>,
         config: Arc<RedisConfig>,
         proclaimed: Arc<Proclaimed>,
     ) -> Result<Self> {
         let backend = RedisBackend {
-            primary: Arc::new(primary),
+            primary,
             config,
             refusal: Arc::default(),
             proclaimed,

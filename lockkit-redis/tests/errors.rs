@@ -250,8 +250,9 @@ async fn unknown_sentinel_master_is_invalid_config() {
 }
 
 /// The Sentinels are asked with their own credentials: an ACL user made on every Sentinel
-/// of the group is accepted with its password and refused (`Auth`, not an outage to retry)
-/// with another.
+/// of the group, with only what the README lists, is accepted with its password (and each
+/// Sentinel has the backend subscribed to its failover announcements under it) and refused
+/// (`Auth`, not an outage to retry) with another.
 #[tokio::test]
 async fn sentinels_are_asked_with_their_own_credentials() {
     let Some(harness) = common::sentinel().await else {
@@ -273,6 +274,28 @@ async fn sentinels_are_asked_with_their_own_credentials() {
     let locks = lockkit_core::LockClient::new(backend);
     let guard = locks.mutex("sentinel-auth").unwrap().lock().await.unwrap();
     assert!(guard.release().await.unwrap());
+    for sentinel in &config.hosts {
+        let by = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut admin = common::connect(sentinel).await.unwrap();
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let subscribed = clients.lines().any(|client| {
+                client.contains(&format!(" user={name} ")) && client.contains(" sub=1 ")
+            });
+            if subscribed {
+                break;
+            }
+            assert!(
+                Instant::now() < by,
+                "{sentinel} has no subscription of the backend's Sentinel user:\n{clients}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 
     asked.sentinel_password = Some(format!("{password}-wrong"));
     let err = RedisBackend::connect(asked).await.unwrap_err();

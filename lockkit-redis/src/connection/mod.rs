@@ -1,12 +1,14 @@
 //! Connections: one reconnecting [`ConnectionManager`] per server, opened by a [`Dialer`]
 //! with bounded timeouts; the [`Primary`] that follows a Sentinel-managed primary across
-//! failovers (`primary.rs`); and the connection an application's runtime drives itself
-//! (`caller.rs`).
+//! failovers (`primary.rs`), as the Sentinels tell (`sentinels.rs`); and the connection an
+//! application's runtime drives itself (`caller.rs`).
 
 mod caller;
 mod primary;
+mod sentinels;
 
-pub(crate) use primary::{Epoch, Primary, Sentinels, sharded_pubsub_in};
+pub(crate) use primary::{Epoch, Primary, sharded_pubsub_in};
+pub(crate) use sentinels::Sentinels;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,18 +1,19 @@
 //! The primary a [`RedisBackend`](crate::RedisBackend) takes its locks on: a fixed server,
 //! or the one a group of Sentinels points to, followed across failovers. Each primary address
-//! gets an [`Epoch`] of connections; a request that finds the primary gone or demoted makes a
-//! background task ask the Sentinels again and switch to a new epoch when the primary moved.
+//! gets an [`Epoch`] of connections. The backend switches to a new epoch when a Sentinel
+//! announces a failover (`sentinels.rs`), or when a request finds the primary gone or demoted
+//! and a background task, asking the Sentinels again, finds that the primary moved.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use lockkit_core::{Error, ErrorKind, Result};
+use lockkit_core::Result;
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, RedisError};
 
 use super::Dialer;
 use super::caller::CallerConnection;
+use super::sentinels::{self, Sentinels, is_primary};
 use crate::error::{from_redis, timed_out};
 use crate::notify::Notifier;
 use crate::scripts::PubSub;
@@ -20,10 +21,13 @@ use crate::scripts::PubSub;
 /// The server locks are taken on: a fixed server, or the primary that Sentinels point to.
 /// After a failover it finds the new primary and opens new connections to it.
 pub(crate) struct Primary {
-    dialer: Dialer,
-    sentinels: Option<Sentinels>,
+    pub(super) dialer: Dialer,
+    pub(super) sentinels: Option<Sentinels>,
     current: RwLock<Arc<Epoch>>,
+    /// Held while the primary is looked for or switched; when it was last looked for.
     resolving: tokio::sync::Mutex<Instant>,
+    /// Dropped with the primary, which stops the Sentinel subscriptions.
+    _listening: Option<tokio::sync::watch::Sender<()>>,
 }
 
 /// The connections to one primary address.
@@ -45,40 +49,51 @@ pub(crate) struct Epoch {
     pub(crate) notifier: Notifier,
 }
 
-pub(crate) struct Sentinels {
-    pub(crate) hosts: Vec<(String, u16)>,
-    pub(crate) master: String,
-    /// The Sentinels' own credentials (not the Redis servers').
-    pub(crate) username: Option<String>,
-    pub(crate) password: Option<String>,
-    /// Which Sentinel to ask first next time.
-    pub(crate) next: AtomicUsize,
-}
-
 /// Re-resolving the primary more often than this does not find a failover faster.
 const RESOLVE_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Primary {
     /// Connects to a fixed server, whose scripts publish as `pubsub` says (sharded only if
     /// the server has `SPUBLISH`).
-    pub(crate) async fn fixed(dialer: Dialer, addr: (String, u16), pubsub: PubSub) -> Result<Self> {
+    pub(crate) async fn fixed(
+        dialer: Dialer,
+        addr: (String, u16),
+        pubsub: PubSub,
+    ) -> Result<Arc<Self>> {
         let epoch = Epoch::open(&dialer, addr, pubsub).await?;
-        Ok(Primary::new(dialer, None, epoch))
+        Ok(Arc::new(Primary::new(dialer, None, epoch, None)))
     }
 
-    /// Asks the Sentinels for the primary they know by their master name and connects to it.
-    pub(crate) async fn sentinel(dialer: Dialer, sentinels: Sentinels) -> Result<Self> {
+    /// Asks the Sentinels for the primary they know by their master name, connects to it and
+    /// listens to the Sentinels' failover announcements (on lockkit's runtime).
+    pub(crate) async fn sentinel(dialer: Dialer, sentinels: Sentinels) -> Result<Arc<Self>> {
         let addr = sentinels.resolve(&dialer).await?;
         let epoch = Epoch::open(&dialer, addr, PubSub::Classic).await?;
-        Ok(Primary::new(dialer, Some(sentinels), epoch))
+        let (listening, stop) = tokio::sync::watch::channel(());
+        let primary = Arc::new(Primary::new(
+            dialer,
+            Some(sentinels),
+            epoch,
+            Some(listening),
+        ));
+        if let Some(sentinels) = &primary.sentinels {
+            sentinels::watch(&primary, sentinels, &stop);
+        }
+        Ok(primary)
     }
 
-    fn new(dialer: Dialer, sentinels: Option<Sentinels>, epoch: Epoch) -> Self {
+    fn new(
+        dialer: Dialer,
+        sentinels: Option<Sentinels>,
+        epoch: Epoch,
+        listening: Option<tokio::sync::watch::Sender<()>>,
+    ) -> Self {
         Primary {
             dialer,
             sentinels,
             current: RwLock::new(Arc::new(epoch)),
             resolving: tokio::sync::Mutex::new(Instant::now()),
+            _listening: listening,
         }
     }
 
@@ -169,22 +184,44 @@ impl Primary {
                     return;
                 }
             };
-            if addr == failed.addr {
-                return;
-            }
-            match Epoch::open(&this.dialer, addr.clone(), PubSub::Classic).await {
-                Ok(epoch) => {
-                    tracing::info!(primary = %format!("{}:{}", addr.0, addr.1), "following a Sentinel failover");
-                    *this
-                        .current
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(epoch);
-                    // Releases are published on the new primary now: the old one's waiters retry.
-                    failed.notifier.wake_all();
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot connect to the new primary"),
+            if addr != failed.addr {
+                this.switch(&failed, addr).await;
             }
         });
+    }
+
+    /// Moves to `addr`, which a Sentinel announced as the new primary, unless the backend is
+    /// there already or the server there does not say it is a primary.
+    pub(super) async fn follow_announcement(&self, addr: (String, u16)) {
+        let _resolving = self.resolving.lock().await;
+        let current = self.epoch();
+        if current.addr == addr {
+            return;
+        }
+        match is_primary(&self.dialer, &addr).await {
+            Ok(true) => self.switch(&current, addr).await,
+            Ok(false) => tracing::debug!(
+                primary = %format!("{}:{}", addr.0, addr.1),
+                "a Sentinel announced a primary that is not one (yet, or any more)"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot reach the primary a Sentinel announced"),
+        }
+    }
+
+    /// Opens connections to `addr` and makes them the current epoch in place of `from`'s.
+    async fn switch(&self, from: &Epoch, addr: (String, u16)) {
+        match Epoch::open(&self.dialer, addr.clone(), PubSub::Classic).await {
+            Ok(epoch) => {
+                tracing::info!(primary = %format!("{}:{}", addr.0, addr.1), "following a Sentinel failover");
+                *self
+                    .current
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(epoch);
+                // Releases are published on the new primary now: the old one's waiters retry.
+                from.notifier.wake_all();
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot connect to the new primary"),
+        }
     }
 }
 
@@ -271,91 +308,6 @@ fn major_version(info: &str) -> Option<u32> {
     info.lines()
         .find_map(|line| line.strip_prefix("redis_version:"))
         .and_then(|version| version.trim().split('.').next()?.parse().ok())
-}
-
-impl Sentinels {
-    /// The primary's address: the first answer, asking the Sentinels in turn (starting with a
-    /// different one each time, so one stale Sentinel cannot pin us), that names a server
-    /// which says it is a primary (`ROLE`).
-    async fn resolve(&self, dialer: &Dialer) -> Result<(String, u16)> {
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut failures = Vec::new();
-        for i in 0..self.hosts.len() {
-            let (host, port) = &self.hosts[(start + i) % self.hosts.len()];
-            let failure = match self.ask(dialer, host, *port).await {
-                Ok(addr) => match is_primary(dialer, &addr).await {
-                    Ok(true) => return Ok(addr),
-                    Ok(false) => Error::new(
-                        ErrorKind::Unavailable,
-                        dialer.backend,
-                        format!("it names {}:{}, which is not a primary", addr.0, addr.1),
-                    )
-                    .with_retryable(true),
-                    Err(e) => e,
-                },
-                Err(e) => e,
-            };
-            failures.push((format!("{host}:{port}"), failure));
-        }
-        // Every Sentinel refusing the same way (an unknown master name, credentials) is that
-        // error, not an outage.
-        Err(crate::error::none_answered(
-            dialer.backend,
-            &format!("no Sentinel named a primary for {:?}", self.master),
-            &failures,
-        ))
-    }
-
-    async fn ask(&self, dialer: &Dialer, host: &str, port: u16) -> Result<(String, u16)> {
-        let sentinel = Dialer {
-            username: self.username.clone(),
-            password: self.password.clone(),
-            db: 0,
-            ..dialer.clone()
-        };
-        let client = sentinel.client(sentinel.info(host, port, ProtocolVersion::RESP2)?)?;
-        let master = self.master.clone();
-        let reply: Option<(String, String)> = sentinel
-            .bounded("asking a Sentinel", async move {
-                let mut con = client.get_multiplexed_async_connection().await?;
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(&master)
-                    .query_async(&mut con)
-                    .await
-            })
-            .await?;
-        let Some((host, port)) = reply else {
-            return Err(Error::new(
-                ErrorKind::InvalidConfig,
-                dialer.backend,
-                format!(
-                    "the Sentinel does not know a primary named {:?}",
-                    self.master
-                ),
-            ));
-        };
-        let port = port.parse().map_err(|_| {
-            Error::new(
-                ErrorKind::Backend,
-                dialer.backend,
-                format!("a Sentinel answered with the port {port:?}"),
-            )
-        })?;
-        Ok((host, port))
-    }
-}
-
-/// Whether the server at `addr` says it is a primary.
-async fn is_primary(dialer: &Dialer, addr: &(String, u16)) -> Result<bool> {
-    let client = dialer.client(dialer.info(&addr.0, addr.1, ProtocolVersion::RESP2)?)?;
-    let role: Vec<redis::Value> = dialer
-        .bounded("asking a server its role", async move {
-            let mut con = client.get_multiplexed_async_connection().await?;
-            redis::cmd("ROLE").query_async(&mut con).await
-        })
-        .await?;
-    Ok(matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master"))
 }
 
 /// Whether `error` means the primary may be down or demoted (then the Sentinels are asked).

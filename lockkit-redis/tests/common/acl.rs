@@ -181,8 +181,14 @@ pub struct SentinelUser {
 }
 
 impl SentinelUser {
-    /// The one command lockkit sends a Sentinel: the primary's address.
-    pub const COMMANDS: &[&str] = &["+sentinel|get-master-addr-by-name"];
+    /// What lockkit asks a Sentinel: the primary's address, and its failover announcements
+    /// (a subscription, checked by `PING`).
+    pub const COMMANDS: &[&str] = &[
+        "+sentinel|get-master-addr-by-name",
+        "+subscribe",
+        "+ping",
+        "&+switch-master",
+    ];
 
     pub async fn create(sentinels: &[String], name: &str, password: &str) -> SentinelUser {
         for sentinel in sentinels {

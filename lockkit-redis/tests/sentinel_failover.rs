@@ -1,4 +1,10 @@
-//! A Sentinel failover keeps a semaphore's bound when its holders reached the replica: the
+//! Sentinel failovers on a private group (primary, replica and one Sentinel).
+//!
+//! A backend follows a Sentinel's `+switch-master` announcement by itself, before any of its
+//! requests fails: while the old primary still answers as a primary, held locks are renewed
+//! and new ones granted on the new primary.
+//!
+//! A failover keeps a semaphore's bound when its holders reached the replica: the
 //! promoted replica has the holders (scores, tokens and TTLs as the primary wrote them),
 //! refuses a permit too many, and the holders renew there without losing their permits (nor
 //! a mutex its lock, nor a read-write lock's writer its grant), once the old primary takes
@@ -48,6 +54,11 @@ struct Server {
 impl Server {
     /// Starts `redis-server` as `role` on a free port of [`PORTS`].
     fn start(role: Role) -> Server {
+        Server::start_with(role, &[])
+    }
+
+    /// As [`Server::start`], with more arguments for a Redis server.
+    fn start_with(role: Role, args: &[&str]) -> Server {
         let offset = rand::random::<u16>() % PORTS.len() as u16;
         for i in 0..PORTS.len() as u16 {
             let port = PORTS.start + (offset + i) % PORTS.len() as u16;
@@ -72,7 +83,8 @@ impl Server {
                     .args(["--save", "", "--appendonly", "no"])
                     .args(["--repl-diskless-sync-delay", "0"])
                     .arg("--dir")
-                    .arg(&dir);
+                    .arg(&dir)
+                    .args(args);
                 if let Role::ReplicaOf(primary) = role {
                     command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
                 }
@@ -253,11 +265,11 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
         "the promoted replica lost holders"
     );
 
-    // The Sentinel demotes the old primary only after ~10 s here; until then the holders
-    // renew there, and those renewals are lost when it resyncs: the split-brain window the
-    // crate documents, in which the promoted replica expires the holders and grants again.
-    // Demoting it at once, as the test does, closes that window: from then on the holders'
-    // renewals can only reach the new primary.
+    // The Sentinel demotes the old primary only after ~10 s here; the holders' backends
+    // follow the Sentinel's announcement before that (the next test), but a renewal sent
+    // between the promotion and the announcement still lands on the old primary. Demoting it
+    // at once, as the test does, makes that impossible: the holders' renewals can only reach
+    // the new primary.
     let mut old = common::connect(&p).await.unwrap();
     let (host, port) = r.split_once(':').unwrap();
     let () = redis::cmd("REPLICAOF")
@@ -331,4 +343,124 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
     assert!(granted.release().await.unwrap());
     assert!(second.release().await.unwrap());
     drop((p, sentinel, replica, primary));
+}
+
+/// A backend follows the Sentinel's `+switch-master` announcement without a failed request.
+/// The old primary here cannot be demoted (its `REPLICAOF` and `SLAVEOF` are renamed away), so
+/// it answers as a primary for as long as the test runs, as an old primary does until the
+/// Sentinels reach it (about 10 s on the compose topology, longer when failovers flap). A
+/// backend that moved only when a request failed would renew its lock there all along while
+/// the new primary expired it and granted it to another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers() {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        backend_missing("the redis-server command");
+        return;
+    }
+    let undemotable = [
+        "--rename-command",
+        "REPLICAOF",
+        "",
+        "--rename-command",
+        "SLAVEOF",
+        "",
+    ];
+    let primary = Server::start_with(Role::Primary, &undemotable);
+    let replica = Server::start(Role::ReplicaOf(primary.port));
+    let sentinel = Server::start(Role::SentinelOf(primary.port));
+    let (p, r, s) = (primary.addr(), replica.addr(), sentinel.addr());
+    until("the replica's link", || async {
+        info(&r, "replication")
+            .await
+            .contains("master_link_status:up")
+    })
+    .await;
+
+    let config = RedisConfig::from_url(&format!("redis+sentinel://{s}/{MASTER}")).unwrap();
+    let ns = format!("lk-test-{:08x}", rand::random::<u32>());
+    // Renewed every 5 s: the copy the replica has at its promotion lives 10 s or more, time
+    // enough for the announcement and the next renewal, on a busy machine too.
+    let ttl = Duration::from_secs(15);
+    let client = || async {
+        let backend = RedisBackend::connect(config.clone()).await.unwrap();
+        LockClient::with_options(Arc::new(backend), &ns, LockOptions::default().with_ttl(ttl))
+            .unwrap()
+    };
+    let a = client().await;
+    let held = a.mutex("held").unwrap().lock().await.unwrap();
+    let held_key = common::lock_key(&a.key("held").unwrap());
+    until("the lock on the replica", || async {
+        exists(&r, &held_key).await
+    })
+    .await;
+
+    until("the Sentinel to start the failover", || async {
+        let Ok(mut con) = common::connect(&s).await else {
+            return false;
+        };
+        let started: redis::RedisResult<()> = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(MASTER)
+            .query_async(&mut con)
+            .await;
+        started.is_ok()
+    })
+    .await;
+    until("the announcement", || async {
+        sentinel_master(&s).await.as_deref() == Some(r.as_str())
+    })
+    .await;
+    assert!(
+        info(&p, "replication").await.contains("role:master"),
+        "the old primary was demoted: the test shows nothing"
+    );
+
+    // `a` sent nothing since the failover, and no request of it will fail: its grants reach
+    // the new primary only if it followed the announcement (within the few milliseconds it
+    // takes to check the new primary's role and connect, a grant may still land on the old).
+    let mut probes = 0;
+    until("a grant of the old client on the new primary", || {
+        probes += 1;
+        let (a, r) = (&a, &r);
+        async move {
+            let name = format!("probe-{probes}");
+            let Ok(Some(guard)) = a.mutex(&name).unwrap().try_lock().await else {
+                return false;
+            };
+            let key = common::lock_key(&a.key(&name).unwrap());
+            let on_new = exists(r, &key).await;
+            assert!(guard.release().await.unwrap());
+            on_new
+        }
+    })
+    .await;
+
+    // The held lock is renewed on the new primary: nobody gets it there, past its TTL.
+    let b = client().await;
+    let watch_until = Instant::now() + ttl + Duration::from_secs(1);
+    while Instant::now() < watch_until {
+        if let Ok(Some(granted)) = b.mutex("held").unwrap().try_lock().await {
+            panic!(
+                "the held lock was granted again on the new primary (token {}): its renewals went to the old one",
+                granted.fencing_token()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(!held.is_lost(), "the lock was lost over the failover");
+    assert!(held.release().await.unwrap());
+    drop((sentinel, replica, primary));
+}
+
+async fn exists(addr: &str, key: &str) -> bool {
+    let mut con = common::connect(addr).await.unwrap();
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut con)
+        .await
+        .unwrap()
 }
