@@ -268,3 +268,51 @@ fn bad_input_and_unreachable_servers_have_their_exit_codes() {
         assert_eq!(report["primitives"][primitive], "supported", "{report}");
     }
 }
+
+/// `--no-fair` waits without a place in line and `--fair` with one: a fair run that came
+/// later is handed the lock first, and the non-fair one takes it when nobody queues.
+#[test]
+fn no_fair_runs_do_not_queue_and_fair_ones_are_handed_the_lock_first() {
+    let Some(env) = Env::new("LOCKKIT_TEST_REDIS_URL") else {
+        return;
+    };
+    let port = env.url.rsplit(':').next().unwrap().to_owned();
+    let queued = || {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port, "ZCARD"])
+            .arg(format!("{{{}/line}}:queue", env.namespace))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    let order = env.file("order");
+    let append = |who: &str| format!("echo {who} >> {}", order.display());
+    let mut holder = env.spawn_holder("line", &[], "");
+    let spawn = |flag: &str, who: &str| {
+        env.lockkit()
+            .args(["run", flag, "line", "--", "sh", "-c", &append(who)])
+            .spawn()
+            .unwrap()
+    };
+    let mut barging = spawn("--no-fair", "non-fair");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(queued(), 0, "a --no-fair run queued");
+    let mut fair = spawn("--fair", "fair");
+    let by = Instant::now() + Duration::from_secs(15);
+    while queued() != 1 {
+        assert!(Instant::now() < by, "the --fair run never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(wait_exit(&mut fair, Duration::from_secs(15)), 0);
+    assert_eq!(wait_exit(&mut barging, Duration::from_secs(15)), 0);
+    assert_eq!(env.read("order"), "fair\nnon-fair\n");
+}

@@ -79,6 +79,7 @@ fn toml_with_every_field_set_round_trips() {
         backoff_max = "1s"
         clock_drift_factor = 0.02
         error_budget = "1s"
+        fair = false
         "#,
     )
     .expect("valid");
@@ -88,6 +89,7 @@ fn toml_with_every_field_set_round_trips() {
     assert_eq!(config.lock.wait_timeout, Some(Duration::from_secs(60)));
     assert!(!config.lock.auto_renew);
     assert_eq!(config.lock.error_budget, Duration::from_secs(1));
+    assert!(!config.lock.fair);
 }
 
 fn config_error(toml: &str) -> lockkit::Error {
@@ -218,6 +220,7 @@ fn environment_overrides_top_level_and_table_fields() {
         ("LOCKKIT_LOCK_TTL", "3s"),
         ("LOCKKIT_LOCK_AUTO_RENEW", "false"),
         ("LOCKKIT_LOCK_ERROR_BUDGET", "7s"),
+        ("LOCKKIT_LOCK_FAIR", "false"),
         ("LOCKKIT_REQUIRE_BACKENDS", "1"),
         ("LOCKKIT_TEST_REDIS_URL", "redis://127.0.0.1:20000"),
         ("PATH", "/usr/bin"),
@@ -228,6 +231,7 @@ fn environment_overrides_top_level_and_table_fields() {
     assert_eq!(config.lock.ttl, Duration::from_secs(3));
     assert!(!config.lock.auto_renew);
     assert_eq!(config.lock.error_budget, Duration::from_secs(7));
+    assert!(!config.lock.fair, "LOCKKIT_LOCK_FAIR=false");
 }
 
 #[test]

@@ -142,7 +142,8 @@ pub(crate) async fn acquire(
         ttl,
         !matches!(wait, Wait::No),
     )
-    .with_hold(hold);
+    .with_hold(hold)
+    .with_fair(options.fair);
     let span = tracing::info_span!("lockkit.acquire", key = %key, backend = backend.name());
     let run = Acquisition {
         options,

@@ -42,6 +42,27 @@ pub struct LockOptions {
     /// `down-after-milliseconds` up to a few seconds. `try_lock` never retries errors.
     #[serde(with = "humantime_serde")]
     pub error_budget: Duration,
+    /// Whether a contended mutex goes to its waiters in the order they came (`true`, the
+    /// default) or to whoever asks first after a release (`false`).
+    ///
+    /// - **Fair** (first come, first served): a release hands the lock to the longest
+    ///   waiting acquirer, so no waiter starves and the longest wait is bounded by the queue
+    ///   ahead of it. A hand-over costs a notification's trip to the next waiter, during
+    ///   which the lock is idle.
+    /// - **Non-fair**: a release frees the lock and wakes a waiter, and whoever asks first
+    ///   takes it, often the releasing process itself. More grants per second under
+    ///   contention; a waiter can be passed over again and again (rslock's and Redisson's
+    ///   `RLock` behaviour).
+    ///
+    /// Both keep exclusion, fencing, the lost signal and cancel safety, and fair and non-fair
+    /// acquirers of one key exclude each other (a non-fair one can take a free lock ahead of
+    /// fair waiters queued for it; a release still hands over to them). It applies to
+    /// mutexes (also within `lock_all` and an election's candidacy) on the Redis backends
+    /// (single, Sentinel, Cluster, Redlock) and the memory backend; etcd's and ZooKeeper's
+    /// locks are queues by construction (a key or sequential node per waiter, granted in
+    /// creation order) and stay fair whatever it says. Semaphores and read-write locks are
+    /// not affected.
+    pub fair: bool,
 }
 
 impl Default for LockOptions {
@@ -54,6 +75,7 @@ impl Default for LockOptions {
             backoff_max: Duration::from_millis(500),
             clock_drift_factor: 0.01,
             error_budget: Duration::from_secs(10),
+            fair: true,
         }
     }
 }
@@ -104,6 +126,14 @@ impl LockOptions {
     #[must_use]
     pub fn with_error_budget(mut self, error_budget: Duration) -> Self {
         self.error_budget = error_budget;
+        self
+    }
+
+    /// Chooses a fair (first come, first served) or a non-fair mutex (see
+    /// [`fair`](LockOptions::fair)).
+    #[must_use]
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
         self
     }
 

@@ -6,7 +6,10 @@
 //!   (`scripts/mutex_prelude.lua` and `acquire.lua`): a lock that is the caller's already is
 //!   its grant again (extended), a free lock goes to the first live waiter of its queue (the
 //!   caller, or another it is handed to now), and otherwise the caller is refused with the
-//!   holder's remaining TTL, queued first when it will wait. A grant's fencing token is
+//!   holder's remaining TTL, queued first when it will wait. A non-fair attempt runs the
+//!   same script without the queue's keys: a free lock is the caller's, whoever queues for
+//!   it, and a waiter listens on the lock's release channel (every release and hand-over is
+//!   published there) instead of queueing. A grant's fencing token is
 //!   `max(counter + 1, server clock in µs)` (`next_token` in `common.lua`), so tokens keep
 //!   increasing after the counter expires or is lost, unless the server's clock steps back.
 //! - **Every kind's script** goes through [`RedisBackend::acquire_with`]: on its own, or with
@@ -49,25 +52,29 @@ impl AcquireScriptReply for AcquireReply {
 }
 
 impl RedisBackend {
-    /// One attempt at the mutex of `request.key`.
+    /// One attempt at the mutex of `request.key`, fair or not.
     pub(crate) async fn try_acquire_mutex(&self, request: &AcquireRequest) -> Result<Attempt> {
         let keys = Keys::of(&request.key);
         // Registered before the attempt that may queue it, so that no hand-over announced
-        // from then on is missed; the marker tells the wait whether the inbox was subscribed.
+        // from then on is missed; the marker tells the wait whether the inbox (or, non-fair,
+        // the release channel) was subscribed.
         let epoch = request.wait.then(|| self.primary.epoch());
         let notifier = epoch.as_ref().map(|epoch| &epoch.notifier);
         let (marker, digest, queued_as) = match notifier {
-            Some(notifier) => {
+            Some(notifier) if request.fair => {
                 let digest = request.owner.digest_hex();
                 let queued_as = notifier.inbox().expect(&digest).attempting(&digest);
                 let marker = notifier.marker(&notifier.inbox_channel(&request.key));
                 (marker, Some(digest), Some(queued_as))
             }
+            Some(notifier) => (notifier.marker(&keys.channel), None, None),
             None => (None, None, None),
         };
         let args = self.acquire_args(request, queued_as.as_deref());
+        let all = keys.acquire();
+        let keys = if request.fair { &all[..] } else { &all[..2] };
         let reply = self
-            .acquire_with(request, &self.publishing().acquire, &keys.acquire(), &args)
+            .acquire_with(request, &self.publishing().acquire, keys, &args)
             .await?;
         match reply {
             AcquireReply::Granted(token) => {
@@ -81,9 +88,9 @@ impl RedisBackend {
                     Some(marker) => Contention::new().with_marker(marker),
                     None => Contention::new(),
                 };
-                // The script writes nothing for a try that does not get the lock; a waiter's
-                // attempt queued it.
-                let contention = if request.wait {
+                // The script writes nothing for a try or a non-fair attempt that does not
+                // get the lock; a fair waiter's attempt queued it.
+                let contention = if request.wait && request.fair {
                     contention
                 } else {
                     contention.with_nothing_left()

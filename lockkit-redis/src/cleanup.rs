@@ -122,7 +122,7 @@ impl RedisBackend {
     /// waiting entry, if any, released.
     pub(crate) async fn clean_up(&self, request: &AcquireRequest) -> Result<()> {
         let notifier = &self.primary.epoch().notifier;
-        if request.hold == Hold::Exclusive {
+        if request.hold == Hold::Exclusive && request.fair {
             notifier.inbox().forget(&request.owner.digest_hex());
         } else {
             // This acquisition may have taken the wake-up of a release: another waiter retries.

@@ -3,9 +3,10 @@
 //! A mutex waiter queues on the server in the same script as its attempt; the release script
 //! hands the lock to the first live waiter and announces it on that waiter's inbox channel,
 //! so the woken waiter holds the lock without another request
-//! ([`RedisBackend::wait_for_handover`]). A semaphore's or a read-write lock's waiter listens
-//! on the release channel of what it waits for and attempts again when something went
-//! ([`RedisBackend::wait_for_release`]). Every waiter of a backend shares its one pub/sub
+//! ([`RedisBackend::wait_for_handover`]). A non-fair mutex waiter, a semaphore's and a
+//! read-write lock's listen on the release channel of what they wait for and attempt again
+//! when something went ([`RedisBackend::wait_for_release`]): one waiter of this process per
+//! release, so a release does not send every waiter of a process at the server at once. Every waiter of a backend shares its one pub/sub
 //! connection; when the server refuses a subscription, waiters poll for a while.
 
 use std::time::Duration;
@@ -56,8 +57,9 @@ impl RedisBackend {
         }
     }
 
-    /// The wait of a semaphore's or a read-write lock's waiter: until a release is heard on
-    /// the channel of what it waits for, or `max_wait`, or the first expiry its attempt saw.
+    /// The wait of a non-fair mutex waiter, a semaphore's or a read-write lock's: until a
+    /// release is heard on the channel of what it waits for, or `max_wait`, or the first
+    /// expiry its attempt saw.
     pub(crate) async fn wait_for_release(
         &self,
         request: &AcquireRequest,

@@ -1,7 +1,9 @@
 //! The waiters' queue of a mutex on a single Redis node: waiters are granted in the order they
 //! queued, each release hands the lock straight to the next waiter (no moment where a
 //! `try_lock` could take it), a waiter that gives up takes its entry with it, and the entry
-//! of a waiter that vanished keeps the lock from others only until it lapses.
+//! of a waiter that vanished keeps the lock from others only until it lapses. A non-fair
+//! waiter does not queue: a release hands over to the fair waiters queued, and frees the
+//! lock for the non-fair one when none is.
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 mod common;
@@ -271,4 +273,49 @@ async fn lapsed_entries_ahead_never_let_a_late_caller_take_the_lock_from_a_live_
         .unwrap();
     assert!(guard.release().await.unwrap());
     assert_eq!(s.queued().await, 0, "lapsed entries are left in the queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_fair_waiter_keeps_nothing_queued_and_takes_the_lock_when_a_release_frees_it() {
+    let Some(mut s) = setup(3).await else {
+        return;
+    };
+    let held = s.clients[0].mutex("k").unwrap().lock().await.unwrap();
+    let barging = s.clients[1]
+        .mutex("k")
+        .unwrap()
+        .with_options(options().with_fair(false))
+        .unwrap();
+    let (barged, mut barger) = oneshot::channel();
+    let barging = tokio::spawn(async move {
+        let _ = barged.send(barging.lock().await?);
+        Ok::<_, lockkit_core::Error>(())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(s.queued().await, 0, "a non-fair waiter queued");
+
+    // A fair waiter that came later queues, and the release hands the lock to it.
+    let (fair_task, fair) = s.waiter(2);
+    s.until_queued(1).await;
+    assert!(held.release().await.unwrap());
+    let handed = tokio::time::timeout(Duration::from_secs(10), fair)
+        .await
+        .expect("the release did not hand the lock to the queued fair waiter")
+        .unwrap();
+    assert!(
+        barger.try_recv().is_err(),
+        "the non-fair waiter took a lock handed over to a fair one"
+    );
+
+    // Nobody queued: its release frees the lock, and the non-fair waiter takes it.
+    let handed_token = handed.fencing_token();
+    assert!(handed.release().await.unwrap());
+    let taken = tokio::time::timeout(Duration::from_secs(10), barger)
+        .await
+        .expect("the non-fair waiter did not take the freed lock")
+        .unwrap();
+    assert!(taken.fencing_token() > handed_token);
+    assert!(taken.release().await.unwrap());
+    fair_task.await.unwrap().unwrap();
+    barging.await.unwrap().unwrap();
 }

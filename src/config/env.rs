@@ -54,6 +54,7 @@ const LOCK_FIELDS: &[&str] = &[
     "backoff_max",
     "clock_drift_factor",
     "error_budget",
+    "fair",
 ];
 /// Fields of the `[redis]` table.
 #[cfg(feature = "redis")]

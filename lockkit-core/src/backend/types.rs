@@ -85,6 +85,11 @@ pub struct AcquireRequest {
     pub wait: bool,
     /// What the acquisition holds once granted.
     pub hold: Hold,
+    /// Whether a waiter queues for its turn (`true`) or tries again when the lock is freed,
+    /// taking it if nobody was faster (`false`; see
+    /// [`LockOptions::fair`](crate::LockOptions::fair)). A backend whose locks are queues by
+    /// construction may treat every request as fair.
+    pub fair: bool,
 }
 
 impl AcquireRequest {
@@ -96,7 +101,15 @@ impl AcquireRequest {
             ttl,
             wait,
             hold: Hold::Exclusive,
+            fair: true,
         }
+    }
+
+    /// The same request, fair or not (see [`AcquireRequest::fair`]).
+    #[must_use]
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
     }
 
     /// The same request for another kind of hold.

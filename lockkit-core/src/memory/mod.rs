@@ -74,18 +74,20 @@ impl Kind {
     }
 }
 
-/// The live grants of one key and kind, the semaphore's agreed permits, and the writers
-/// waiting for a read-write lock.
+/// The live grants of one key and kind, the semaphore's agreed permits, and who queues: the
+/// writers waiting for a read-write lock, the waiters of a fair mutex.
 ///
-/// A waiting writer is recorded with an expiry of one TTL, refreshed by each of its attempts
-/// (its wait is cut to half a TTL so that it attempts in time); while one is recorded,
-/// readers wait. So a stream of readers cannot starve a writer, and a writer that went away
-/// without abandoning blocks readers for at most its TTL.
+/// A queued waiter is recorded with an expiry of one TTL, refreshed by each of its attempts
+/// (its wait is cut to half a TTL so that it attempts in time), keeping its place. While a
+/// writer is recorded, readers wait: a stream of readers cannot starve a writer. A fair
+/// mutex is granted only to the first live waiter of its queue (or to anyone when nobody
+/// queues): first come, first served. A waiter that went away without abandoning holds up
+/// the others for at most its TTL.
 #[derive(Debug, Default)]
 struct Slot {
     holders: Vec<Holder>,
     permits: u32,
-    waiting_writers: Vec<(OwnerToken, Instant)>,
+    queued: Vec<(OwnerToken, Instant)>,
     /// Notified when a holder or a waiting writer goes, or a leader proclaims.
     changed: Arc<Notify>,
 }
@@ -103,50 +105,64 @@ struct Holder {
 impl Slot {
     fn prune(&mut self, now: Instant) {
         self.holders.retain(|h| h.expires_at > now);
-        self.waiting_writers.retain(|(_, at)| *at > now);
+        self.queued.retain(|(_, at)| *at > now);
     }
 
     fn is_idle(&self) -> bool {
-        self.holders.is_empty()
-            && self.waiting_writers.is_empty()
-            && Arc::strong_count(&self.changed) == 1
+        self.holders.is_empty() && self.queued.is_empty() && Arc::strong_count(&self.changed) == 1
     }
 
     fn holder_mut(&mut self, owner: &OwnerToken) -> Option<&mut Holder> {
         self.holders.iter_mut().find(|h| h.owner == *owner)
     }
 
-    /// When the first of what keeps a request of `hold` by `owner` out ends by itself (its
-    /// lease runs out): for a mutex or a writer, any holder; for a permit, a full
+    /// When the first of what keeps `request` out ends by itself (its lease or queue entry
+    /// runs out): for a mutex or a writer, any holder, and for a fair mutex also the waiters
+    /// queued ahead of it (all of them when it has no place yet); for a permit, a full
     /// semaphore's holders; for a reader, the writers holding or waiting. `None` when
     /// nothing keeps it out.
-    fn blocked_until(&self, hold: Hold, owner: &OwnerToken) -> Option<Instant> {
+    fn blocked_until(&self, request: &AcquireRequest) -> Option<Instant> {
+        let hold = request.hold;
         let holders = self.holders.iter().filter(|h| match hold {
             Hold::Read => h.writes,
             Hold::Permit { .. } => self.holders.len() >= self.permits as usize,
             _ => true,
         });
-        let writers = self
-            .waiting_writers
-            .iter()
-            .filter(|(writer, _)| hold == Hold::Read && writer != owner);
-        holders
-            .map(|h| h.expires_at)
-            .chain(writers.map(|(_, at)| *at))
-            .min()
+        let ahead: Vec<Instant> = match hold {
+            Hold::Read => self
+                .queued
+                .iter()
+                .filter(|(writer, _)| *writer != request.owner)
+                .map(|(_, at)| *at)
+                .collect(),
+            _ if queues(request) && hold != Hold::Write => self
+                .queued
+                .iter()
+                .take_while(|(waiter, _)| *waiter != request.owner)
+                .map(|(_, at)| *at)
+                .collect(),
+            _ => Vec::new(),
+        };
+        holders.map(|h| h.expires_at).chain(ahead).min()
     }
 
-    /// Removes `owner`'s grant and its waiting record; whether it held.
+    /// Removes `owner`'s grant and its place in the queue; whether it held.
     fn remove(&mut self, owner: &OwnerToken) -> bool {
         let held = self.holders.iter().any(|h| h.owner == *owner);
-        let waited = self.waiting_writers.iter().any(|(w, _)| w == owner);
+        let waited = self.queued.iter().any(|(w, _)| w == owner);
         self.holders.retain(|h| h.owner != *owner);
-        self.waiting_writers.retain(|(w, _)| w != owner);
+        self.queued.retain(|(w, _)| w != owner);
         if held || waited {
             self.changed.notify_waiters();
         }
         held
     }
+}
+
+/// Whether `request` keeps a place in its slot's queue while it waits: a writer, or a fair
+/// mutex's waiter.
+fn queues(request: &AcquireRequest) -> bool {
+    request.hold == Hold::Write || (request.hold == Hold::Exclusive && request.fair)
 }
 
 impl MemoryBackend {
@@ -204,15 +220,16 @@ impl MemoryBackend {
         })
     }
 
-    /// The keys held right now in `namespace`: mutexes with a holder, then semaphores with
-    /// one, then read-write locks with a holder or a waiting writer (a key can be in all).
+    /// The keys held right now in `namespace`: mutexes with a holder or a queued waiter,
+    /// then semaphores with a holder, then read-write locks with a holder or a waiting
+    /// writer (a key can be in all).
     pub fn held_keys(&self, namespace: &str) -> Vec<LockKey> {
         let mut held: Vec<(Kind, LockKey)> = self.with_slots(|slots, _| {
             slots
                 .iter()
                 .filter(|((_, key), slot)| {
                     key.namespace() == namespace
-                        && !(slot.holders.is_empty() && slot.waiting_writers.is_empty())
+                        && !(slot.holders.is_empty() && slot.queued.is_empty())
                 })
                 .map(|(id, _)| id.clone())
                 .collect()
@@ -267,9 +284,9 @@ impl LockBackend for MemoryBackend {
                 let left = holder.expires_at - now;
                 return Ok(Attempt::Granted(Grant::new(holder.fencing_token, left)));
             }
-            let Some(until) = slot.blocked_until(hold, &request.owner) else {
+            let Some(until) = slot.blocked_until(request) else {
                 let fencing_token = self.next_token();
-                slot.waiting_writers.retain(|(w, _)| *w != request.owner);
+                slot.queued.retain(|(w, _)| *w != request.owner);
                 slot.holders.push(Holder {
                     owner: request.owner.clone(),
                     fencing_token,
@@ -280,10 +297,11 @@ impl LockBackend for MemoryBackend {
                 return Ok(Attempt::Granted(Grant::new(fencing_token, request.ttl)));
             };
             let contention = Contention::new().with_retry_after(until - now);
-            if hold == Hold::Write && request.wait {
-                slot.waiting_writers.retain(|(w, _)| *w != request.owner);
-                slot.waiting_writers
-                    .push((request.owner.clone(), now + request.ttl));
+            if queues(request) && request.wait {
+                match slot.queued.iter_mut().find(|(w, _)| *w == request.owner) {
+                    Some((_, expiry)) => *expiry = now + request.ttl,
+                    None => slot.queued.push((request.owner.clone(), now + request.ttl)),
+                }
                 return Ok(Attempt::Contended(contention));
             }
             Ok(Attempt::Contended(contention.with_nothing_left()))
@@ -296,9 +314,9 @@ impl LockBackend for MemoryBackend {
         _contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        let (kind, hold) = (Kind::of(request.hold), request.hold);
+        let kind = Kind::of(request.hold);
         let (changed, until) = self.with_slot(kind, &request.key, |slot, now| {
-            let until = slot.blocked_until(hold, &request.owner);
+            let until = slot.blocked_until(request);
             (slot.changed.clone(), until.map(|at| at - now))
         });
         let Some(until) = until else {
@@ -309,7 +327,7 @@ impl LockBackend for MemoryBackend {
         notified.as_mut().enable();
         // What blocked it may have gone before `enable`.
         let blocked = self.with_slot(kind, &request.key, |slot, _| {
-            slot.blocked_until(hold, &request.owner).is_some()
+            slot.blocked_until(request).is_some()
         });
         if !blocked {
             return Ok(None);
@@ -317,7 +335,7 @@ impl LockBackend for MemoryBackend {
         // Expiries are announced by nobody: wake when the first blocker's lease ends. A
         // waiting writer also refreshes its record in time.
         let mut max_wait = max_wait.min(until);
-        if hold == Hold::Write {
+        if queues(request) {
             max_wait = max_wait.min(request.ttl / 2);
         }
         let _ = tokio::time::timeout(max_wait, notified).await;

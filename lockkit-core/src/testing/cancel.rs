@@ -86,8 +86,19 @@ pub(super) async fn an_acquisition_dropped_in_flight_leaves_nothing_behind(
 /// leave nothing that could block the key: with a 60 s TTL on the cancelled side, a leftover
 /// would block.
 pub(super) async fn cancelled_acquire_leaves_nothing_behind(h: &dyn Harness) -> Outcome {
+    cancelled_acquires_leave_nothing_behind(h, true).await
+}
+
+/// [`cancelled_acquire_leaves_nothing_behind`], with fair or non-fair mutexes.
+pub(super) async fn cancelled_acquires_leave_nothing_behind(
+    h: &dyn Harness,
+    fair: bool,
+) -> Outcome {
     let ns = namespace();
-    let clients = clients(h, &ns, 3).await?;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(h.client(&ns, options(h).with_fair(fair)).await?);
+    }
     let holder = clients[0]
         .mutex("cancel")?
         .lock_timeout(patience(h))

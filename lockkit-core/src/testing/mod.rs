@@ -27,6 +27,7 @@ macro_rules! ensure {
 mod cancel;
 pub mod check;
 mod election;
+mod fairness;
 pub mod fenced;
 pub mod history;
 mod multi;
@@ -422,6 +423,10 @@ macro_rules! __conformance_scenarios {
             a_short_grant_that_cannot_be_confirmed_is_given_back_and_taken_again,
             a_reentrant_share_is_handed_out_with_useful_validity,
             lock_all_hands_out_every_part_with_useful_validity,
+            fair_waiters_are_granted_in_the_order_they_came,
+            a_non_fair_waiter_is_woken_by_a_release,
+            fair_and_non_fair_acquirers_exclude_each_other,
+            cancelled_non_fair_acquisitions_leave_nothing_behind,
         }
     };
 }

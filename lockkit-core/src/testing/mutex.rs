@@ -19,6 +19,14 @@ use crate::token::{FencingToken, OwnerToken};
 /// Many tasks in several clients increment a counter with a read, a pause and a write: any
 /// overlap of critical sections loses updates, and grants must come in fencing-token order.
 pub(super) async fn mutual_exclusion_under_contention(h: &dyn Harness) -> Outcome {
+    exclusion_under_contention(h, |_| true).await
+}
+
+/// [`mutual_exclusion_under_contention`], with client `i`'s mutexes fair if `fair(i)`.
+pub(super) async fn exclusion_under_contention(
+    h: &dyn Harness,
+    fair: impl Fn(usize) -> bool,
+) -> Outcome {
     const CLIENTS: usize = 3;
     const TASKS_PER_CLIENT: usize = 3;
     const ROUNDS: u64 = 15;
@@ -28,7 +36,8 @@ pub(super) async fn mutual_exclusion_under_contention(h: &dyn Harness) -> Outcom
     let overlaps = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = tokio::task::JoinSet::<crate::Result<()>>::new();
-    for client in clients(h, &ns, CLIENTS).await? {
+    for i in 0..CLIENTS {
+        let client = h.client(&ns, options(h).with_fair(fair(i))).await?;
         for _ in 0..TASKS_PER_CLIENT {
             let (client, counter, inside, overlaps, tokens) = (
                 client.clone(),

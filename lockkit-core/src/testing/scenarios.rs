@@ -10,6 +10,11 @@ use super::election::{
     one_leader_at_a_time_with_increasing_terms, resign_hands_over_at_once,
     run_as_leader_cancels_the_work_when_leadership_is_lost, the_leader_shows_its_proclaimed_value,
 };
+use super::fairness::{
+    a_non_fair_waiter_is_woken_by_a_release, cancelled_non_fair_acquisitions_leave_nothing_behind,
+    fair_and_non_fair_acquirers_exclude_each_other,
+    fair_waiters_are_granted_in_the_order_they_came,
+};
 use super::multi::{
     a_cancelled_lock_all_leaves_nothing_behind, lock_all_over_overlapping_sets_never_deadlocks,
     lock_all_reports_the_loss_of_any_part, lock_all_takes_nothing_when_a_part_is_taken,

@@ -182,7 +182,9 @@ impl RedlockBackend {
         // A waiter is registered before the attempt that queues it, so that it misses no
         // hand-over announced from then on.
         let digest = request.owner.digest_hex();
-        let handover = request.wait.then(|| self.inbox.expect(&digest));
+        // A non-fair attempt neither queues nor waits for a hand-over: it takes a free lock
+        // whoever queues for it, and its waiter listens for releases (`wait.rs`).
+        let handover = (request.wait && request.fair).then(|| self.inbox.expect(&digest));
         let queued_as = handover
             .as_ref()
             .map(|handover| handover.attempting(&digest));
@@ -201,7 +203,7 @@ impl RedlockBackend {
         // A queued waiter's rollback keeps its place (`keep`): the keys go to whoever is
         // first in each node's queue, itself again if nobody came before it. One that
         // reached too few nodes leaves the queue instead (`leave`).
-        let leave_args = self.release_args(&request.owner);
+        let leave_args = self.release_args(&request.owner, None);
         let mut keep_args = leave_args.clone();
         if queues.is_some() {
             keep_args.extend([
@@ -244,11 +246,12 @@ impl RedlockBackend {
         };
         // Returns as soon as the answers decide: with a majority granted, the stragglers'
         // keys are ours and go with the release, which is sent to every node.
+        let all = keys.acquire();
         let replies = self
             .fan_out(
                 &request.owner,
                 &scripts::classic().acquire,
-                &keys.acquire(),
+                if request.fair { &all[..] } else { &all[..2] },
                 &[
                     request.owner.expose_hex(),
                     millis(request.ttl).to_string(),

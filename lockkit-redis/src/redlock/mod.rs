@@ -275,7 +275,7 @@ impl RedlockBackend {
             owner,
             &scripts::classic().release,
             &keys.release()[..4],
-            &self.release_args(owner),
+            &self.release_args(owner, Some(&keys.channel)),
             ttl,
         )
         .await
@@ -283,12 +283,13 @@ impl RedlockBackend {
 
     /// The arguments of the release script (its keys are the first four of [`Keys::release`]): a
     /// release hands the lock over to the first waiter in each node's queue, with a token
-    /// proposed from this client's clock (see [`proposed_token`]). Nothing is published on
-    /// the release channel: Redlock has no election observers, and its waiters queue.
-    pub(super) fn release_args(&self, owner: &OwnerToken) -> Vec<String> {
+    /// proposed from this client's clock (see [`proposed_token`]), and, when it freed or
+    /// handed over the lock, publishes on `channel`, which wakes non-fair waiters (a
+    /// failed attempt's rollback publishes nothing: it would wake waiters to contend again).
+    pub(super) fn release_args(&self, owner: &OwnerToken, channel: Option<&str>) -> Vec<String> {
         vec![
             owner.expose_hex(),
-            String::new(),
+            channel.unwrap_or_default().to_owned(),
             millis(self.config.fence_ttl).to_string(),
             proposed_token().to_string(),
         ]
@@ -391,15 +392,19 @@ impl LockBackend for RedlockBackend {
         self.attempt(request).await
     }
 
-    /// Waits for the lock to be handed over by a majority of the nodes (see `attempt.rs`),
-    /// listening on the inbox of every node that takes the subscription.
+    /// A fair waiter waits for the lock to be handed over by a majority of the nodes (see
+    /// `attempt.rs`), a non-fair one for a release (see `wait.rs`).
     async fn wait_for_change(
         &self,
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        self.wait_for_handover(request, contention, max_wait).await
+        if request.fair {
+            self.wait_for_handover(request, contention, max_wait).await
+        } else {
+            self.wait_for_release(request, contention, max_wait).await
+        }
     }
 
     /// Deletes the request's keys on every node that answers. A node that is down keeps its
@@ -440,7 +445,7 @@ impl LockBackend for RedlockBackend {
                 lease.owner(),
                 &scripts::classic().release,
                 &keys.release()[..4],
-                &self.release_args(lease.owner()),
+                &self.release_args(lease.owner(), Some(&keys.channel)),
                 lease.ttl(),
                 None,
                 move |answers| answered_one(answers) >= quorum,

@@ -25,6 +25,11 @@
 //! What the queue and hand-over gained over retrying on a release notification, and the
 //! alternatives tried and not kept, are in docs/measurements.md ("Redlock: queue and
 //! hand-over, measured").
+//!
+//! A non-fair waiter does not queue: it listens on the lock's release channel of one node
+//! (the first that takes the subscription; every release is sent to every node, and each
+//! publishes it) and attempts again when it hears one, or when the attempt's holders' keys
+//! may have expired.
 
 use std::time::Duration;
 
@@ -36,6 +41,7 @@ use tokio::time::Instant;
 use super::{BACKEND, Node, RedlockBackend};
 use crate::error::timed_out;
 use crate::notify::Subscription;
+use crate::scripts::Keys;
 
 impl RedlockBackend {
     /// See the module docs.
@@ -62,7 +68,7 @@ impl RedlockBackend {
             let batch: Vec<_> = candidates
                 .by_ref()
                 .take(missing)
-                .map(|node| self.subscribe_inbox(node, contention.marker))
+                .map(|node| self.subscribe(node, self.inbox.name(), contention.marker))
                 .collect();
             if batch.is_empty() {
                 break;
@@ -109,11 +115,41 @@ impl RedlockBackend {
         }
     }
 
-    /// Subscribes to this backend's inbox on `node`, bounded by the node timeout; a node that
-    /// refuses or does not answer is left alone for a while.
-    async fn subscribe_inbox(&self, node: &Node, marker: Option<u64>) -> Option<Subscription> {
+    /// The wait of a non-fair waiter (see the module docs).
+    pub(super) async fn wait_for_release(
+        &self,
+        request: &AcquireRequest,
+        contention: &Contention,
+        max_wait: Duration,
+    ) -> Result<Option<Grant>> {
+        let channel = Keys::of(&request.key).channel;
+        let max_wait = max_wait.min(contention.retry_after.unwrap_or(max_wait));
+        for node in self.nodes.iter().filter(|node| node.refusal.allows()) {
+            let Some(mut subscription) = self.subscribe(node, &channel, contention.marker).await
+            else {
+                continue;
+            };
+            // A release between the attempt and the subscription may have gone unheard.
+            if !subscription.changed_since_marker() {
+                let _ = tokio::time::timeout(max_wait, subscription.released()).await;
+            }
+            return Ok(None);
+        }
+        // No node takes the subscription: look again after the wait, as a poller.
+        tokio::time::sleep(max_wait).await;
+        Ok(None)
+    }
+
+    /// Subscribes to `channel` on `node`, bounded by the node timeout; a node that refuses
+    /// or does not answer is left alone for a while.
+    async fn subscribe(
+        &self,
+        node: &Node,
+        channel: &str,
+        marker: Option<u64>,
+    ) -> Option<Subscription> {
         let bound = self.config.node_timeout;
-        let subscribing = node.notifier.subscribe(self.inbox.name(), marker);
+        let subscribing = node.notifier.subscribe(channel, marker);
         match tokio::time::timeout(bound, subscribing).await {
             Ok(Ok(subscription)) => Some(subscription),
             Ok(Err(e)) => {

@@ -223,6 +223,15 @@ struct RunArgs {
     /// Fail at once, with the conflict exit code, if the lock is held (no permit is free).
     #[arg(long)]
     no_wait: bool,
+    /// Wait in line: a release hands the lock to the longest waiting run (the default, or
+    /// the configuration's lock.fair).
+    #[arg(long, overrides_with = "no_fair")]
+    fair: bool,
+    /// Do not wait in line: a release frees the lock and whoever asks first takes it (more
+    /// runs per second under contention; a run can be passed over). etcd and ZooKeeper
+    /// locks stay fair.
+    #[arg(long, overrides_with = "fair")]
+    no_fair: bool,
     /// KEY is a semaphore of N permits (1 to 1024): run CMD holding one of them.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(lockkit::MAX_PERMITS)))]
     permits: Option<u32>,

@@ -126,7 +126,14 @@ macro_rules! take {
 
 async fn acquire(locks: &LockClient, args: &RunArgs) -> Result<Held, Failure> {
     let under = Under::of(args);
-    let ttl = args.ttl;
+    // The configuration's lock options, with --ttl and --fair / --no-fair on top.
+    let mut options = locks.options().clone();
+    if let Some(ttl) = args.ttl {
+        options = options.with_ttl(ttl);
+    }
+    if args.fair || args.no_fair {
+        options = options.with_fair(args.fair);
+    }
     let patience = if args.no_wait {
         Patience::None
     } else {
@@ -134,19 +141,11 @@ async fn acquire(locks: &LockClient, args: &RunArgs) -> Result<Held, Failure> {
     };
     let taken = match under {
         Under::Lock => {
-            let mutex = locks.mutex(&args.key)?;
-            let mutex = match ttl {
-                Some(ttl) => mutex.with_ttl(ttl)?,
-                None => mutex,
-            };
+            let mutex = locks.mutex(&args.key)?.with_options(options)?;
             take!(mutex, patience, try_lock, lock_timeout, lock, Held::Lock)
         }
         Under::Permit(permits) => {
-            let semaphore = locks.semaphore(&args.key, permits)?;
-            let semaphore = match ttl {
-                Some(ttl) => semaphore.with_ttl(ttl)?,
-                None => semaphore,
-            };
+            let semaphore = locks.semaphore(&args.key, permits)?.with_options(options)?;
             take!(
                 semaphore,
                 patience,
@@ -157,11 +156,7 @@ async fn acquire(locks: &LockClient, args: &RunArgs) -> Result<Held, Failure> {
             )
         }
         Under::Read | Under::Write => {
-            let rwlock = locks.rwlock(&args.key)?;
-            let rwlock = match ttl {
-                Some(ttl) => rwlock.with_ttl(ttl)?,
-                None => rwlock,
-            };
+            let rwlock = locks.rwlock(&args.key)?.with_options(options)?;
             if under == Under::Read {
                 take!(rwlock, patience, try_read, read_timeout, read, Held::Read)
             } else {
