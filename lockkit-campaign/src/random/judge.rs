@@ -42,9 +42,11 @@ pub struct RandomOutcome {
     /// holders are then current, and the resource orders their writes by token; "stale" by
     /// the order in which the grants reached their clients is no order the servers gave.
     pub split_brain_writes: usize,
-    /// Foreign releases between two holders that a server fault made hold at once: the
-    /// later holder's lock was on the primary that lost the split brain, and went with it
-    /// (not with the other holder's release, which only ever deletes its own lock).
+    /// Foreign releases that a server fault explains: the later holder's lock was on the
+    /// primary that lost the split brain (or on a server that forgot it), and went with it,
+    /// not with the other holder's release, which only ever deletes its own lock. Whether
+    /// the two held at once or not: a grant answered by the losing primary after its
+    /// resumption can start just after the other holder sent its release.
     pub split_brain_releases: usize,
     /// The share of the time some worker held a key while a worker wanted it.
     pub availability: f64,
@@ -141,6 +143,22 @@ pub(super) fn split_by_servers(
         && windows
             .iter()
             .any(|w| w.kind.is_server_fault() && in_force(overlap, w, ttl))
+}
+
+/// Whether a server fault of a Redis tier was in force (or healed less than two TTLs
+/// before) when a grant started at `start`: its lock may have been on a server that then
+/// lost it.
+pub(super) fn granted_in_server_fault(
+    start: u64,
+    windows: &[FaultWindow],
+    topology: Topology,
+    ttl: Duration,
+) -> bool {
+    let slack = u64::try_from((ttl * 2).as_nanos()).unwrap_or(u64::MAX);
+    !topology.is_consensus()
+        && windows.iter().any(|w| {
+            w.kind.is_server_fault() && w.start < start && w.end.saturating_add(slack) > start
+        })
 }
 
 /// Whether fault `w` began before the overlap ended and was in force (or healed less than two

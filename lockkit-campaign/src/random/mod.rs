@@ -42,7 +42,7 @@ mod judge;
 mod nemesis;
 
 pub use judge::{FaultWindow, RandomOutcome, markdown};
-use judge::{availability_and_wait, explained, millis, split_by_servers};
+use judge::{availability_and_wait, explained, granted_in_server_fault, millis, split_by_servers};
 pub use nemesis::Nemesis;
 use nemesis::inject;
 
@@ -166,7 +166,10 @@ pub async fn run_random(
         .verdict
         .foreign
         .iter()
-        .filter(|r| split(&r.key, &r.releaser, &r.victim))
+        .filter(|r| {
+            split(&r.key, &r.releaser, &r.victim)
+                || granted_in_server_fault(r.victim.1, &windows, tier.topology, ttl)
+        })
         .count();
     let (availability, wait_p99) = availability_and_wait(&outcome.events);
     Ok(RandomOutcome {
