@@ -18,26 +18,30 @@ use crate::TierReport;
 const WIDTH: u32 = 960;
 const LEGEND_HEIGHT: u32 = 34;
 /// The height of one tier's group of bars in a panel.
-const GROUP_HEIGHT: u32 = 48;
+const GROUP_HEIGHT: u32 = 60;
 /// The caption, the x axis and the margins of a panel.
 const PANEL_CHROME: u32 = 84;
 const FONT: &str = "sans-serif";
 
-/// lockkit, the raw floor, the peer.
-const COLORS: [RGBColor; 3] = [
+/// The contenders of a tier: lockkit, lockkit with non-fair mutexes, the raw floor, the peer.
+const CONTENDERS: usize = 4;
+
+/// Their colours, in that order.
+const COLORS: [RGBColor; CONTENDERS] = [
     RGBColor(0x48, 0x78, 0xa8),
+    RGBColor(0x9c, 0xc3, 0xe6),
     RGBColor(0xa0, 0xa0, 0xa0),
     RGBColor(0xe0, 0x8a, 0x2c),
 ];
-/// Slots per tier: the three bars (peer lowest, lockkit on top) and a gap above them.
-const SLOTS: i32 = 4;
+/// Slots per tier: a bar per contender (peer lowest, lockkit on top) and a gap above them.
+const SLOTS: i32 = CONTENDERS as i32 + 1;
 
-/// One panel: a value per tier and contender (lockkit, floor, peer), or why there is none.
+/// One panel: a value per tier and contender (see [`CONTENDERS`]), or why there is none.
 struct Panel {
     title: &'static str,
     unit: &'static str,
     log: bool,
-    values: Vec<[Option<f64>; 3]>,
+    values: Vec<[Option<f64>; CONTENDERS]>,
     /// Shown in place of lockkit's bar where it has no value: `FAILED`, `not run`.
     missing: Vec<&'static str>,
 }
@@ -49,14 +53,14 @@ impl Panel {
         log: bool,
         reports: &[TierReport],
         workload: &str,
-        values: impl Fn(&TierReport) -> Option<[Option<f64>; 3]>,
+        values: impl Fn(&TierReport) -> Option<[Option<f64>; CONTENDERS]>,
     ) -> Panel {
         let values: Vec<_> = reports
             .iter()
             .map(|r| {
                 // A value a scale cannot place (NaN, or 0 on a log scale) is left out.
                 values(r)
-                    .unwrap_or([None; 3])
+                    .unwrap_or([None; CONTENDERS])
                     .map(|v| v.filter(|v| v.is_finite() && (*v > 0.0 || !log && *v == 0.0)))
             })
             .collect();
@@ -128,7 +132,7 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
             "W1",
             |r| {
                 let u = r.uncontended.as_ref()?;
-                Some([Some(u.p50_us), u.floor_p50_us, u.peer_p50_us])
+                Some([Some(u.p50_us), None, u.floor_p50_us, u.peer_p50_us])
             },
         ),
         Panel::new(
@@ -142,6 +146,7 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
                 let of = |s: Option<&crate::speed::ContendedSide>| s.map(|s| s.increments_per_sec);
                 Some([
                     Some(c.lockkit.increments_per_sec),
+                    of(c.non_fair.as_ref()),
                     of(c.floor.as_ref()),
                     of(c.peer.as_ref()),
                 ])
@@ -158,6 +163,7 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
                 let of = |s: Option<&crate::speed::ContendedSide>| s.map(|s| s.wait_max_us / 1e3);
                 Some([
                     Some(c.lockkit.wait_max_us / 1e3),
+                    of(c.non_fair.as_ref()),
                     of(c.floor.as_ref()),
                     of(c.peer.as_ref()),
                 ])
@@ -169,7 +175,7 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
             false,
             reports,
             "W3",
-            |r| Some([Some(r.holder_crash.as_ref()?.recovery_ms), None, None]),
+            |r| Some([Some(r.holder_crash.as_ref()?.recovery_ms), None, None, None]),
         ),
     ];
     let names: Vec<&str> = reports.iter().map(|r| r.target.as_str()).collect();
@@ -203,6 +209,7 @@ fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, peer: Option<&str>) -> Draw
     let peer = format!("peer: {}", peer.unwrap_or("none in this run"));
     let entries = [
         "lockkit",
+        "lockkit, non-fair",
         "raw floor: the same protocol by hand (floors.rs)",
         peer.as_str(),
     ];
@@ -315,7 +322,7 @@ where
     let tiers = names.len() as i32;
     chart.draw_series(names.iter().enumerate().map(|(i, name)| {
         let group = (tiers - 1 - i as i32) * SLOTS;
-        EmptyElement::at((base, SegmentValue::CenterOf(group + 1)))
+        EmptyElement::at((base, SegmentValue::CenterOf(group + 2)))
             + Text::new(name.to_string(), (-8, 0), style.clone())
     }))?;
     Ok(())
@@ -336,13 +343,13 @@ where
         let group = (tiers - 1 - i as i32) * SLOTS;
         if values[0].is_none() {
             chart.draw_series(std::iter::once(
-                EmptyElement::at((base, SegmentValue::CenterOf(group + 1)))
+                EmptyElement::at((base, SegmentValue::CenterOf(group + 2)))
                     + Text::new(panel.missing[i], (4, 0), outside.clone()),
             ))?;
         }
         for (contender, value) in values.iter().enumerate() {
             let Some(value) = *value else { continue };
-            let slot = group + 2 - contender as i32;
+            let slot = group + CONTENDERS as i32 - 1 - contender as i32;
             let end = cut.map_or(value, |cut| value.min(cut));
             let mut bar = Rectangle::new(
                 [
@@ -402,6 +409,7 @@ mod tests {
             wait_p50_us: wait_max_us / 20.0,
             wait_p99_us: wait_max_us / 2.0,
             wait_max_us,
+            cpu_us_per_increment: None,
             wait_max_all_rounds_us: wait_max_us,
             rounds: Vec::new(),
         }
@@ -440,6 +448,7 @@ mod tests {
                 iterations: 250,
                 rounds: 3,
                 lockkit: side("lockkit", lockkit_incr, lockkit_wait),
+                non_fair: None,
                 floor: floor.map(|(i, w)| side("floor", i, w)),
                 peer: peer.map(|(i, w)| side("rslock 0.10", i, w)),
                 throughput_vs_floor: None,
@@ -572,6 +581,7 @@ mod tests {
         assert_eq!(shown("2057 /s"), 1, "a value is shown at its bar");
         let legend = [
             "lockkit",
+            "lockkit, non-fair",
             "raw floor: the same protocol by hand (floors.rs)",
             "peer: rslock 0.10",
         ];

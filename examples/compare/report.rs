@@ -55,6 +55,7 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
         };
         let sides = [
             (None, Some(&c.lockkit)),
+            (Some("lockkit"), c.non_fair.as_ref()),
             (Some("raw floor"), c.floor.as_ref()),
             (Some("peer"), c.peer.as_ref()),
         ];
@@ -62,6 +63,7 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
             let Some(side) = side else { continue };
             let contender = match role {
                 None => "lockkit".to_owned(),
+                Some("lockkit") => side.what.clone(),
                 Some(role) => format!("{role}: {}", side.what),
             };
             let ratios = match role {

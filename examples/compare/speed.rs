@@ -43,6 +43,8 @@ pub(crate) struct Contended {
     pub(crate) iterations: usize,
     pub(crate) rounds: usize,
     pub(crate) lockkit: ContendedSide,
+    /// lockkit with non-fair mutexes (`lock.fair = false`), where the backend has them.
+    pub(crate) non_fair: Option<ContendedSide>,
     /// The raw floor, if the backend has one.
     pub(crate) floor: Option<ContendedSide>,
     /// The peer (a real client of the same servers), if the tier has one.
@@ -205,8 +207,9 @@ async fn timed_cycles(mutex: &Mutex, n: usize, samples: &mut Vec<Duration>) -> l
     Ok(())
 }
 
-/// W2: lockkit, its raw floor and its peer (when the backend has them) in turn in each
-/// round, each round starting with the next of them, so that drift and order hit them alike.
+/// W2: lockkit, lockkit with non-fair mutexes (where the backend has them), its
+/// raw floor and its peer (when the backend has them) in turn in each round, each round
+/// starting with the next of them, so that drift and order hit them alike.
 /// Each keeps its own counter in `target`'s store across its rounds (`store.rs`), and each of
 /// its workers its own connection to it. `url` gives each lockkit worker its own client, as
 /// each peer worker has (`None`: the memory tier, one client for all).
@@ -230,6 +233,15 @@ pub(crate) async fn contended(
             .map_err(store_error)
     };
     let (mut ours, mut theirs, mut peers) = (side("lockkit", "lockkit").await?, None, None);
+    // etcd's and ZooKeeper's locks are fair whatever `lock.fair` says.
+    let non_fair = matches!(
+        locks.backend().name(),
+        "memory" | "redis" | "redis-cluster" | "redlock"
+    );
+    let mut unfair = match non_fair {
+        true => Some(side("lockkit-non-fair", "lockkit, non-fair").await?),
+        false => None,
+    };
     let mut contenders = Vec::new();
     if let Some(floor) = floor {
         theirs = Some(side("floor", floor.describe()).await?);
@@ -259,9 +271,27 @@ pub(crate) async fn contended(
             Ok(LockkitWorker { mutex, held: None })
         })
         .collect::<lockkit::Result<_>>()?;
+    let mut unfair_workers: Vec<LockkitWorker> = clients
+        .iter()
+        .take(if non_fair { workers } else { 0 })
+        .map(|locks| {
+            let options = locks.options().clone().with_fair(false);
+            let mutex = locks
+                .mutex(&crate::run_key("w2-lock-non-fair"))?
+                .with_options(options)?;
+            Ok(LockkitWorker { mutex, held: None })
+        })
+        .collect::<lockkit::Result<_>>()?;
     for round in 0..ROUNDS {
-        for turn in 0..3 {
-            match ((round + turn) % 3, &mut theirs, &mut peers) {
+        for turn in 0..4 {
+            match ((round + turn) % 4, &mut theirs, &mut peers) {
+                (3, _, _) => {
+                    if let Some(unfair) = &mut unfair {
+                        unfair_workers = workers_round(unfair_workers, iterations, unfair)
+                            .await
+                            .map_err(|e| crate::compare_error(format!("lockkit, non-fair: {e}")))?;
+                    }
+                }
                 (0, _, _) => {
                     lockkit_workers = workers_round(lockkit_workers, iterations, &mut ours)
                         .await
@@ -282,6 +312,7 @@ pub(crate) async fn contended(
         }
     }
     drop(lockkit_workers);
+    drop(unfair_workers);
     for contender in contenders {
         contender.clean_up().await;
     }
@@ -292,6 +323,10 @@ pub(crate) async fn contended(
     }
     let expected = (ROUNDS * workers * iterations) as u64;
     let lockkit = ours.report(expected).await.map_err(store_error)?;
+    let non_fair = match unfair {
+        Some(unfair) => Some(unfair.report(expected).await.map_err(store_error)?),
+        None => None,
+    };
     let floor = match theirs {
         Some(theirs) => Some(theirs.report(expected).await.map_err(store_error)?),
         None => None,
@@ -316,6 +351,7 @@ pub(crate) async fn contended(
         max_wait_vs_floor: over(lockkit.wait_max_us, floor.as_ref(), |s| s.wait_max_us),
         max_wait_vs_peer: over(lockkit.wait_max_us, peer.as_ref(), |s| s.wait_max_us),
         lockkit,
+        non_fair,
         floor,
         peer,
     })
