@@ -1,22 +1,26 @@
-//! Queue waiters on etcd and ZooKeeper: what N waiters queued on one held key cost the servers
-//! while they wait, and how the queue drains once the holder lets go.
+//! Idle waiters: what N waiters queued on one held key cost the servers while they wait, and
+//! how the queue drains once the holder lets go.
 //!
-//! Per tier (etcd-3, zk-3 when up) and per N (10, 100, 1000 by default), spread over one
+//! Per tier (redis, redis-sentinel, redlock-5, etcd-3, zk-3 when up; `--tiers` picks) and
+//! per N (10, 100, 1000 by default), spread over one
 //! client or several: a holder takes the key, N waiters queue behind it and wait for
 //! `--wait` seconds, then the holder releases and every waiter takes the lock and gives it
 //! back at once. Printed per run, from the servers' own counters summed over the members
 //! (etcd: `grpc_server_started_total` over every method, and the MVCC range and txn totals of
-//! `/metrics` on the client URL; ZooKeeper: `zk_packets_received` of `mntr`), the request
+//! `/metrics` on the client URL; ZooKeeper: `zk_packets_received` of `mntr`; Redis:
+//! `total_commands_processed` of `INFO stats` on the server, the Sentinels' primary, or
+//! every Redlock node), the request
 //! rate during the wait, in total and per waiter, after subtracting the rate of an idle
 //! window measured just before (other clients of the same servers); the attempts and waits
 //! per waiter that the core asked of the backend (counted by `lockkit_core::testing::Recording`); whether the grants came in queue order (each grant's
 //! fencing token is its queue position, the own key's create revision or node's czxid, so a
-//! grant out of queue order shows as a token below the one before); and the time from the
-//! release to the last grant.
+//! grant out of queue order shows as a token below the one before; on Redis the token is the
+//! grant's, handed out in grant order, so the column says only that the grants were one at a
+//! time); and the time from the release to the last grant.
 //!
 //! ```sh
-//! compose/up.sh etcd zk
-//! cargo run --features etcd,zk --example waiters -- --counts 10,100,1000 --clients 1,4 --wait 30
+//! compose/up.sh redis sentinel redlock etcd zk
+//! cargo run --release --features redis,etcd,zk --example waiters -- --counts 10,100,1000 --clients 1 --wait 30
 //! ```
 
 use std::collections::BTreeMap;
@@ -51,7 +55,13 @@ fn settings() -> Result<Settings, BoxError> {
         clients: vec![1, 4],
         wait: Duration::from_secs(30),
         idle: Duration::from_secs(5),
-        tiers: vec!["etcd-3".into(), "zk-3".into()],
+        tiers: vec![
+            "redis".into(),
+            "redis-sentinel".into(),
+            "redlock-5".into(),
+            "etcd-3".into(),
+            "zk-3".into(),
+        ],
     };
     let mut args = std::env::args().skip(1);
     let list = |value: Option<String>| -> Result<Vec<usize>, BoxError> {
@@ -81,25 +91,50 @@ fn settings() -> Result<Settings, BoxError> {
 /// The servers' request counters, summed over the members.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
-    /// etcd: RPCs started (unary calls and streams); ZooKeeper: packets received.
+    /// etcd: RPCs started (unary calls and streams); ZooKeeper: packets received; Redis:
+    /// commands processed.
     requests: f64,
     /// etcd: MVCC ranges plus txns; ZooKeeper: always 0.
     reads: f64,
 }
 
-/// The `host:port` of every member in a `etcd://` or `zk://` URL.
+/// The `host:port` of every member in a `etcd://`, `zk://`, `redis://` or `redlock://` URL
+/// (of a `redis+sentinel://` URL: the Sentinels).
 fn members(url: &str) -> Vec<String> {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let hosts = rest.split(['/', '?']).next().unwrap_or_default();
     hosts.split(',').map(str::to_owned).collect()
 }
 
+/// Sends `request` to `member` and reads the answer until `complete` says it is whole or the
+/// server closes the connection, within 10 s.
+async fn ask_until(
+    member: &str,
+    request: &[u8],
+    complete: impl Fn(&str) -> bool + Send + Sync,
+) -> Result<String, BoxError> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(member).await?;
+        stream.write_all(request).await?;
+        let mut answer = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let n = stream.read(&mut chunk).await?;
+            answer.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&answer);
+            if n == 0 || complete(&text) {
+                return Ok::<_, BoxError>(text.into_owned());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .map_err(|_| format!("{member} did not answer within 10 s"))?
+}
+
+/// Sends `request` to `member` and reads until the server closes the connection.
 async fn ask(member: &str, request: &[u8]) -> Result<String, BoxError> {
-    let mut stream = TcpStream::connect(member).await?;
-    stream.write_all(request).await?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await?;
-    Ok(answer)
+    ask_until(member, request, |_| false).await
 }
 
 fn sum_of<'a>(text: &'a str, name: &'a str) -> f64 {
@@ -112,8 +147,56 @@ fn sum_of<'a>(text: &'a str, name: &'a str) -> f64 {
         .sum()
 }
 
+/// A RESP command of `args`, followed by `QUIT` (if `quit`) so that the server closes the
+/// connection after its answer (a Sentinel does not know `QUIT`).
+fn resp(args: &[&str], quit: bool) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len());
+    for arg in args {
+        out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    if quit {
+        out.push_str("*1\r\n$4\r\nQUIT\r\n");
+    }
+    out.into_bytes()
+}
+
+/// The servers that take a Redis tier's requests: the server, every Redlock node, or the
+/// primary the first Sentinel names.
+async fn redis_servers(tier: &str, url: &str) -> Result<Vec<String>, BoxError> {
+    if tier != "redis-sentinel" {
+        return Ok(members(url));
+    }
+    let master = url
+        .rsplit('/')
+        .next()
+        .ok_or("a Sentinel URL names its master")?;
+    let sentinel = members(url).remove(0);
+    let answer = ask_until(
+        &sentinel,
+        &resp(&["SENTINEL", "get-master-addr-by-name", master], false),
+        |text| text.lines().count() >= 5,
+    )
+    .await?;
+    let lines: Vec<&str> = answer.lines().collect();
+    match lines.as_slice() {
+        [_, _, host, _, port, ..] => Ok(vec![format!("{host}:{port}")]),
+        _ => Err(format!("the Sentinel answered {answer:?}").into()),
+    }
+}
+
 async fn counters(tier: &str, url: &str) -> Result<Counters, BoxError> {
     let mut total = Counters::default();
+    if tier.starts_with("redis") || tier.starts_with("redlock") {
+        for server in redis_servers(tier, url).await? {
+            let text = ask(&server, &resp(&["INFO", "stats"], true)).await?;
+            total.requests += text
+                .lines()
+                .find_map(|line| line.strip_prefix("total_commands_processed:"))
+                .and_then(|n| n.trim().parse::<f64>().ok())
+                .ok_or("INFO stats without total_commands_processed")?;
+        }
+        return Ok(total);
+    }
     for member in members(url) {
         if tier.starts_with("etcd") {
             let request = format!("GET /metrics HTTP/1.0\r\nHost: {member}\r\n\r\n");

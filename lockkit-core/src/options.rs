@@ -27,7 +27,10 @@ pub struct LockOptions {
     /// notification.
     #[serde(with = "humantime_serde")]
     pub backoff_min: Duration,
-    /// The longest pause between polling attempts.
+    /// The longest pause between polling attempts. A waiter that is woken by notifications
+    /// attempts again without one at the latest after the larger of this and a third of its
+    /// TTL (or when the holder's lease runs out), so an idle waiter costs the servers about
+    /// one request per third of a TTL.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
     /// The share of the TTL assumed lost to clock drift between client and server, on top of a
