@@ -203,7 +203,12 @@ impl RedlockBackend {
         // A queued waiter's rollback keeps its place (`keep`): the keys go to whoever is
         // first in each node's queue, itself again if nobody came before it. One that
         // reached too few nodes leaves the queue instead (`leave`).
-        let leave_args = self.release_args(&request.owner, None);
+        // A non-fair attempt's rollback is published: split votes leave every contender
+        // with a minority, and their rollbacks are what frees the lock for the next try.
+        let leave_args = self.release_args(
+            &request.owner,
+            (!request.fair).then_some(keys.channel.as_str()),
+        );
         let mut keep_args = leave_args.clone();
         if queues.is_some() {
             keep_args.extend([

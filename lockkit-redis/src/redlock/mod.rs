@@ -284,8 +284,8 @@ impl RedlockBackend {
     /// The arguments of the release script (its keys are the first four of [`Keys::release`]): a
     /// release hands the lock over to the first waiter in each node's queue, with a token
     /// proposed from this client's clock (see [`proposed_token`]), and, when it freed or
-    /// handed over the lock, publishes on `channel`, which wakes non-fair waiters (a
-    /// failed attempt's rollback publishes nothing: it would wake waiters to contend again).
+    /// handed over the lock, publishes on `channel`, which wakes non-fair waiters (a fair
+    /// attempt's rollback publishes nothing: its waiters queue, and wait for hand-overs).
     pub(super) fn release_args(&self, owner: &OwnerToken, channel: Option<&str>) -> Vec<String> {
         vec![
             owner.expose_hex(),
