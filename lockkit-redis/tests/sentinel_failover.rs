@@ -177,50 +177,113 @@ async fn zcard(addr: &str, key: &str) -> i64 {
         .unwrap()
 }
 
+/// A primary (started with `primary_args` on top), its replica and a Sentinel watching them,
+/// each killed by its PID when dropped.
+struct Group {
+    primary: Server,
+    replica: Server,
+    sentinel: Server,
+    namespace: String,
+}
+
+impl Group {
+    /// Starts the group and waits until the replica is linked and the Sentinel knows it;
+    /// `None` (after [`backend_missing`]) without a redis-server command.
+    async fn start(primary_args: &[&str]) -> Option<Group> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            backend_missing("the redis-server command");
+            return None;
+        }
+        let primary = Server::start_with(Role::Primary, primary_args);
+        let replica = Server::start(Role::ReplicaOf(primary.port));
+        let sentinel = Server::start(Role::SentinelOf(primary.port));
+        let (r, s) = (replica.addr(), sentinel.addr());
+        until("the replica's link", || async {
+            info(&r, "replication")
+                .await
+                .contains("master_link_status:up")
+        })
+        .await;
+        until("the Sentinel to know the replica", || async {
+            let Ok(mut con) = common::connect(&s).await else {
+                return false;
+            };
+            let replicas: redis::RedisResult<Vec<redis::Value>> = redis::cmd("SENTINEL")
+                .arg("REPLICAS")
+                .arg(MASTER)
+                .query_async(&mut con)
+                .await;
+            replicas.is_ok_and(|r| r.len() == 1)
+        })
+        .await;
+        Some(Group {
+            primary,
+            replica,
+            sentinel,
+            namespace: format!("lk-test-{:08x}", rand::random::<u32>()),
+        })
+    }
+
+    /// The primary's, the replica's and the Sentinel's `host:port`.
+    fn addrs(&self) -> (String, String, String) {
+        (
+            self.primary.addr(),
+            self.replica.addr(),
+            self.sentinel.addr(),
+        )
+    }
+
+    /// A client of the group's namespace through its Sentinel, with grants of `ttl`.
+    async fn client(&self, ttl: Duration) -> LockClient {
+        let url = format!("redis+sentinel://{}/{MASTER}", self.sentinel.addr());
+        let backend = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        LockClient::with_options(
+            Arc::new(backend),
+            &self.namespace,
+            LockOptions::default().with_ttl(ttl),
+        )
+        .unwrap()
+    }
+
+    /// Makes the Sentinel start a failover (it answers NOGOODSLAVE until it has talked to
+    /// the replica itself).
+    async fn fail_over(&self) {
+        let s = self.sentinel.addr();
+        until("the Sentinel to start the failover", || async {
+            let Ok(mut con) = common::connect(&s).await else {
+                return false;
+            };
+            let started: redis::RedisResult<()> = redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(MASTER)
+                .query_async(&mut con)
+                .await;
+            started.is_ok()
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        backend_missing("the redis-server command");
+    let Some(group) = Group::start(&[]).await else {
         return;
-    }
-    let primary = Server::start(Role::Primary);
-    let replica = Server::start(Role::ReplicaOf(primary.port));
-    let sentinel = Server::start(Role::SentinelOf(primary.port));
-    let (p, r, s) = (primary.addr(), replica.addr(), sentinel.addr());
-    until("the replica's link", || async {
-        info(&r, "replication")
-            .await
-            .contains("master_link_status:up")
-    })
-    .await;
-    until("the Sentinel to know the replica", || async {
-        let Ok(mut con) = common::connect(&s).await else {
-            return false;
-        };
-        let replicas: redis::RedisResult<Vec<redis::Value>> = redis::cmd("SENTINEL")
-            .arg("REPLICAS")
-            .arg(MASTER)
-            .query_async(&mut con)
-            .await;
-        replicas.is_ok_and(|r| r.len() == 1)
-    })
-    .await;
-
-    let config = RedisConfig::from_url(&format!("redis+sentinel://{s}/{MASTER}")).unwrap();
-    let ns = format!("lk-test-{:08x}", rand::random::<u32>());
+    };
+    let (p, r, s) = group.addrs();
     // Long enough to outlast the failover: the holders' copies on the replica are those of
     // their last renewal before the promotion.
     let ttl = Duration::from_secs(15);
-    let client = || async {
-        let backend = RedisBackend::connect(config.clone()).await.unwrap();
-        LockClient::with_options(Arc::new(backend), &ns, LockOptions::default().with_ttl(ttl))
-            .unwrap()
-    };
-    let (a, b, c) = (client().await, client().await, client().await);
+    let (a, b, c) = (
+        group.client(ttl).await,
+        group.client(ttl).await,
+        group.client(ttl).await,
+    );
     let first = a.semaphore("pool", 2).unwrap().acquire().await.unwrap();
     let second = b.semaphore("pool", 2).unwrap().acquire().await.unwrap();
     // A mutex and a read-write lock's writer held over the failover too: their renewals
@@ -231,29 +294,13 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
     let writers = format!("{}:rw:holders", common::lock_key(&a.key("pool").unwrap()));
     let lock_key = common::lock_key(&a.key("pool").unwrap());
     until("the holders and the locks on the replica", || async {
-        let mut con = common::connect(&r).await.unwrap();
-        let locked: bool = redis::cmd("EXISTS")
-            .arg(&lock_key)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        zcard(&r, &holders).await == 2 && locked && zcard(&r, &writers).await == 1
+        zcard(&r, &holders).await == 2
+            && exists(&r, &lock_key).await
+            && zcard(&r, &writers).await == 1
     })
     .await;
 
-    // NOGOODSLAVE until the Sentinel has talked to the replica itself.
-    until("the Sentinel to start the failover", || async {
-        let Ok(mut con) = common::connect(&s).await else {
-            return false;
-        };
-        let started: redis::RedisResult<()> = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg(MASTER)
-            .query_async(&mut con)
-            .await;
-        started.is_ok()
-    })
-    .await;
+    group.fail_over().await;
     until("the replica's promotion", || async {
         sentinel_master(&s).await.as_deref() == Some(r.as_str())
             && info(&r, "replication").await.contains("role:master")
@@ -342,7 +389,7 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
     assert!(granted.fencing_token() > second.fencing_token());
     assert!(granted.release().await.unwrap());
     assert!(second.release().await.unwrap());
-    drop((p, sentinel, replica, primary));
+    drop(group);
 }
 
 /// A backend follows the Sentinel's `+switch-master` announcement without a failed request.
@@ -353,14 +400,6 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
 /// the new primary expired it and granted it to another client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        backend_missing("the redis-server command");
-        return;
-    }
     let undemotable = [
         "--rename-command",
         "REPLICAOF",
@@ -369,28 +408,14 @@ async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers(
         "SLAVEOF",
         "",
     ];
-    let primary = Server::start_with(Role::Primary, &undemotable);
-    let replica = Server::start(Role::ReplicaOf(primary.port));
-    let sentinel = Server::start(Role::SentinelOf(primary.port));
-    let (p, r, s) = (primary.addr(), replica.addr(), sentinel.addr());
-    until("the replica's link", || async {
-        info(&r, "replication")
-            .await
-            .contains("master_link_status:up")
-    })
-    .await;
-
-    let config = RedisConfig::from_url(&format!("redis+sentinel://{s}/{MASTER}")).unwrap();
-    let ns = format!("lk-test-{:08x}", rand::random::<u32>());
+    let Some(group) = Group::start(&undemotable).await else {
+        return;
+    };
+    let (p, r, s) = group.addrs();
     // Renewed every 5 s: the copy the replica has at its promotion lives 10 s or more, time
     // enough for the announcement and the next renewal, on a busy machine too.
     let ttl = Duration::from_secs(15);
-    let client = || async {
-        let backend = RedisBackend::connect(config.clone()).await.unwrap();
-        LockClient::with_options(Arc::new(backend), &ns, LockOptions::default().with_ttl(ttl))
-            .unwrap()
-    };
-    let a = client().await;
+    let a = group.client(ttl).await;
     let held = a.mutex("held").unwrap().lock().await.unwrap();
     let held_key = common::lock_key(&a.key("held").unwrap());
     until("the lock on the replica", || async {
@@ -398,18 +423,7 @@ async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers(
     })
     .await;
 
-    until("the Sentinel to start the failover", || async {
-        let Ok(mut con) = common::connect(&s).await else {
-            return false;
-        };
-        let started: redis::RedisResult<()> = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg(MASTER)
-            .query_async(&mut con)
-            .await;
-        started.is_ok()
-    })
-    .await;
+    group.fail_over().await;
     until("the announcement", || async {
         sentinel_master(&s).await.as_deref() == Some(r.as_str())
     })
@@ -440,7 +454,7 @@ async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers(
     .await;
 
     // The held lock is renewed on the new primary: nobody gets it there, past its TTL.
-    let b = client().await;
+    let b = group.client(ttl).await;
     let watch_until = Instant::now() + ttl + Duration::from_secs(1);
     while Instant::now() < watch_until {
         if let Ok(Some(granted)) = b.mutex("held").unwrap().try_lock().await {
@@ -453,7 +467,7 @@ async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers(
     }
     assert!(!held.is_lost(), "the lock was lost over the failover");
     assert!(held.release().await.unwrap());
-    drop((sentinel, replica, primary));
+    drop(group);
 }
 
 async fn exists(addr: &str, key: &str) -> bool {
