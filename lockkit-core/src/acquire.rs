@@ -297,15 +297,11 @@ impl Acquisition<'_> {
                 let delay = self.backoff.next_delay();
                 holder_gone_by.map_or(delay, |gone| delay.min(gone))
             }
-            // Notifications wake us, and a backend that notifies notices a notification it may
-            // have missed (the Redis backends wake every waiter when their pub/sub connection
-            // drops, and probe one that went silent): the cap is a backstop, at the rhythm in
-            // which a queued waiter refreshes its entry anyway (a third of its TTL), so that
-            // an idle waiter costs the servers nothing more while the holder holds.
-            WaitStrategy::Notify => {
-                let cap = self.options.backoff_max.max(self.pending.request.ttl / 3);
-                holder_gone_by.map_or(cap, |gone| gone.min(cap))
-            }
+            // Notifications wake us; the cap only covers a missed notification (a pub/sub
+            // reconnect, say), so one missed message costs at most `backoff_max`.
+            WaitStrategy::Notify => holder_gone_by.map_or(self.options.backoff_max, |gone| {
+                gone.min(self.options.backoff_max)
+            }),
             // A queue waiter's watch ends by itself whenever the predecessor may have gone
             // (the `WaitStrategy::Queue` contract), so there is no message to miss and no
             // timer: only the wait deadline bounds it. A periodic re-check would cost an

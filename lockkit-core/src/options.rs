@@ -27,10 +27,7 @@ pub struct LockOptions {
     /// notification.
     #[serde(with = "humantime_serde")]
     pub backoff_min: Duration,
-    /// The longest pause between polling attempts. A waiter that is woken by notifications
-    /// attempts again without one at the latest after the larger of this and a third of its
-    /// TTL (or when the holder's lease runs out), so an idle waiter costs the servers about
-    /// one request per third of a TTL.
+    /// The longest pause between polling attempts.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
     /// The share of the TTL assumed lost to clock drift between client and server, on top of a
@@ -50,12 +47,16 @@ pub struct LockOptions {
     ///
     /// - **Fair** (first come, first served): a release hands the lock to the longest
     ///   waiting acquirer, so no waiter starves and the longest wait is bounded by the queue
-    ///   ahead of it. A hand-over costs a notification's trip to the next waiter, during
-    ///   which the lock is idle.
-    /// - **Non-fair**: a release frees the lock and wakes a waiter, and whoever asks first
-    ///   takes it, often the releasing process itself. More grants per second under
-    ///   contention; a waiter can be passed over again and again (rslock's and Redisson's
-    ///   `RLock` behaviour).
+    ///   ahead of it. The next holder gets the lock without an acquire round trip, by a
+    ///   notification's trip during which the lock is idle.
+    /// - **Non-fair**: a release frees the lock and wakes a waiter (one per process), and
+    ///   whoever asks first takes it, often the releasing process itself; a waiter can be
+    ///   passed over again and again (rslock's and Redisson's `RLock` behaviour). It is not
+    ///   the faster choice under contention from many processes: every process woken by a
+    ///   release attempts, where a hand-over sends nothing, and the comparison suite's W2
+    ///   (8 processes on one key) measured it slower than the fair lock on every Redis tier
+    ///   (`docs/measurements.md`). It suits a process that re-takes a lock it just released
+    ///   while others rarely want it.
     ///
     /// Both keep exclusion, fencing, the lost signal and cancel safety, and fair and non-fair
     /// acquirers of one key exclude each other (a non-fair one can take a free lock ahead of

@@ -227,9 +227,9 @@ struct RunArgs {
     /// the configuration's lock.fair).
     #[arg(long, overrides_with = "no_fair")]
     fair: bool,
-    /// Do not wait in line: a release frees the lock and whoever asks first takes it (more
-    /// runs per second under contention; a run can be passed over). etcd and ZooKeeper
-    /// locks stay fair.
+    /// Do not wait in line: a release frees the lock and whoever asks first takes it (a run
+    /// can be passed over; not faster under contention, see docs/measurements.md). etcd and
+    /// ZooKeeper locks stay fair.
     #[arg(long, overrides_with = "fair")]
     no_fair: bool,
     /// KEY is a semaphore of N permits (1 to 1024): run CMD holding one of them.
