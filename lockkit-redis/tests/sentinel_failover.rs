@@ -28,7 +28,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockkit_core::testing::backend_missing;
 use lockkit_core::{LockClient, LockOptions};
 use lockkit_redis::{RedisBackend, RedisConfig};
 
@@ -188,14 +187,9 @@ struct Group {
 
 impl Group {
     /// Starts the group and waits until the replica is linked and the Sentinel knows it;
-    /// `None` (after [`backend_missing`]) without a redis-server command.
+    /// `None` (after saying so) without a redis-server command.
     async fn start(primary_args: &[&str]) -> Option<Group> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            backend_missing("the redis-server command");
+        if !common::private::redis_server_installed() {
             return None;
         }
         let primary = Server::start_with(Role::Primary, primary_args);

@@ -5,11 +5,12 @@
 #![cfg(feature = "tls")]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lockkit_core::testing::backend_missing;
 use lockkit_core::{ErrorKind, LockClient};
 use lockkit_redis::{RedisBackend, RedisConfig};
 
@@ -98,12 +99,7 @@ fn start(certs: &Path, client_auth: ClientAuth) -> TlsRedis {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_trusts_the_configured_ca_and_refuses_plaintext_and_unknown_cas() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        backend_missing("the redis-server command");
+    if !common::private::redis_server_installed() {
         return;
     }
     let Some(certs) = certificates() else {
@@ -166,12 +162,7 @@ async fn tls_trusts_the_configured_ca_and_refuses_plaintext_and_unknown_cas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_presents_the_client_certificate() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        backend_missing("the redis-server command");
+    if !common::private::redis_server_installed() {
         return;
     }
     let Some(certs) = certificates() else {

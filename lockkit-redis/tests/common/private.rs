@@ -29,16 +29,24 @@ pub struct PrivateRedis {
     dir: PathBuf,
 }
 
+/// Whether this machine has the redis-server command; if not, says so ([`backend_missing`]:
+/// a failure under `LOCKKIT_REQUIRE_BACKENDS=1`).
+pub fn redis_server_installed() -> bool {
+    let installed = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !installed {
+        backend_missing("the redis-server command");
+    }
+    installed
+}
+
 impl PrivateRedis {
     /// Starts a redis-server with `args` on a free port, or `None` (after
     /// [`backend_missing`]) when there is no redis-server command.
     pub fn start(args: &[&str]) -> Option<PrivateRedis> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            backend_missing("the redis-server command");
+        if !redis_server_installed() {
             return None;
         }
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
