@@ -42,12 +42,12 @@ pub struct LockOptions {
     /// `down-after-milliseconds` up to a few seconds. `try_lock` never retries errors.
     #[serde(with = "humantime_serde")]
     pub error_budget: Duration,
-    /// Whether a contended mutex goes to its waiters in the order they came (`true`, the
-    /// default) or to whoever asks first after a release (`false`).
+    /// Whether a contended mutex or semaphore goes to its waiters in the order they came
+    /// (`true`, the default) or to whoever asks first after a release (`false`).
     ///
-    /// - **Fair** (first come, first served): a release hands the lock to the longest
-    ///   waiting acquirer, so no waiter starves and the longest wait is bounded by the queue
-    ///   ahead of it. The next holder gets the lock without an acquire round trip, by a
+    /// - **Fair** (first come, first served): a release hands the lock (or the permit) to the
+    ///   longest waiting acquirer, so no waiter starves and the longest wait is bounded by the
+    ///   queue ahead of it; no later acquirer takes a permit while one waits. The next holder gets the lock without an acquire round trip, by a
     ///   notification's trip during which the lock is idle.
     /// - **Non-fair**: a release frees the lock and wakes a waiter (one per process), and
     ///   whoever asks first takes it, often the releasing process itself; a waiter can be
@@ -62,10 +62,12 @@ pub struct LockOptions {
     /// acquirers of one key exclude each other (a non-fair one can take a free lock ahead of
     /// fair waiters queued for it; a release still hands over to them). It applies to
     /// mutexes (also within `lock_all` and an election's candidacy) on the Redis backends
-    /// (single, Sentinel, Cluster, Redlock) and the memory backend; etcd's and ZooKeeper's
-    /// locks are queues by construction (a key or sequential node per waiter, granted in
-    /// creation order) and stay fair whatever it says. Semaphores and read-write locks are
-    /// not affected.
+    /// (single, Sentinel, Cluster, Redlock) and the memory backend, and to semaphores on
+    /// those of them that have semaphores (Redlock has none); etcd's and ZooKeeper's locks
+    /// and semaphores are queues by construction (a key or sequential node per waiter,
+    /// granted in creation order) and stay fair whatever it says. A read-write lock's
+    /// writers queue and are served in order on every backend whatever it says; its readers
+    /// share.
     pub fair: bool,
 }
 

@@ -18,11 +18,15 @@
 //!   [`ErrorKind::QuorumNotReached`]. Each kind's reply type says how to read the reply and
 //!   whether it is a grant ([`AcquireScriptReply`]).
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold};
 use lockkit_core::{Error, ErrorKind, Result};
 use redis::{Script, Value};
 
 use crate::backend::RedisBackend;
+use crate::connection::Epoch;
 use crate::error::{BACKEND, refused_in_pipeline, unexpected};
 use crate::scripts::{self, AcquireReply, Keys, millis};
 
@@ -51,55 +55,96 @@ impl AcquireScriptReply for AcquireReply {
     }
 }
 
+/// Whether `request`'s waiter queues on the server and is handed its grant there (a fair
+/// mutex's or semaphore's, any writer's), rather than listening for releases and attempting
+/// again.
+pub(crate) fn queues(request: &AcquireRequest) -> bool {
+    request.hold == Hold::Write
+        || (request.fair && matches!(request.hold, Hold::Exclusive | Hold::Permit { .. }))
+}
+
+/// A waiter registered before its attempt (see [`RedisBackend::register`]).
+#[derive(Default)]
+pub(crate) struct Waiter {
+    /// Where the wait listens was subscribed by then, as of this notification count.
+    marker: Option<u64>,
+    /// The name a fair waiter's attempt queues under (see `Handover::attempting`).
+    queued_as: Option<String>,
+    /// A fair waiter's inbox, and the owner digest it is registered under.
+    inbox: Option<(Arc<Epoch>, String)>,
+}
+
+impl Waiter {
+    /// The attempt was granted: a fair waiter expects no hand-over any more.
+    pub(crate) fn granted(&self, grant: Grant) -> Attempt {
+        if let Some((epoch, digest)) = &self.inbox {
+            epoch.notifier.inbox().forget(digest);
+        }
+        Attempt::Granted(grant)
+    }
+
+    /// The attempt of `request` was refused; the first of what kept it out ends after
+    /// `retry_after`, if it said. The script wrote nothing for a try or a non-fair attempt;
+    /// a fair waiter's attempt queued it.
+    pub(crate) fn contended(
+        &self,
+        request: &AcquireRequest,
+        retry_after: Option<Duration>,
+    ) -> Attempt {
+        let contention = match self.marker {
+            Some(marker) => Contention::new().with_marker(marker),
+            None => Contention::new(),
+        };
+        let contention = if request.wait && queues(request) {
+            contention
+        } else {
+            contention.with_nothing_left()
+        };
+        Attempt::Contended(match retry_after {
+            Some(retry_after) => contention.with_retry_after(retry_after),
+            None => contention,
+        })
+    }
+}
+
 impl RedisBackend {
     /// One attempt at the mutex of `request.key`, fair or not.
     pub(crate) async fn try_acquire_mutex(&self, request: &AcquireRequest) -> Result<Attempt> {
         let keys = Keys::of(&request.key);
-        // Registered before the attempt that may queue it, so that no hand-over announced
-        // from then on is missed; the marker tells the wait whether the inbox (or, non-fair,
-        // the release channel) was subscribed.
-        let epoch = request.wait.then(|| self.primary.epoch());
-        let notifier = epoch.as_ref().map(|epoch| &epoch.notifier);
-        let (marker, digest, queued_as) = match notifier {
-            Some(notifier) if request.fair => {
-                let digest = request.owner.digest_hex();
-                let queued_as = notifier.inbox().expect(&digest).attempting(&digest);
-                let marker = notifier.marker(&notifier.inbox_channel(&request.key));
-                (marker, Some(digest), Some(queued_as))
-            }
-            Some(notifier) => (notifier.marker(&keys.channel), None, None),
-            None => (None, None, None),
-        };
-        let args = self.acquire_args(request, queued_as.as_deref());
+        let waiter = self.register(request, &keys.channel);
+        let args = self.acquire_args(request, &waiter);
         let all = keys.acquire();
         let keys = if request.fair { &all[..] } else { &all[..2] };
         let reply = self
             .acquire_with(request, &self.publishing().acquire, keys, &args)
             .await?;
-        match reply {
-            AcquireReply::Granted(token) => {
-                if let (Some(notifier), Some(digest)) = (notifier, &digest) {
-                    notifier.inbox().forget(digest);
-                }
-                Ok(Attempt::Granted(Grant::new(token, request.ttl)))
-            }
-            AcquireReply::Contended(remaining) => {
-                let contention = match marker {
-                    Some(marker) => Contention::new().with_marker(marker),
-                    None => Contention::new(),
-                };
-                // The script writes nothing for a try or a non-fair attempt that does not
-                // get the lock; a fair waiter's attempt queued it.
-                let contention = if request.wait && request.fair {
-                    contention
-                } else {
-                    contention.with_nothing_left()
-                };
-                Ok(Attempt::Contended(match remaining {
-                    Some(remaining) => contention.with_retry_after(remaining),
-                    None => contention,
-                }))
-            }
+        Ok(match reply {
+            AcquireReply::Granted(token) => waiter.granted(Grant::new(token, request.ttl)),
+            AcquireReply::Contended(remaining) => waiter.contended(request, remaining),
+        })
+    }
+
+    /// Registers `request`'s waiter, if it will wait, before the attempt that may queue it,
+    /// so that no hand-over announced from then on is missed: a fair waiter on its backend's
+    /// inbox, a non-fair one (or a kind that does not queue) on `channel`, what it listens on
+    /// for releases. The marker tells the wait whether that was subscribed.
+    pub(crate) fn register(&self, request: &AcquireRequest, channel: &str) -> Waiter {
+        let Some(epoch) = request.wait.then(|| self.primary.epoch()) else {
+            return Waiter::default();
+        };
+        let notifier = &epoch.notifier;
+        if !queues(request) {
+            return Waiter {
+                marker: notifier.marker(channel),
+                ..Waiter::default()
+            };
+        }
+        let digest = request.owner.digest_hex();
+        let queued_as = notifier.inbox().expect(&digest).attempting(&digest);
+        Waiter {
+            marker: notifier.marker(&notifier.inbox_channel(&request.key)),
+            queued_as: Some(queued_as),
+            inbox: Some((epoch.clone(), digest)),
         }
     }
 
@@ -146,22 +191,9 @@ impl RedisBackend {
         Err(self.unreplicated(acked))
     }
 
-    /// The arguments of the acquire script for `request` (its keys are [`Keys::acquire`]): a
-    /// request that will wait queues under the name `queued_as` (see
-    /// `Handover::attempting`), its hand-over announced on this epoch's inbox (unless its
-    /// waiters poll).
-    fn acquire_args(&self, request: &AcquireRequest, queued_as: Option<&str>) -> [String; 8] {
-        let (queue, name, inbox) = match queued_as {
-            Some(name) => {
-                let inbox = if self.notifies() {
-                    self.primary.epoch().notifier.inbox().name().to_owned()
-                } else {
-                    String::new()
-                };
-                ("1".to_owned(), name.to_owned(), inbox)
-            }
-            None => (String::new(), String::new(), String::new()),
-        };
+    /// The arguments of the acquire script for `request` (its keys are [`Keys::acquire`]).
+    fn acquire_args(&self, request: &AcquireRequest, waiter: &Waiter) -> [String; 8] {
+        let [queue, name, inbox] = self.queue_args(waiter);
         [
             request.owner.expose_hex(),
             millis(request.ttl).to_string(),
@@ -172,6 +204,22 @@ impl RedisBackend {
             inbox,
             String::new(),
         ]
+    }
+
+    /// The queue's arguments of a kind's acquire script for `waiter`: whether it queues
+    /// (`"1"`, or empty), the name it queues under (see `Handover::attempting`), and the
+    /// inbox its hand-over is announced on (empty while its waiters poll).
+    pub(crate) fn queue_args(&self, waiter: &Waiter) -> [String; 3] {
+        match &waiter.queued_as {
+            Some(name) => {
+                let inbox = match &waiter.inbox {
+                    Some((epoch, _)) if self.notifies() => epoch.notifier.inbox().name().to_owned(),
+                    _ => String::new(),
+                };
+                ["1".to_owned(), name.clone(), inbox]
+            }
+            None => Default::default(),
+        }
     }
 
     /// A script's `invocation` and `WAIT min_replicas replica_timeout` in one pipeline, on

@@ -260,7 +260,7 @@ impl LockBackend for RedisBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        if request.hold == Hold::Exclusive && request.fair {
+        if crate::acquire::queues(request) {
             return self.wait_for_handover(request, contention, max_wait).await;
         }
         self.wait_for_release(request, contention, max_wait).await

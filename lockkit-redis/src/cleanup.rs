@@ -76,11 +76,11 @@ impl RedisBackend {
         let publishing = self.publishing();
         let (invocation, what) = match hold {
             Hold::Permit { .. } => (
-                semaphore::release_invocation(publishing, key, owner),
+                semaphore::release_invocation(publishing, key, owner, self.config.fence_ttl),
                 "giving a permit back",
             ),
             Hold::Read | Hold::Write => (
-                crate::rwlock::release_invocation(publishing, key, owner),
+                crate::rwlock::release_invocation(publishing, key, owner, self.config.fence_ttl),
                 "releasing a read-write lock",
             ),
             _ => (self.mutex_release_invocation(key, owner), "releasing"),
@@ -122,7 +122,7 @@ impl RedisBackend {
     /// waiting entry, if any, released.
     pub(crate) async fn clean_up(&self, request: &AcquireRequest) -> Result<()> {
         let notifier = &self.primary.epoch().notifier;
-        if request.hold == Hold::Exclusive && request.fair {
+        if crate::acquire::queues(request) {
             notifier.inbox().forget(&request.owner.digest_hex());
         } else {
             // This acquisition may have taken the wake-up of a release: another waiter retries.

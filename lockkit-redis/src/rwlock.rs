@@ -1,6 +1,6 @@
 //! Read-write locks on one Redis server or a Sentinel primary: the holders of a key's rwlock
 //! (readers, or one writer) and the writers waiting for it, each operation one script
-//! (`scripts/rwlock_*.lua`, after the semaphore's prelude).
+//! (`scripts/rwlock_*.lua`, after the queue's and the semaphore's preludes).
 //!
 //! # Construction
 //! - **Holders** are a ZSET of owner digests scored by their expiry (ms, server clock: one
@@ -8,13 +8,19 @@
 //!   of the holder that writes. Renewal and `is_held` are the semaphore's scripts on these
 //!   keys (the writer key stands where the semaphore's permits count does, and lives as long
 //!   as the holders).
-//! - **A waiting writer** is a member of the waiting ZSET, scored by `now + TTL`: a write
-//!   attempt that is refused and waits (`wait == true`) records or refreshes it, its grant
-//!   removes it, an abandoned acquisition's clean-up removes it. `try_write` records nothing.
-//! - **The acquire script**, on the server's clock, first drops the expired holders and
-//!   records, then grants a reader while no live writer holds and no live record exists,
-//!   and a writer while there is no holder at all. A retry of an owner that holds finds its
-//!   grant (same token, extended).
+//! - **Waiting writers** queue as a mutex's waiters do (`scripts/queue.lua`: a ZSET by turn
+//!   and each one's entry, one TTL long, refreshed by each of its attempts): a write attempt
+//!   that is refused and waits (`wait == true`) queues, its grant takes it out, an abandoned
+//!   acquisition's clean-up takes it out. `try_write` queues nothing. Writers queue whatever
+//!   [`LockOptions::fair`](lockkit_core::LockOptions::fair) says: the queue is what keeps a
+//!   stream of readers from starving them, and it serves them in order.
+//! - **The acquire script**, on the server's clock, first drops the expired holders and the
+//!   lapsed entries ahead of the first live waiting writer, then grants a reader while no
+//!   live writer holds and no writer waits, and a writer while nobody holds and no writer
+//!   waits ahead of it. A lock that nobody holds while a writer waits goes to that writer
+//!   (handed over, by whichever script finds it so: a release, or any attempt after the
+//!   holders expired), announced on its inbox, so the writer holds it without another
+//!   request. A retry of an owner that holds finds its grant (same token, extended).
 //! - **Fencing**: every grant, read or write, takes `max(counter + 1, clock in µs)` from the
 //!   rwlock's own counter, as the mutex and the semaphore do: a write grant comes after every
 //!   earlier grant of the key, so its token is above all of theirs, also after the counter
@@ -22,34 +28,34 @@
 //!
 //! # Why it is correct
 //! Each script runs atomically on one server and decides on what it sees after pruning, so
-//! a writer is granted only when the holders set is empty, and while it holds (it is in the
-//! set, marked as the writer) no reader or writer is granted. Readers share because nothing
-//! but a writer, holding or waiting, refuses them. A stream of readers cannot starve a
-//! writer: once its first attempt recorded it, every new reader is refused, so the readers
-//! holding drain within their TTL (sooner when they release) and the writer's next attempt
-//! is granted. Writers among themselves race (no order among waiting writers).
+//! a writer is granted (or handed the lock) only when the holders set is empty, and while it
+//! holds (it is in the set, marked as the writer) no reader or writer is granted. Readers
+//! share because nothing but a writer, holding or waiting, refuses them. A stream of readers
+//! cannot starve a writer: once its first attempt queued it, every new reader is refused, so
+//! the readers holding drain within their TTL (sooner when they release) and the last one's
+//! release hands the lock over. Writers are served in the order they queued: only the first
+//! live one is ever granted while others wait.
 //!
 //! # What bounds a dead waiting writer
 //! A waiting writer whose process died (or that stopped attempting without an abandon) keeps
-//! new readers out until its record expires: one TTL after its last attempt, and the first
-//! reader attempt after that removes it and wakes the other readers. A live waiting writer
-//! refreshes its record in time: its contention hint is at most a third of its TTL, and the
-//! core waits no longer than the hint, woken or not (with notifications; when polling, its
-//! pause is the hint plus a jitter of at most `backoff_min`, so it keeps the record while
-//! `backoff_min` stays below two thirds of the TTL). A retryable error streak that outlasts
-//! the TTL lets the record lapse: readers may then go first, never in together with it.
+//! new readers out until its entry lapses: one TTL after its last attempt; the first script
+//! after that drops it and wakes the readers, and a lock handed to it lapses with its entry.
+//! A live waiting writer refreshes its entry in time: it waits at most a third of its TTL
+//! between attempts, woken or not (when polling, its pause is that plus a jitter of at most
+//! `backoff_min`, so it keeps its entry while `backoff_min` stays below two thirds of the
+//! TTL). A retryable error streak that outlasts the TTL lets the entry lapse: readers may
+//! then go first, never in together with it.
 //!
 //! # Waking
-//! Readers and writers wait on two channels, so that one release wakes a waiter that can
-//! use it (a release wakes one waiter per process and channel): a reader's release, an
-//! expired holder, wake a writer (`...:rw:writers`); a writer's release or expiry, and a
-//! waiting writer's record going (abandoned or expired), wake a reader (`...:rw:readers`).
-//! A reader granted after waiting passes the wake-up on to the next waiting reader of its
-//! process, since it may share the lock too.
+//! A waiting writer is woken by its hand-over's announcement on its inbox. Readers wait on
+//! the readers' channel (`...:rw:readers`): a writer's release or expiry, and a waiting
+//! writer's entry going (abandoned or lapsed), wake one reader per process; a reader granted
+//! after waiting passes the wake-up on to the next waiting reader of its process, since it
+//! may share the lock too.
 
 use std::time::Duration;
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease, OwnerToken};
+use lockkit_core::backend::{AcquireRequest, Attempt, Grant, Hold, Lease, OwnerToken};
 use lockkit_core::{FencingToken, LockKey, Result};
 use redis::{ScriptInvocation, Value};
 
@@ -75,12 +81,14 @@ pub(crate) struct RwKeys {
     pub(crate) writer: String,
     /// The counter every grant increments.
     pub(crate) fence: String,
-    /// ZSET: waiting writer's owner digest -> expiry of its record (ms, server clock).
+    /// The waiting writers' queue: ZSET owner digest -> turn (`scripts/queue.lua`).
     pub(crate) waiting: String,
+    /// HASH owner digest -> the waiting writer's entry (`scripts/queue.lua`).
+    pub(crate) entries: String,
+    /// The mutex key of the rwlock's name, which a Cluster's inbox channels carry.
+    pub(crate) lock: String,
     /// Where waiting readers listen: a writer (holding or waiting) went.
     pub(crate) readers_channel: String,
-    /// Where waiting writers listen: a holder went.
-    pub(crate) writers_channel: String,
 }
 
 impl RwKeys {
@@ -92,29 +100,22 @@ impl RwKeys {
             writer: format!("{base}:writer"),
             fence: format!("{base}:fence"),
             waiting: format!("{base}:waiting"),
+            entries: format!("{base}:waiting:entries"),
+            lock: crate::scripts::Keys::of(key).lock,
             readers_channel: format!("lockkit:released:{base}:readers"),
-            writers_channel: format!("lockkit:released:{base}:writers"),
         }
     }
 
     /// The keys in the order the scripts take them.
-    fn all(&self) -> [&str; 5] {
+    fn all(&self) -> [&str; 6] {
         [
             &self.holders,
             &self.tokens,
             &self.writer,
             &self.fence,
             &self.waiting,
+            &self.entries,
         ]
-    }
-
-    /// The channel waiters for `hold` listen on.
-    pub(crate) fn channel(&self, hold: Hold) -> &str {
-        if hold == Hold::Write {
-            &self.writers_channel
-        } else {
-            &self.readers_channel
-        }
     }
 }
 
@@ -168,27 +169,9 @@ impl AcquireScriptReply for RwReply {
     }
 }
 
-/// The acquire script's arguments for `request`.
-fn acquire_args(keys: &RwKeys, request: &AcquireRequest, fence_ttl: Duration) -> [String; 7] {
-    [
-        request.owner.digest_hex(),
-        millis(request.ttl).to_string(),
-        if request.hold == Hold::Write {
-            "write"
-        } else {
-            "read"
-        }
-        .to_owned(),
-        if request.wait { "1" } else { "0" }.to_owned(),
-        millis(fence_ttl).to_string(),
-        keys.readers_channel.clone(),
-        keys.writers_channel.clone(),
-    ]
-}
-
 /// How long a refused request may wait before its next attempt: until the first of what
 /// keeps it out expires, and a waiting writer no longer than a third of its TTL, so that it
-/// refreshes its record (one TTL long) in time.
+/// refreshes its entry (one TTL long) in time.
 fn retry_after(request: &AcquireRequest, blocked_for: Duration) -> Duration {
     if request.hold == Hold::Write && request.wait {
         blocked_for.min(request.ttl / 3)
@@ -197,12 +180,13 @@ fn retry_after(request: &AcquireRequest, blocked_for: Duration) -> Duration {
     }
 }
 
-/// The rwlock's release script for `owner`'s read or write lock of `key`, which drops its
-/// waiting writer record too (see [`RedisBackend::release_on`]).
+/// The rwlock's release script for `owner`'s read or write lock of `key`, which takes its
+/// waiting writer out of the queue too (see [`RedisBackend::release_on`]).
 pub(crate) fn release_invocation(
     publishing: &'static Publishing,
     key: &LockKey,
     owner: &OwnerToken,
+    fence_ttl: Duration,
 ) -> ScriptInvocation<'static> {
     let keys = RwKeys::of(key);
     let mut invocation = publishing.rwlock_release.prepare_invoke();
@@ -210,7 +194,8 @@ pub(crate) fn release_invocation(
         .key(&keys.all()[..])
         .arg(owner.digest_hex())
         .arg(&keys.readers_channel)
-        .arg(&keys.writers_channel);
+        .arg(millis(fence_ttl))
+        .arg(&keys.lock);
     invocation
 }
 
@@ -221,16 +206,20 @@ impl RedisBackend {
             return Err(request.hold.unsupported(BACKEND));
         }
         let keys = RwKeys::of(&request.key);
-        let marker = request
-            .wait
-            .then(|| {
-                self.primary
-                    .epoch()
-                    .notifier
-                    .marker(keys.channel(request.hold))
-            })
-            .flatten();
-        let args = acquire_args(&keys, request, self.config.fence_ttl);
+        let waiter = self.register(request, &keys.readers_channel);
+        let [queue, name, inbox] = self.queue_args(&waiter);
+        let writes = request.hold == Hold::Write;
+        let args = [
+            request.owner.digest_hex(),
+            millis(request.ttl).to_string(),
+            if writes { "write" } else { "read" }.to_owned(),
+            queue,
+            millis(self.config.fence_ttl).to_string(),
+            keys.readers_channel.clone(),
+            name,
+            inbox,
+            keys.lock.clone(),
+        ];
         let reply: RwReply = self
             .acquire_with(
                 request,
@@ -241,24 +230,15 @@ impl RedisBackend {
             .await?;
         match reply {
             RwReply::Granted(token) => {
-                if request.hold == Hold::Read && request.wait {
+                if !writes && request.wait {
                     // Woken by a writer's going, this reader may not be the only one that can
                     // read now: the next waiting reader of this process tries too.
                     self.primary.epoch().notifier.pass_on(&keys.readers_channel);
                 }
-                Ok(Attempt::Granted(Grant::new(token, request.ttl)))
+                Ok(waiter.granted(Grant::new(token, request.ttl)))
             }
             RwReply::Blocked(blocked_for) => {
-                let mut contention =
-                    Contention::new().with_retry_after(retry_after(request, blocked_for));
-                // Only a writer that waits leaves something when refused: its record.
-                if !(request.hold == Hold::Write && request.wait) {
-                    contention = contention.with_nothing_left();
-                }
-                Ok(Attempt::Contended(match marker {
-                    Some(marker) => contention.with_marker(marker),
-                    None => contention,
-                }))
+                Ok(waiter.contended(request, Some(retry_after(request, blocked_for))))
             }
         }
     }
@@ -294,10 +274,6 @@ mod tests {
             keys.readers_channel,
             "lockkit:released:{ns/config}:rw:readers"
         );
-        assert_eq!(
-            keys.writers_channel,
-            "lockkit:released:{ns/config}:rw:writers"
-        );
         let mutex = scripts::Keys::of(&key);
         let permits = PermitKeys::of(&key);
         let others = [
@@ -308,6 +284,8 @@ mod tests {
             &permits.tokens,
             &permits.permits,
             &permits.fence,
+            &permits.queue,
+            &permits.entries,
         ];
         for k in keys.all() {
             assert!(
@@ -317,10 +295,8 @@ mod tests {
             assert_eq!(k.rfind('}'), Some("{ns/config".len()), "{k}");
             assert!(!others.iter().any(|other| other.as_str() == k), "{k}");
         }
-        for channel in [&keys.readers_channel, &keys.writers_channel] {
-            assert_ne!(channel, &mutex.channel);
-            assert_ne!(channel, &permits.channel);
-        }
+        assert_ne!(keys.readers_channel, mutex.channel);
+        assert_ne!(keys.readers_channel, permits.channel);
         // A name holding '}' ends its hash tag early, but its keys stay its own.
         let odd = LockKey::new("ns", "config}:rw:holders").expect("a valid key");
         assert_ne!(scripts::Keys::of(&odd).lock, keys.holders);

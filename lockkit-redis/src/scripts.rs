@@ -21,23 +21,35 @@ macro_rules! lua {
     };
 }
 
-const ACQUIRE_LUA: &str = lua!("mutex_prelude.lua", "acquire.lua");
-const RELEASE_LUA: &str = lua!("mutex_prelude.lua", "release.lua");
+const ACQUIRE_LUA: &str = lua!("queue.lua", "mutex_prelude.lua", "acquire.lua");
+const RELEASE_LUA: &str = lua!("queue.lua", "mutex_prelude.lua", "release.lua");
 const RENEW_LUA: &str = lua!("renew.lua");
 const INSPECT_LUA: &str = include_str!("../scripts/inspect.lua");
 const RAISE_FENCE_LUA: &str = lua!("raise_fence.lua");
-const FORCE_RELEASE_LUA: &str = lua!("mutex_prelude.lua", "force_release.lua");
+const FORCE_RELEASE_LUA: &str = lua!("queue.lua", "mutex_prelude.lua", "force_release.lua");
 const PROCLAIM_LUA: &str = include_str!("../scripts/proclaim.lua");
-const SEMAPHORE_ACQUIRE_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_acquire.lua");
-const SEMAPHORE_RELEASE_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_release.lua");
+const SEMAPHORE_ACQUIRE_LUA: &str = lua!(
+    "queue.lua",
+    "semaphore_prelude.lua",
+    "semaphore_queue.lua",
+    "semaphore_acquire.lua"
+);
+const SEMAPHORE_RELEASE_LUA: &str = lua!(
+    "queue.lua",
+    "semaphore_prelude.lua",
+    "semaphore_queue.lua",
+    "semaphore_release.lua"
+);
 const SEMAPHORE_RENEW_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_renew.lua");
 const SEMAPHORE_HOLDS_LUA: &str = lua!("semaphore_prelude.lua", "semaphore_holds.lua");
 const RWLOCK_ACQUIRE_LUA: &str = lua!(
+    "queue.lua",
     "semaphore_prelude.lua",
     "rwlock_prelude.lua",
     "rwlock_acquire.lua"
 );
 const RWLOCK_RELEASE_LUA: &str = lua!(
+    "queue.lua",
     "semaphore_prelude.lua",
     "rwlock_prelude.lua",
     "rwlock_release.lua"
@@ -82,17 +94,19 @@ pub(crate) struct Publishing {
     /// Elections: the holder's compare-and-`SET` of its value beside the lock, plus a
     /// notification.
     pub(crate) proclaim: Script,
-    /// Semaphores: takes a permit if one is free (expired holders removed first), or says
-    /// when the first holder expires, or that the holders agreed on another count.
+    /// Semaphores: takes a permit if one is free and (fair) nobody waits for it, handing
+    /// free permits to the first fair waiters, or queues the caller and says when the first
+    /// holder expires, or that the holders agreed on another count.
     pub(crate) semaphore_acquire: Script,
-    /// Semaphores: gives a permit back, plus a release notification.
+    /// Semaphores: gives a permit back (or a fair waiter's place) and hands free permits to
+    /// the first fair waiters, plus a release notification.
     pub(crate) semaphore_release: Script,
     /// Read-write locks: takes a read or the write lock if the holders and waiting writers
-    /// let it (expired ones removed first), or records a waiting writer and says when the
+    /// let it (expired ones removed first), or queues a waiting writer and says when the
     /// first of what keeps it out expires. Renewal and `is_held` are the semaphore's scripts.
     pub(crate) rwlock_acquire: Script,
-    /// Read-write locks: gives a grant back and drops a waiting writer's record, plus the
-    /// notifications of those it concerns.
+    /// Read-write locks: gives a grant back or a waiting writer's place, hands a lock nobody
+    /// holds to the first waiting writer, else tells the readers.
     pub(crate) rwlock_release: Script,
 }
 
@@ -253,7 +267,7 @@ pub(crate) fn renewed(reply: &Value) -> Option<bool> {
 /// Cluster slot and one script may touch them together. `/` cannot occur in a namespace or
 /// name, so no two locks share keys. The mutex's waiters queue in `{namespace/name}:queue`
 /// (their turns) and `{namespace/name}:queue:entries` (when each entry lapses, and where its
-/// grant is announced): see `scripts/mutex_prelude.lua`.
+/// grant is announced): see `scripts/queue.lua`.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,

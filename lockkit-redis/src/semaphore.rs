@@ -1,10 +1,18 @@
 //! Semaphores on one Redis server or a Sentinel primary: the permits of a key are a ZSET of
 //! owner digests scored by their expiry, a HASH of their fencing tokens and the permits count
 //! they agreed on, each operation one script (`scripts/semaphore_*.lua`).
+//!
+//! A fair semaphore (the default, [`LockOptions::fair`](lockkit_core::LockOptions::fair)) is
+//! FIFO as the mutex is: its waiters queue in its attempt's script (`scripts/queue.lua`), a
+//! permit that frees up (a release, or a holder that expired, found by the next script) goes
+//! to the first live waiter and is announced on that waiter's inbox, so the waiter holds it
+//! without another request, and no later acquirer takes a permit while one waits. A non-fair
+//! attempt runs the same script without the queue: it takes a permit that is free, and its
+//! waiter listens on the release channel. Both exclude each other through the one holders set.
 
 use std::time::Duration;
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, Lease, OwnerToken};
+use lockkit_core::backend::{AcquireRequest, Attempt, Grant, Hold, Lease, OwnerToken};
 use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
 use redis::{ScriptInvocation, Value};
 
@@ -31,6 +39,12 @@ pub(crate) struct PermitKeys {
     pub(crate) permits: String,
     /// The counter every grant increments.
     pub(crate) fence: String,
+    /// A fair semaphore's waiters: ZSET owner digest -> turn (`scripts/queue.lua`).
+    pub(crate) queue: String,
+    /// HASH owner digest -> the waiter's entry (`scripts/queue.lua`).
+    pub(crate) entries: String,
+    /// The mutex key of the semaphore's name, which a Cluster's inbox channels carry.
+    pub(crate) lock: String,
     /// Where releases (and expiries found by an attempt) are published.
     pub(crate) channel: String,
 }
@@ -43,16 +57,32 @@ impl PermitKeys {
             tokens: format!("{base}:tokens"),
             permits: format!("{base}:permits"),
             fence: format!("{base}:fence"),
+            queue: format!("{base}:queue"),
+            entries: format!("{base}:entries"),
+            lock: scripts::Keys::of(key).lock,
             channel: format!("lockkit:released:{base}"),
         }
     }
+
+    /// The keys of the acquire and release scripts, in their order, queue included.
+    fn scripts(&self) -> [&str; 6] {
+        [
+            &self.holders,
+            &self.tokens,
+            &self.permits,
+            &self.fence,
+            &self.queue,
+            &self.entries,
+        ]
+    }
 }
 
-/// The release channel that waiters for `hold` of `key` listen on.
+/// The release channel that waiters for `hold` of `key` that do not queue listen on (a
+/// writer always queues: the readers' channel is the rwlock's only one).
 pub(crate) fn channel_of(key: &LockKey, hold: Hold) -> String {
     match hold {
         Hold::Permit { .. } => PermitKeys::of(key).channel,
-        Hold::Read | Hold::Write => crate::rwlock::RwKeys::of(key).channel(hold).to_owned(),
+        Hold::Read | Hold::Write => crate::rwlock::RwKeys::of(key).readers_channel,
         _ => scripts::Keys::of(key).channel,
     }
 }
@@ -127,21 +157,23 @@ impl AcquireScriptReply for PermitReply {
     }
 }
 
-/// The semaphore's release script for `owner`'s permit of `key` (see
-/// [`RedisBackend::release_on`]).
+/// The semaphore's release script for `owner`'s permit of `key`, and its own queue entry of
+/// a wait it gives up (see [`RedisBackend::release_on`]); a free permit goes to the first
+/// fair waiter queued.
 pub(crate) fn release_invocation(
     publishing: &'static Publishing,
     key: &LockKey,
     owner: &OwnerToken,
+    fence_ttl: Duration,
 ) -> ScriptInvocation<'static> {
     let keys = PermitKeys::of(key);
     let mut invocation = publishing.semaphore_release.prepare_invoke();
     invocation
-        .key(&keys.holders)
-        .key(&keys.tokens)
-        .key(&keys.permits)
+        .key(&keys.scripts()[..])
         .arg(owner.digest_hex())
-        .arg(&keys.channel);
+        .arg(&keys.channel)
+        .arg(millis(fence_ttl))
+        .arg(&keys.lock);
     invocation
 }
 
@@ -160,43 +192,32 @@ impl RedisBackend {
             )));
         }
         let keys = PermitKeys::of(&request.key);
-        let marker = request
-            .wait
-            .then(|| self.primary.epoch().notifier.marker(&keys.channel))
-            .flatten();
+        let waiter = self.register(request, &keys.channel);
+        let [queue, name, inbox] = self.queue_args(&waiter);
         let args = [
             request.owner.digest_hex(),
             millis(request.ttl).to_string(),
             permits.to_string(),
             millis(self.config.fence_ttl).to_string(),
             keys.channel.clone(),
+            queue,
+            name,
+            inbox,
+            keys.lock.clone(),
         ];
-        let script_keys = [
-            keys.holders.as_str(),
-            &keys.tokens,
-            &keys.permits,
-            &keys.fence,
-        ];
+        let all = keys.scripts();
+        let script_keys = if request.fair { &all[..] } else { &all[..4] };
         let reply: PermitReply = self
             .acquire_with(
                 request,
                 &self.publishing().semaphore_acquire,
-                &script_keys,
+                script_keys,
                 &args,
             )
             .await?;
         match reply {
-            PermitReply::Granted(token) => Ok(Attempt::Granted(Grant::new(token, request.ttl))),
-            PermitReply::Full(first_expiry) => {
-                // A full semaphore's script adds nothing of ours.
-                let contention = Contention::new()
-                    .with_retry_after(first_expiry)
-                    .with_nothing_left();
-                Ok(Attempt::Contended(match marker {
-                    Some(marker) => contention.with_marker(marker),
-                    None => contention,
-                }))
-            }
+            PermitReply::Granted(token) => Ok(waiter.granted(Grant::new(token, request.ttl))),
+            PermitReply::Full(first_expiry) => Ok(waiter.contended(request, Some(first_expiry))),
             PermitReply::Mismatch(recorded) => Err(Hold::permits_mismatch(
                 BACKEND,
                 &request.key,
@@ -257,7 +278,7 @@ mod tests {
         let keys = PermitKeys::of(&key);
         assert_eq!(keys.holders, "{ns/jobs}:sem:holders");
         assert_eq!(keys.channel, "lockkit:released:{ns/jobs}:sem");
-        for k in [&keys.holders, &keys.tokens, &keys.permits, &keys.fence] {
+        for k in keys.scripts() {
             assert!(
                 crate::listing::lock_of("ns", k).is_none(),
                 "{k} lists as a lock"

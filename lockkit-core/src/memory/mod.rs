@@ -75,13 +75,14 @@ impl Kind {
 }
 
 /// The live grants of one key and kind, the semaphore's agreed permits, and who queues: the
-/// writers waiting for a read-write lock, the waiters of a fair mutex.
+/// writers waiting for a read-write lock, the waiters of a fair mutex or semaphore.
 ///
 /// A queued waiter is recorded with an expiry of one TTL, refreshed by each of its attempts
 /// (its wait is cut to half a TTL so that it attempts in time), keeping its place. While a
-/// writer is recorded, readers wait: a stream of readers cannot starve a writer. A fair
-/// mutex is granted only to the first live waiter of its queue (or to anyone when nobody
-/// queues): first come, first served. A waiter that went away without abandoning holds up
+/// writer is recorded, readers wait: a stream of readers cannot starve a writer. A writer or
+/// a fair mutex is granted only to the first live waiter of its queue (or to anyone when
+/// nobody queues), a fair semaphore's free permits only to as many of its first live waiters:
+/// first come, first served. A waiter that went away without abandoning holds up
 /// the others for at most its TTL.
 #[derive(Debug, Default)]
 struct Slot {
@@ -117,17 +118,16 @@ impl Slot {
     }
 
     /// When the first of what keeps `request` out ends by itself (its lease or queue entry
-    /// runs out): for a mutex or a writer, any holder, and for a fair mutex also the waiters
-    /// queued ahead of it (all of them when it has no place yet); for a permit, a full
-    /// semaphore's holders; for a reader, the writers holding or waiting. `None` when
-    /// nothing keeps it out.
+    /// runs out): for a mutex or a writer, any holder, and for a writer or a fair mutex also
+    /// the waiters queued ahead of it (all of them when it has no place yet); for a permit, the holders
+    /// of a semaphore that they and (fair) the waiters ahead fill; for a reader, the writers
+    /// holding or waiting. `None` when nothing keeps it out.
     fn blocked_until(&self, request: &AcquireRequest) -> Option<Instant> {
         let hold = request.hold;
-        let holders = self.holders.iter().filter(|h| match hold {
-            Hold::Read => h.writes,
-            Hold::Permit { .. } => self.holders.len() >= self.permits as usize,
-            _ => true,
-        });
+        let holders = self
+            .holders
+            .iter()
+            .filter(|h| hold != Hold::Read || h.writes);
         let ahead: Vec<Instant> = match hold {
             Hold::Read => self
                 .queued
@@ -135,7 +135,7 @@ impl Slot {
                 .filter(|(writer, _)| *writer != request.owner)
                 .map(|(_, at)| *at)
                 .collect(),
-            _ if queues(request) && hold != Hold::Write => self
+            _ if queues(request) => self
                 .queued
                 .iter()
                 .take_while(|(waiter, _)| *waiter != request.owner)
@@ -143,6 +143,11 @@ impl Slot {
                 .collect(),
             _ => Vec::new(),
         };
+        if matches!(hold, Hold::Permit { .. })
+            && self.holders.len() + ahead.len() < self.permits as usize
+        {
+            return None;
+        }
         holders.map(|h| h.expires_at).chain(ahead).min()
     }
 
@@ -160,9 +165,10 @@ impl Slot {
 }
 
 /// Whether `request` keeps a place in its slot's queue while it waits: a writer, or a fair
-/// mutex's waiter.
+/// mutex's or semaphore's waiter.
 fn queues(request: &AcquireRequest) -> bool {
-    request.hold == Hold::Write || (request.hold == Hold::Exclusive && request.fair)
+    request.hold == Hold::Write
+        || (request.fair && matches!(request.hold, Hold::Exclusive | Hold::Permit { .. }))
 }
 
 impl MemoryBackend {

@@ -13,7 +13,9 @@ use super::election::{
 use super::fairness::{
     a_non_fair_waiter_is_woken_by_a_release, cancelled_non_fair_acquisitions_leave_nothing_behind,
     fair_and_non_fair_acquirers_exclude_each_other,
+    fair_permit_waiters_are_granted_in_the_order_they_came,
     fair_waiters_are_granted_in_the_order_they_came,
+    waiting_writers_are_granted_in_the_order_they_came,
 };
 use super::multi::{
     a_cancelled_lock_all_leaves_nothing_behind, lock_all_over_overlapping_sets_never_deadlocks,
@@ -36,7 +38,7 @@ use super::semaphore::{
     a_crashed_holder_frees_its_permit_after_its_ttl, a_permit_release_wakes_a_waiter,
     a_semaphore_admits_exactly_its_permits, a_semaphore_and_the_mutex_of_its_name_are_independent,
     a_semaphore_never_admits_more_than_its_permits, disagreeing_permit_counts_are_refused,
-    renewal_keeps_a_permit_past_its_ttl,
+    fair_and_non_fair_permit_holders_never_exceed_the_permits, renewal_keeps_a_permit_past_its_ttl,
 };
 use super::validity::{
     a_reentrant_share_is_handed_out_with_useful_validity,

@@ -55,12 +55,29 @@ pub(super) fn semaphore(
 /// at once than permits, and every grant's fencing token is new and above the tokens its
 /// task had before.
 pub(super) async fn a_semaphore_never_admits_more_than_its_permits(h: &dyn Harness) -> Outcome {
+    permits_under_contention(h, |_| true).await
+}
+
+/// The same with fair and non-fair clients on one semaphore
+/// ([`LockOptions::fair`](crate::LockOptions::fair)): they exclude each other as well.
+pub(super) async fn fair_and_non_fair_permit_holders_never_exceed_the_permits(
+    h: &dyn Harness,
+) -> Outcome {
+    permits_under_contention(h, |client| client != 1).await
+}
+
+/// Tasks of three clients, fair or not as `fair(client)` says, take and give back permits of
+/// one semaphore (see [`a_semaphore_never_admits_more_than_its_permits`]).
+async fn permits_under_contention(h: &dyn Harness, fair: fn(usize) -> bool) -> Outcome {
     const CLIENTS: usize = 3;
     const TASKS_PER_CLIENT: usize = 3;
     const ROUNDS: usize = 8;
     const PERMITS: u32 = 3;
     let ns = namespace();
-    let clients = clients(h, &ns, CLIENTS).await?;
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for client in 0..CLIENTS {
+        clients.push(h.client(&ns, options(h).with_fair(fair(client))).await?);
+    }
     if semaphore(&clients[0], "pool", PERMITS)?.is_none() {
         return Ok(());
     }

@@ -1,6 +1,6 @@
-//! Waiters woken by release notifications, not by polling: every waiting reader of a
-//! process, and a writer waiting for the last reader; on a single server and on the Sentinel
-//! primary.
+//! Waiters woken by releases, not by polling: every waiting reader of a process by a
+//! writer's release notification, and a writer waiting for the last reader by that reader's
+//! release, which hands it the lock; on a single server and on the Sentinel primary.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use crate::{
 /// Three readers of one process waiting for a writer (a minute's TTL, a backoff cap of a
 /// minute) are all granted right after its release, woken by its notification (each reader
 /// granted passes the wake-up on), not by the cap or the writer's TTL; and a writer waiting
-/// for those readers is woken by the last one's release.
+/// for those readers is handed the lock by the last one's release.
 async fn waiters_are_woken_by_releases(harness: common::RedisHarness) {
     let ns = namespace();
     let ttl = Duration::from_secs(60);
