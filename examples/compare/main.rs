@@ -56,8 +56,9 @@
 //!   `--speed-only` too. Not on Redlock, which refuses semaphores.
 //! - W8 read-write lock: 16 workers, each with its own client, share one read-write lock and
 //!   take it M times each (as W7), one time in ten as a writer, otherwise as a reader, hold
-//!   it 5 ms and give it back: grants/s, read and write waits (p50, max) and the most readers
-//!   seen at once (a writer inside with anyone fails the workload). Runs with
+//!   it 5 ms and give it back: grants/s, read and write waits (p50, max), the most readers
+//!   seen at once (a writer inside with anyone fails the workload), and the writes granted
+//!   ahead of one that asked at least a hold (5 ms) before them. Runs with
 //!   `--speed-only` too. Not on Redlock, which refuses read-write locks.
 //!
 //! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are

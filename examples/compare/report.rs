@@ -251,8 +251,8 @@ fn permits(out: &mut String, reports: &[TierReport]) {
 fn read_write(out: &mut String, reports: &[TierReport]) {
     out.push_str(&format!(
         "\nW8 read-write lock ({} workers, one grant in {} a write, each held {} ms):\n\n\
-         | target | grants/s | read wait p50 ms | read wait max ms | write wait p50 ms | write wait max ms | most readers at once |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
+         | target | grants/s | read wait p50 ms | read wait max ms | write wait p50 ms | write wait max ms | most readers at once | writes overtaken |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
         crate::rwlock::WORKERS,
         crate::rwlock::WRITE_EVERY,
         crate::rwlock::HOLD.as_millis(),
@@ -262,7 +262,7 @@ fn read_write(out: &mut String, reports: &[TierReport]) {
         let unsupported = w8.is_none() && !r.failed("W8") && !r.tier.is_empty();
         let cells = if unsupported {
             let mut row = vec![r.target.clone(), "no read-write locks".into()];
-            row.resize(7, String::new());
+            row.resize(8, String::new());
             row
         } else {
             vec![
@@ -273,6 +273,7 @@ fn read_write(out: &mut String, reports: &[TierReport]) {
                 cell(r, "W8", w8, |w| format!("{:.2}", w.write_wait_p50_ms)),
                 cell(r, "W8", w8, |w| format!("{:.1}", w.write_wait_max_ms)),
                 cell(r, "W8", w8, |w| w.most_readers.to_string()),
+                cell(r, "W8", w8, |w| w.writes_overtaken.to_string()),
             ]
         };
         out.push_str(&format!("| {} |\n", cells.join(" | ")));

@@ -1,8 +1,11 @@
 //! W8 read-write lock: 16 workers, each with its own client, share one read-write lock; each
 //! takes it M times, one time in ten as a writer and otherwise as a reader, holds it for a
 //! fixed time (the work) and gives it back. Reported: grants per second, read and write
-//! waits (p50, max), and the most readers seen at once; a writer seen inside with anyone
-//! (checked in this process) fails the workload.
+//! waits (p50, max), the most readers seen at once, and how often a writer was granted ahead
+//! of one that had asked at least a hold earlier (writers served out of order; the margin
+//! leaves out writers that asked within a few ms of each other, whose requests may reach the
+//! server in either order); a writer seen inside with anyone (checked in this process) fails
+//! the workload.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +35,8 @@ pub(crate) struct ReadWriteThroughput {
     pub(crate) write_wait_p50_ms: f64,
     pub(crate) write_wait_max_ms: f64,
     pub(crate) most_readers: usize,
+    /// Pairs of writes where the later one (by at least [`HOLD`]) was granted first.
+    pub(crate) writes_overtaken: usize,
 }
 
 /// Who is inside, as the workers count themselves.
@@ -54,6 +59,8 @@ pub(crate) async fn read_write(
     }
     let name = crate::run_key("w8-rwlock");
     let inside = Arc::new(Inside::default());
+    // Each write's (asked, granted).
+    let written = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut workers = tokio::task::JoinSet::new();
     let started = Instant::now();
     for worker in 0..WORKERS {
@@ -62,14 +69,17 @@ pub(crate) async fn read_write(
             None => locks.clone(),
         };
         let rwlock = client.rwlock(&name)?;
-        let inside = inside.clone();
+        let (inside, written) = (inside.clone(), written.clone());
         workers.spawn(async move {
-            let (mut reads, mut writes) = (Vec::new(), Vec::new());
+            let mut reads = Vec::new();
             for i in 0..iterations {
                 let asked = Instant::now();
                 if (worker * iterations + i).is_multiple_of(WRITE_EVERY) {
                     let guard = rwlock.write_timeout(Duration::from_secs(60)).await?;
-                    writes.push(asked.elapsed());
+                    written
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((asked, Instant::now()));
                     let writers = inside.writers.fetch_add(1, Ordering::SeqCst) + 1;
                     let readers = inside.readers.load(Ordering::SeqCst);
                     if writers > 1 || readers > 0 {
@@ -95,17 +105,23 @@ pub(crate) async fn read_write(
                 }
             }
             client.close().await;
-            Ok::<_, lockkit::Error>((reads, writes))
+            Ok::<_, lockkit::Error>(reads)
         });
     }
-    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    let mut reads = Vec::new();
     while let Some(joined) = workers.join_next().await {
         let worker = joined.map_err(|e| compare_error(format!("a W8 worker panicked: {e}")))?;
-        let (r, w) = worker?;
-        reads.extend(r);
-        writes.extend(w);
+        reads.extend(worker?);
     }
     let took = started.elapsed();
+    let written = written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let mut writes: Vec<Duration> = written
+        .iter()
+        .map(|(asked, granted)| *granted - *asked)
+        .collect();
     reads.sort();
     writes.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -122,5 +138,20 @@ pub(crate) async fn read_write(
         write_wait_p50_ms: p50(&writes),
         write_wait_max_ms: max(&writes),
         most_readers: inside.most_readers.load(Ordering::SeqCst),
+        writes_overtaken: overtaken(&written),
     }))
+}
+
+/// How many pairs of `writes` ((asked, granted) each) were granted in the other order than
+/// they asked, the later one having asked at least [`HOLD`] after the earlier.
+fn overtaken(writes: &[(Instant, Instant)]) -> usize {
+    writes
+        .iter()
+        .map(|&(asked, granted)| {
+            writes
+                .iter()
+                .filter(|&&(later, before)| later >= asked + HOLD && before < granted)
+                .count()
+        })
+        .sum()
 }
