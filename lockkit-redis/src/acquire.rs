@@ -151,8 +151,44 @@ impl RedisBackend {
     /// Runs a kind's acquire `script` with `keys` and `args` for `request`. With
     /// `min_replicas`, the script and `WAIT min_replicas replica_timeout` go in one pipeline
     /// on the connection reserved for it, and a grant fewer replicas acknowledged is given
-    /// back (the kind's release, [`RedisBackend::release_on`]) and is an error.
+    /// back (the kind's release, [`RedisBackend::release_on`]) and is an error. So is a
+    /// grant answered after the backend followed a Sentinel failover (it may come from the
+    /// old primary): a retryable `Unavailable`, the grant given back on the new primary.
     pub(crate) async fn acquire_with<R: AcquireScriptReply>(
+        &self,
+        request: &AcquireRequest,
+        script: &Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<R> {
+        // Taken before the request is sent: at worst an epoch older than the request's, which
+        // only costs a needless retry below.
+        let epoch = self.primary.epoch();
+        let reply = self
+            .invoke_acquire::<R>(request, script, keys, args)
+            .await?;
+        if !reply.is_grant() || self.primary.is_current(&epoch) {
+            return Ok(reply);
+        }
+        // The backend followed a failover while the request was in flight: the grant may be
+        // the old primary's, which the new one does not know. Not handed out; the next
+        // attempt goes to the new primary (a grant the new one made is given back first).
+        if let Err(e) = self
+            .release_hold(&request.key, request.hold, &request.owner)
+            .await
+        {
+            tracing::warn!(error = %e, "could not give back a grant made across a failover; it expires with its TTL");
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            "the backend moved to a new primary while acquiring: the grant, perhaps the old primary's, was not handed out",
+        )
+        .with_retryable(true))
+    }
+
+    /// [`RedisBackend::acquire_with`]'s request itself.
+    async fn invoke_acquire<R: AcquireScriptReply>(
         &self,
         request: &AcquireRequest,
         script: &Script,

@@ -29,7 +29,8 @@ impl RedisBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        let notifier = &self.primary.epoch().notifier;
+        let epoch = self.primary.epoch();
+        let notifier = &epoch.notifier;
         let handover = notifier.inbox().expect(&request.owner.digest_hex());
         let channel = notifier.inbox_channel(&request.key);
         let Some(subscription) = self.listen(&channel, contention.marker).await? else {
@@ -48,8 +49,10 @@ impl RedisBackend {
         let token = handover.tokens().first().map(|(_, token)| *token);
         match token {
             // With min_replicas, a grant counts once replicas acknowledged it: the next
-            // attempt finds the lock ours and waits for them.
-            Some(token) if self.config.min_replicas == 0 => {
+            // attempt finds the lock ours and waits for them. A hand-over announced by a
+            // primary the backend has since left is not handed out: the next attempt asks
+            // the new one.
+            Some(token) if self.config.min_replicas == 0 && self.primary.is_current(&epoch) => {
                 notifier.inbox().forget(&request.owner.digest_hex());
                 Ok(Some(Grant::new(FencingToken(token), request.ttl)))
             }

@@ -11,6 +11,8 @@
 //! no more writes (the test demotes it at once: the Sentinel takes ~10 s, the split-brain
 //! window the crate documents).
 //!
+//! A grant answered by the old primary after the backend moved is not handed out.
+//!
 //! The renewals must follow the failover by themselves: a renewal pipeline answered
 //! `READONLY` by the demoted primary now makes the backend ask the Sentinels, as any other
 //! request's error does (before, the per-command error stayed in the pipeline's replies, the
@@ -233,10 +235,15 @@ impl Group {
 
     /// A client of the group's namespace through its Sentinel, with grants of `ttl`.
     async fn client(&self, ttl: Duration) -> LockClient {
+        self.client_with(ttl, |_| ()).await
+    }
+
+    /// As [`Group::client`], with the backend's configuration changed by `tune`.
+    async fn client_with(&self, ttl: Duration, tune: impl FnOnce(&mut RedisConfig)) -> LockClient {
         let url = format!("redis+sentinel://{}/{MASTER}", self.sentinel.addr());
-        let backend = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
-            .await
-            .unwrap();
+        let mut config = RedisConfig::from_url(&url).unwrap();
+        tune(&mut config);
+        let backend = RedisBackend::connect(config).await.unwrap();
         LockClient::with_options(
             Arc::new(backend),
             &self.namespace,
@@ -461,6 +468,78 @@ async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers(
     }
     assert!(!held.is_lost(), "the lock was lost over the failover");
     assert!(held.release().await.unwrap());
+    drop(group);
+}
+
+/// An acquire in flight on the old primary when the backend follows the announcement (the
+/// old primary holds its writes back with `CLIENT PAUSE WRITE`, and cannot be demoted) is
+/// answered by that primary with a grant once it resumes. That grant is the old primary's:
+/// the new one does not know it and would grant the lock to another client. It is not handed
+/// out: the acquisition returns a grant made on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_the_old_primary_makes_after_the_move_is_not_handed_out() {
+    let undemotable = [
+        "--rename-command",
+        "REPLICAOF",
+        "",
+        "--rename-command",
+        "SLAVEOF",
+        "",
+    ];
+    let Some(group) = Group::start(&undemotable).await else {
+        return;
+    };
+    let (p, r, s) = group.addrs();
+    let pause = Duration::from_secs(8);
+    // The acquire waits on the paused primary without timing out.
+    let a = group
+        .client_with(Duration::from_secs(15), |config| {
+            config.response_timeout = pause * 2;
+        })
+        .await;
+    let warm = a.mutex("warm").unwrap().lock().await.unwrap();
+    assert!(warm.release().await.unwrap());
+
+    let mut admin = common::connect(&p).await.unwrap();
+    let paused_at = Instant::now();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(pause.as_millis() as u64)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let raced = a.mutex("raced").unwrap();
+    let acquiring = tokio::spawn(async move { raced.lock().await });
+    group.fail_over().await;
+    until("the announcement", || async {
+        sentinel_master(&s).await.as_deref() == Some(r.as_str())
+    })
+    .await;
+    // The backend follows within a few milliseconds of the announcement; the old primary is
+    // still paused, the acquire still in flight there.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        paused_at.elapsed() < pause && !acquiring.is_finished(),
+        "the failover outlasted the pause ({:?}): the test shows nothing",
+        paused_at.elapsed()
+    );
+
+    let guard = tokio::time::timeout(pause * 3, acquiring)
+        .await
+        .expect("the acquisition never ended")
+        .unwrap()
+        .unwrap();
+    let key = common::lock_key(&a.key("raced").unwrap());
+    assert!(
+        info(&p, "replication").await.contains("role:master"),
+        "the old primary was demoted: the test shows nothing"
+    );
+    assert!(
+        exists(&r, &key).await,
+        "the grant handed out is not on the new primary: the old primary's was handed out"
+    );
+    assert!(guard.release().await.unwrap());
     drop(group);
 }
 

@@ -105,6 +105,12 @@ impl Primary {
             .clone()
     }
 
+    /// Whether `epoch` is still the current one: the backend has not moved to another
+    /// primary since it was taken.
+    pub(crate) fn is_current(&self, epoch: &Arc<Epoch>) -> bool {
+        Arc::ptr_eq(epoch, &self.epoch())
+    }
+
     /// Runs `request` on the current primary's connection, bounded, and looks for a new
     /// primary (in the background) when the error says this one is gone or demoted.
     pub(crate) async fn request<T, F, Fut>(self: &Arc<Self>, what: &str, request: F) -> Result<T>
