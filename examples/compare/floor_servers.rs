@@ -12,6 +12,7 @@ pub(crate) static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         include_str!("../../lockkit-redis/scripts/publish_classic.lua"),
         include_str!("../../lockkit-redis/scripts/common.lua"),
+        include_str!("../../lockkit-redis/scripts/queue.lua"),
         include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
         include_str!("../../lockkit-redis/scripts/acquire.lua")
     ))
@@ -20,6 +21,7 @@ pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         include_str!("../../lockkit-redis/scripts/publish_classic.lua"),
         include_str!("../../lockkit-redis/scripts/common.lua"),
+        include_str!("../../lockkit-redis/scripts/queue.lua"),
         include_str!("../../lockkit-redis/scripts/mutex_prelude.lua"),
         include_str!("../../lockkit-redis/scripts/release.lua")
     ))

@@ -30,6 +30,7 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../scripts/publish_classic.lua"),
         include_str!("../scripts/common.lua"),
+        include_str!("../scripts/queue.lua"),
         include_str!("../scripts/mutex_prelude.lua"),
         include_str!("../scripts/acquire.lua")
     ))
@@ -38,6 +39,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../scripts/publish_classic.lua"),
         include_str!("../scripts/common.lua"),
+        include_str!("../scripts/queue.lua"),
         include_str!("../scripts/mutex_prelude.lua"),
         include_str!("../scripts/release.lua")
     ))

@@ -3,7 +3,7 @@
 //! acquire script.
 //!
 //! - **The mutex's attempt** is one round trip, the `acquire` script
-//!   (`scripts/mutex_prelude.lua` and `acquire.lua`): a lock that is the caller's already is
+//!   (`scripts/queue.lua`, `mutex_prelude.lua` and `acquire.lua`): a lock that is the caller's already is
 //!   its grant again (extended), a free lock goes to the first live waiter of its queue (the
 //!   caller, or another it is handed to now), and otherwise the caller is refused with the
 //!   holder's remaining TTL, queued first when it will wait. A non-fair attempt runs the

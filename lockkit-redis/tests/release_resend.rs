@@ -106,6 +106,7 @@ async fn a_permit_release_resent_after_its_reply_was_lost_does_not_report_the_pe
 const FORCE_RELEASE: &str = concat!(
     include_str!("../scripts/publish_classic.lua"),
     include_str!("../scripts/common.lua"),
+    include_str!("../scripts/queue.lua"),
     include_str!("../scripts/mutex_prelude.lua"),
     include_str!("../scripts/force_release.lua")
 );

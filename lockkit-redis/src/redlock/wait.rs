@@ -1,6 +1,6 @@
 //! The wait of a Redlock waiter: until a majority of the nodes hand the lock over to it.
 //!
-//! Every node keeps its own queue of the lock's waiters (`scripts/mutex_prelude.lua`), in the
+//! Every node keeps its own queue of the lock's waiters (`scripts/queue.lua`), in the
 //! order of each acquisition's *turn*: the wall-clock time it first queued, which every node
 //! is told alike, so the nodes' queues agree on who is first however the requests of a
 //! fan-out interleave. A holder's release reaches every node, and each node hands its key to
