@@ -23,8 +23,9 @@ use crate::options::LockOptions;
 /// - **Writers are not starved.** A writer that waits blocks new readers: the readers
 ///   holding the lock finish, the writer goes next, and the readers that came after it
 ///   follow. On the queueing backends (etcd, ZooKeeper) everyone is served in the order
-///   they queued; on Redis a waiting writer records itself (its entry expires with the
-///   lock's TTL if its process dies while waiting) and writers among themselves race.
+///   they queued; on Redis and in memory the waiting writers queue (an entry that lapses one
+///   TTL after its last attempt if its process dies while waiting) and are served in order,
+///   while readers share.
 /// - **Fencing.** A write grant's token is above the token of every earlier grant of the
 ///   key, read or write, so a store that keeps the highest token it has seen refuses a
 ///   write from an older grant. Readers may get their tokens in any order among themselves.

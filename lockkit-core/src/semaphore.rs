@@ -23,8 +23,10 @@ pub const MAX_PERMITS: u32 = 1024;
 /// Each [`Permit`] is a lease like a [`MutexGuard`]: renewed in the background, with a lost
 /// signal, a fencing token that increases with every grant of the semaphore, and a release
 /// in the background when dropped. A holder that crashes frees its permit when its TTL runs
-/// out. Waiters are woken by the backend's notification or watch, not by polling, and on
-/// the queueing backends (etcd, ZooKeeper) they are served in the order they queued.
+/// out. Waiters are woken by the backend's notification or watch, not by polling, and are
+/// served in the order they queued: always on etcd and ZooKeeper, and on Redis and in memory
+/// unless [`LockOptions::fair`](crate::LockOptions::fair) is `false` (then a freed permit
+/// goes to whoever asks first).
 ///
 /// Every client of a semaphore must use the same `permits`: while the semaphore is in use,
 /// an acquisition with another count fails with [`ErrorKind::InvalidConfig`] instead of

@@ -1,13 +1,15 @@
 //! Waiting on one Redis server or a Sentinel primary.
 //!
-//! A mutex waiter queues on the server in the same script as its attempt; the release script
-//! hands the lock to the first live waiter and announces it on that waiter's inbox channel,
-//! so the woken waiter holds the lock without another request
-//! ([`RedisBackend::wait_for_handover`]). A non-fair mutex waiter, a semaphore's and a
-//! read-write lock's listen on the release channel of what they wait for and attempt again
-//! when something went ([`RedisBackend::wait_for_release`]): one waiter of this process per
-//! release, so a release does not send every waiter of a process at the server at once. Every waiter of a backend shares its one pub/sub
-//! connection; when the server refuses a subscription, waiters poll for a while.
+//! A fair mutex's or semaphore's waiter, and a read-write lock's writer, queues on the
+//! server in the same script as its attempt; the script that frees the grant hands it to
+//! the first live waiter and announces it on that waiter's inbox channel, so the woken
+//! waiter holds it without another request ([`RedisBackend::wait_for_handover`]). A
+//! non-fair mutex's or semaphore's waiter, and a reader, listen on the release channel of
+//! what they wait for and attempt again when something went
+//! ([`RedisBackend::wait_for_release`]): one waiter of this process per release, so a
+//! release does not send every waiter of a process at the server at once. Every waiter of a
+//! backend shares its one pub/sub connection; when the server refuses a subscription,
+//! waiters poll for a while.
 
 use std::time::Duration;
 
@@ -19,10 +21,10 @@ use crate::notify::Subscription;
 use crate::semaphore;
 
 impl RedisBackend {
-    /// The wait of a queued mutex waiter: until the lock is handed over to it (announced on
-    /// the inbox), or `max_wait`, or the holder's remaining TTL (a holder that expires hands
-    /// over at the next attempt of any waiter), at most a third of the waiter's TTL so that
-    /// its attempts keep its queue entry alive.
+    /// The wait of a queued waiter: until the grant is handed over to it (announced on the
+    /// inbox), or `max_wait`, or the first expiry its attempt saw (a holder that expires
+    /// hands over at the next attempt of any waiter), at most a third of the waiter's TTL so
+    /// that its attempts keep its queue entry alive.
     pub(crate) async fn wait_for_handover(
         &self,
         request: &AcquireRequest,
@@ -60,9 +62,9 @@ impl RedisBackend {
         }
     }
 
-    /// The wait of a non-fair mutex waiter, a semaphore's or a read-write lock's: until a
-    /// release is heard on the channel of what it waits for, or `max_wait`, or the first
-    /// expiry its attempt saw.
+    /// The wait of a non-fair mutex's or semaphore's waiter, or a reader: until a release is
+    /// heard on the channel of what it waits for, or `max_wait`, or the first expiry its
+    /// attempt saw.
     pub(crate) async fn wait_for_release(
         &self,
         request: &AcquireRequest,
