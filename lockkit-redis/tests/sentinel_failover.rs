@@ -100,7 +100,7 @@ impl Server {
                 if let Ok(Some(_)) = child.try_wait() {
                     break; // the port was taken meanwhile: the next one
                 }
-                if ping(port) {
+                if common::private::serves(port, child.id()) {
                     return Server { child, port, dir };
                 }
                 if Instant::now() > by {
@@ -125,13 +125,6 @@ impl Drop for Server {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn ping(port: u16) -> bool {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-        .and_then(|mut con| redis::cmd("PING").query::<String>(&mut con))
-        .is_ok()
 }
 
 /// Waits up to 30 s for `check` to hold, naming `what` if it never does.

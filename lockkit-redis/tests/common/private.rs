@@ -10,21 +10,55 @@ use lockkit_core::testing::backend_missing;
 /// The ports these tests may use.
 const PORTS: std::ops::Range<u16> = 21300..21400;
 
-/// The ports of this process's private servers, also while one is down for a restart: a
-/// test starting its own server must not take the port of one that is coming back.
-static TAKEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
+/// Reserves `port` for this process's server until the returned reservation is dropped,
+/// across test processes (nextest runs each test in a process of its own), also while the
+/// server is down for a restart: a test starting its own server must not take the port of one
+/// that is coming back. `None` when a live process holds it.
+fn reserve(port: u16) -> Option<Reservation> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lk-redis-ports");
+    std::fs::create_dir_all(&dir).expect("a folder for the port reservations");
+    let path = dir.join(format!("{port}.pid"));
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut file) => {
+                use std::io::Write;
+                file.write_all(std::process::id().to_string().as_bytes())
+                    .expect("a port reservation");
+                return Some(Reservation(path));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // A reservation whose process is gone (a test killed mid-way) is stale.
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                if holder.is_empty() || PathBuf::from(format!("/proc/{holder}")).exists() {
+                    return None;
+                }
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(e) => panic!("cannot reserve port {port}: {e}"),
+        }
+    }
+    None
+}
 
-fn taken() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u16>> {
-    TAKEN
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// A port reserved by [`reserve`]: its file, removed when dropped.
+struct Reservation(PathBuf);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A redis-server of this test process, killed (by its PID) when dropped.
 pub struct PrivateRedis {
     child: Option<Child>,
     pub port: u16,
+    /// The port's reservation ([`reserve`]), given back when the server is dropped.
+    _reservation: Reservation,
     args: Vec<String>,
     dir: PathBuf,
 }
@@ -51,15 +85,15 @@ impl PrivateRedis {
         }
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         // Tests of this crate run in parallel: start at a random port and move on when one is
-        // taken (also when another test took it between the check and the start).
+        // reserved or taken (also when another program took it between the check and the
+        // start).
         let offset = rand::random::<u16>() % PORTS.len() as u16;
         for i in 0..PORTS.len() as u16 {
             let port = PORTS.start + (offset + i) % PORTS.len() as u16;
-            if !taken().insert(port) {
+            let Some(reservation) = reserve(port) else {
                 continue;
-            }
+            };
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-                taken().remove(&port);
                 continue;
             }
             let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -68,6 +102,7 @@ impl PrivateRedis {
             let mut server = PrivateRedis {
                 child: None,
                 port,
+                _reservation: reservation,
                 args: args.clone(),
                 dir,
             };
@@ -129,7 +164,7 @@ impl PrivateRedis {
             if let Ok(Some(_)) = child.try_wait() {
                 return false;
             }
-            if ping(self.port) {
+            if serves(self.port, child.id()) {
                 self.child = Some(child);
                 return true;
             }
@@ -144,20 +179,24 @@ impl PrivateRedis {
 }
 
 /// Whether a redis-server answers PING on `port`.
-fn ping(port: u16) -> bool {
+/// Whether the redis-server answering on `port` is the process `pid`, not another program's
+/// server that took the port.
+pub fn serves(port: u16, pid: u32) -> bool {
     let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else {
         return false;
     };
     client
         .get_connection_with_timeout(Duration::from_millis(200))
-        .and_then(|mut con| redis::cmd("PING").query::<String>(&mut con))
-        .is_ok()
+        .and_then(|mut con| redis::cmd("INFO").arg("server").query::<String>(&mut con))
+        .is_ok_and(|info| {
+            info.lines()
+                .any(|line| line.trim() == format!("process_id:{pid}"))
+        })
 }
 
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
-        taken().remove(&self.port);
     }
 }
