@@ -35,6 +35,16 @@ use lockkit_redis::{RedisBackend, RedisConfig};
 
 const PORTS: std::ops::Range<u16> = 22400..22500;
 const MASTER: &str = "lksem";
+/// A primary that cannot be demoted: its `REPLICAOF` and `SLAVEOF` renamed away, so it answers
+/// as a primary after a failover for as long as the test runs.
+const UNDEMOTABLE: &[&str] = &[
+    "--rename-command",
+    "REPLICAOF",
+    "",
+    "--rename-command",
+    "SLAVEOF",
+    "",
+];
 
 /// What a private server is.
 #[derive(Clone, Copy)]
@@ -394,15 +404,7 @@ async fn a_failover_after_the_holders_replicated_keeps_at_most_the_permits() {
 /// the new primary expired it and granted it to another client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers() {
-    let undemotable = [
-        "--rename-command",
-        "REPLICAOF",
-        "",
-        "--rename-command",
-        "SLAVEOF",
-        "",
-    ];
-    let Some(group) = Group::start(&undemotable).await else {
+    let Some(group) = Group::start(UNDEMOTABLE).await else {
         return;
     };
     let (p, r, s) = group.addrs();
@@ -471,15 +473,7 @@ async fn a_backend_follows_the_announcement_while_the_old_primary_still_answers(
 /// out: the acquisition returns a grant made on the new primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_the_old_primary_makes_after_the_move_is_not_handed_out() {
-    let undemotable = [
-        "--rename-command",
-        "REPLICAOF",
-        "",
-        "--rename-command",
-        "SLAVEOF",
-        "",
-    ];
-    let Some(group) = Group::start(&undemotable).await else {
+    let Some(group) = Group::start(UNDEMOTABLE).await else {
         return;
     };
     let (p, r, s) = group.addrs();
