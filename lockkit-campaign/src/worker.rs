@@ -332,7 +332,7 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
         } else {
             guard.fencing_token().get()
         };
-        let remaining_ms = u64::try_from(guard.remaining().as_millis()).unwrap_or(u64::MAX);
+        let remaining_ms = u64::try_from(guard.granted_validity().as_millis()).unwrap_or(u64::MAX);
         let floor = locks.as_ref().map_or(Duration::ZERO, |locks| {
             validity_floor(locks.backend().max_validity(guard.ttl()))
         });

@@ -103,7 +103,11 @@ pub(crate) fn timeout_error(client: &LockClient, key: &LockKey) -> Error {
 /// starts its renewal and its deadline here; a held one gains a holder (a reentrant
 /// share). `None` when the grant cannot be had with its floor.
 pub(crate) async fn issue(held: Arc<HeldLease>, bound: Option<Instant>) -> Option<MutexGuard> {
-    (vouch(&held, bound).await && held.hand_out()).then(|| MutexGuard::new(held))
+    if !vouch(&held, bound).await {
+        return None;
+    }
+    let left = held.hand_out()?;
+    Some(MutexGuard::new(held, left))
 }
 
 /// Whether `held` has at least its floor of validity left, after a renewal sent now if it

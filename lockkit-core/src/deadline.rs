@@ -142,7 +142,7 @@ mod tests {
             Duration::ZERO,
             false,
         );
-        assert!(held.hand_out());
+        assert!(held.hand_out().is_some());
         assert!(queued(held.id), "a lease handed out is watched");
         assert!(held.drop_holder());
         assert!(!queued(held.id), "a released lease is still queued");

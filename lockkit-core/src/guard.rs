@@ -56,11 +56,16 @@ impl fmt::Debug for LostSignal {
 #[must_use = "a lock is released as soon as its guard is dropped"]
 pub struct MutexGuard {
     held: Option<Arc<HeldLease>>,
+    /// The validity left when the core handed this guard out.
+    granted_with: Duration,
 }
 
 impl MutexGuard {
-    pub(crate) fn new(held: Arc<HeldLease>) -> Self {
-        MutexGuard { held: Some(held) }
+    pub(crate) fn new(held: Arc<HeldLease>, granted_with: Duration) -> Self {
+        MutexGuard {
+            held: Some(held),
+            granted_with,
+        }
     }
 
     fn held(&self) -> &Arc<HeldLease> {
@@ -113,6 +118,14 @@ impl MutexGuard {
     /// How much of the validity is left now (zero once it has passed).
     pub fn remaining(&self) -> Duration {
         self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// How much validity this guard was handed out with, by the local clock: never less than
+    /// the backend's validity floor (a tenth of the validity it can promise the TTL). Unlike
+    /// [`remaining`](MutexGuard::remaining) it does not depend on when it is read, so a
+    /// process descheduled or paused right after the hand-over still learns what it was given.
+    pub fn granted_validity(&self) -> Duration {
+        self.granted_with
     }
 
     /// A signal that fires when the lock is lost.

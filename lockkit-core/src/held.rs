@@ -180,16 +180,19 @@ impl HeldLease {
     }
 
     /// Adds a holder: the first hand-out starts the lease's renewal and its deadline, a
-    /// later one shares it (a reentrant acquisition). `false`, adding nothing, once the
-    /// lease is released, lost or past its deadline.
-    pub(crate) fn hand_out(self: &Arc<Self>) -> bool {
+    /// later one shares it (a reentrant acquisition). `None`, adding nothing, once the
+    /// lease is released, lost or short of its floor of validity. `Some(left)`: the validity
+    /// it was handed out with, measured under the same lock as the check, so it is what the
+    /// holder was given however late its thread reads it.
+    pub(crate) fn hand_out(self: &Arc<Self>) -> Option<Duration> {
         let mut state = self.state();
-        if state.released || self.lost.is_cancelled() || Instant::now() >= state.valid_until {
-            return false;
+        let left = state.valid_until.saturating_duration_since(Instant::now());
+        if state.released || self.lost.is_cancelled() || left.is_zero() || left < self.floor {
+            return None;
         }
         state.holders += 1;
         if state.issued {
-            return true;
+            return Some(left);
         }
         state.issued = true;
         if self.auto_renew {
@@ -200,7 +203,7 @@ impl HeldLease {
         drop(state);
         metrics::held(self.backend.as_ref());
         Scheduler::global().register(self.clone());
-        true
+        Some(left)
     }
 
     /// Drops one holder; returns `true` when it was the last, which marks the lease released.
@@ -398,7 +401,7 @@ mod tests {
             LockKey::new("ns", "k").expect("key"),
             OwnerToken::generate().expect("rng"),
             FencingToken(1),
-            Duration::from_secs(10),
+            Duration::from_millis(100),
             sent_at,
         );
         let held = HeldLease::new(
@@ -409,7 +412,10 @@ mod tests {
             Duration::ZERO,
             true,
         );
-        assert!(held.hand_out());
+        assert!(
+            held.hand_out().is_some(),
+            "20 ms of 100: above the floor of 10"
+        );
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(held.is_lost(), "past its deadline");
         // Sent before the deadline, answered after it: too late to count.

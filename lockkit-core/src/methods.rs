@@ -68,6 +68,11 @@ macro_rules! grant_methods {
                 self.0.remaining()
             }
 
+            #[doc = concat!("How much validity ", $what, " was handed out with: at least the backend's validity floor, whenever it is read.")]
+            pub fn granted_validity(&self) -> ::std::time::Duration {
+                self.0.granted_validity()
+            }
+
             #[doc = concat!("A signal that fires when ", $what, " is lost.")]
             pub fn lost_signal(&self) -> $crate::LostSignal {
                 self.0.lost_signal()
