@@ -4,9 +4,10 @@
 //!
 //! It is Curator's `LockInternals` loop with a small per-recipe driver, as lockkit-etcd's
 //! `attempt` is: the attempt and the grant are the same for every kind, and a [`Kind`]
-//! decides only the node's data, what a try checks before it queues, and the place its node
-//! has in the queue (the proofs are in `semaphore.rs` and `rwlock.rs`). A mutex is a writer
-//! over its own queue: it holds when its node is first.
+//! decides only the node's data and the place its node has in the queue (the proofs are in
+//! `semaphore.rs` and `rwlock.rs`). A mutex is a writer over its own queue: it holds when
+//! its node is first. A try queues its node as a wait does and withdraws it if it would
+//! wait, so a free lock's try is one round trip (the create and its listing).
 
 use lockkit_core::backend::{AcquireRequest, Attempt, Contention, Grant, Hold, OwnerToken};
 use lockkit_core::{Error, ErrorKind, FencingToken, LockKey, Result};
@@ -24,8 +25,8 @@ use crate::session::{Session, is_connected};
 /// parent gone between two of its requests) before it reports a retryable error.
 pub(crate) const MAX_ROUNDS: usize = 4;
 
-/// What decides a grant for one kind of request (Curator's driver): the own node's data,
-/// what a try checks before it queues, and where the own node stands in the queue.
+/// What decides a grant for one kind of request (Curator's driver): the own node's data and
+/// where the own node stands in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// A mutex: holds when its node is first.
@@ -97,26 +98,6 @@ impl Kind {
             Kind::Permit(permits) => permit_data(owner, permits),
             _ => Vec::new(),
         }
-    }
-
-    /// A try without waiting, before it creates a node: the contention when a node queued
-    /// now would wait (showing the holder of a mutex, the node a reader or a writer would
-    /// watch, a semaphore's last holder), the mismatch when a node of the semaphore records
-    /// another count.
-    pub(crate) fn taken(self, key: &LockKey, children: Vec<String>) -> Result<Option<Contention>> {
-        let queue = queue(children);
-        let shown = match self {
-            Kind::Exclusive => queue.first(),
-            Kind::Read => blocker(&queue, queue.len(), Hold::Read),
-            Kind::Write => blocker(&queue, queue.len(), Hold::Write),
-            Kind::Permit(permits) => {
-                if let Some(refused) = self.mismatch(key, &queue) {
-                    return Err(refused);
-                }
-                queue.get((permits as usize).saturating_sub(1))
-            }
-        };
-        Ok(shown.map(|node| Contention::new().with_predecessor(public_name(node), None)))
     }
 
     /// The refusal of a permit request when a node among `ahead` records another count
@@ -217,14 +198,10 @@ impl ZkBackend {
                         }
                     }
                 }
+                // A try queues its node as a wait does, and withdraws it if it would wait
+                // (as Curator's `acquire(0)` does): a free lock's try costs the create and
+                // its listing, one round trip, and a held one's a delete more.
                 None => {
-                    if !request.wait {
-                        // A try on a held lock answers without queueing a node.
-                        let children = self.children(&session, &paths.parent).await?;
-                        if let Some(contention) = kind.taken(&request.key, children)? {
-                            return Ok(Attempt::Contended(contention));
-                        }
-                    }
                     self.create_node(&session, &paths, &own, token, &kind.data(token))
                         .await?
                 }

@@ -458,14 +458,18 @@ impl ZkBackend {
                 None => Ok(false),
             }
         };
-        // Strays of this acquisition go too; the listing is sent right after the delete, so
-        // both cost one round trip.
+        // Strays of this acquisition go too. A stray is the node of a create whose answer was
+        // lost: a create answered before the grant made a node that the granting attempt's
+        // listing showed (the session applies its requests in order), and that attempt deleted
+        // every own node but the granted one. So with every create answered there is nothing
+        // to list, and the release is the recipe's one delete; otherwise the listing goes
+        // through the leader, sent right after the delete (one round trip for both).
         let strays = async {
             if ledger.has_unsettled() {
                 self.sweep_own(&session, &paths, &own_prefix, None, &ledger)
                     .await
             } else {
-                self.delete_all_own(&session, &paths, &own_prefix).await
+                Ok(())
             }
         };
         let (released, strays) = tokio::join!(release_node, strays);

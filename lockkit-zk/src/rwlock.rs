@@ -80,10 +80,8 @@ pub(crate) fn blocker(queue: &[String], index: usize, hold: Hold) -> Option<&Str
 
 #[cfg(test)]
 mod tests {
-    use lockkit_core::LockKey;
-
     use super::*;
-    use crate::acquire::Kind;
+    use crate::acquire::{Kind, Place};
 
     fn node(kind: &str, sequence: usize) -> String {
         format!("_c_{sequence}-{kind}{sequence:010}")
@@ -114,16 +112,17 @@ mod tests {
 
     #[test]
     fn a_try_is_refused_by_a_writer_for_a_reader_and_by_anyone_for_a_writer() {
-        let key = LockKey::new("ns", "table").expect("key");
-        let taken = |kind: Kind, children: Vec<String>| {
-            kind.taken(&key, children).expect("no count to disagree")
+        // A try's node joins the end of the queue (`own`); it holds, or withdraws.
+        let holds = |kind: Kind, mut queue: Vec<String>, own: String| {
+            queue.push(own);
+            matches!(kind.place(&queue, queue.len() - 1), Place::Holds { .. })
         };
         let readers = vec![node("__READ__", 1), node("__READ__", 2)];
-        assert!(taken(Kind::Read, readers.clone()).is_none());
-        assert!(taken(Kind::Write, readers.clone()).is_some());
-        assert!(taken(Kind::Write, Vec::new()).is_none());
+        assert!(holds(Kind::Read, readers.clone(), node("__READ__", 3)));
+        assert!(!holds(Kind::Write, readers.clone(), node("__WRIT__", 3)));
+        assert!(holds(Kind::Write, Vec::new(), node("__WRIT__", 1)));
         let mut queued = readers;
         queued.push(node("__WRIT__", 3));
-        assert!(taken(Kind::Read, queued).is_some());
+        assert!(!holds(Kind::Read, queued, node("__READ__", 4)));
     }
 }

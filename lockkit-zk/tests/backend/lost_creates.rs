@@ -82,8 +82,8 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
 
 /// A create whose reply was lost can commit after the retry looked, leaving a second node
 /// with the acquisition's own name and a higher sequence (made here by a second client with
-/// that name). The next round of the acquisition deletes it, a stray that appears while the
-/// lock is held goes with the release, and nothing is left to block the key.
+/// that name). The next round of the acquisition deletes it, and nothing is left to block
+/// the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strays_with_the_acquisitions_own_name_are_deleted() {
     let Some(config) = test_config() else { return };
@@ -145,7 +145,6 @@ async fn strays_with_the_acquisitions_own_name_are_deleted() {
     let Attempt::Granted(grant) = backend.try_acquire(&request).await.unwrap() else {
         panic!("the next in line was not granted");
     };
-    stray().await;
     let lease = Lease::new(
         request.key.clone(),
         request.owner.clone(),
@@ -155,10 +154,88 @@ async fn strays_with_the_acquisitions_own_name_are_deleted() {
     )
     .with_handle(grant.handle.clone().unwrap());
     assert!(backend.release(&lease).await.unwrap());
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// While a create of the acquisition is unsettled (its reply lost), a node with its name can
+/// still appear after the grant (the create committing late, made here by a second client
+/// with that name): the release lists the lock through the leader and deletes it too. (With
+/// every create answered no such node can exist, and the release sends only its delete.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stray_of_an_unsettled_create_goes_with_the_release() {
+    let Some(Queue {
+        admin,
+        ns,
+        proxy,
+        backend,
+        request,
+        parent,
+    }) = key_behind_a_proxy("late-stray").await
+    else {
+        return;
+    };
+    proxy.set(Direction::Replies, Fault::Drop);
+    backend
+        .try_acquire(&request)
+        .await
+        .expect_err("the reply was dropped");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let node = loop {
+        let found = admin
+            .list_children(&parent)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|c| c.contains("-lock-"));
+        if let Some(node) = found {
+            break node;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached the ensemble"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    proxy.heal();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let grant = loop {
+        match backend.try_acquire(&request).await {
+            Ok(Attempt::Granted(grant)) => break grant,
+            Ok(Attempt::Contended(_)) => panic!("the retry queued behind its own node"),
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the retry failed: {e}"),
+        }
+    };
+    let prefix = node[..node.rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
+    admin
+        .create(
+            &format!("{parent}/{prefix}"),
+            &[],
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
+    let lease = Lease::new(
+        request.key.clone(),
+        request.owner.clone(),
+        grant.fencing_token,
+        request.ttl,
+        Instant::now(),
+    )
+    .with_handle(grant.handle.clone().unwrap());
+    assert!(backend.release(&lease).await.unwrap());
     assert_eq!(
         nodes_named(&admin, &parent, &prefix).await,
         Vec::<String>::new(),
         "the release left the stray"
     );
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    drop(backend);
     assert_no_znodes(&admin, &ns).await;
 }
