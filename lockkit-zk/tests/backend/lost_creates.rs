@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use lockkit_core::backend::{AcquireRequest, Attempt, Lease, LockBackend, OwnerToken};
-use lockkit_core::testing::proxy::{Direction, Fault};
+use lockkit_core::backend::{AcquireRequest, Attempt, Grant, Lease, LockBackend, OwnerToken};
+use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use lockkit_core::{ErrorKind, LockKey};
 use lockkit_zk::ZkBackend;
 use zookeeper_client as zk;
@@ -28,40 +28,7 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
     else {
         return;
     };
-    proxy.set(Direction::Replies, Fault::Drop);
-    let err = backend
-        .try_acquire(&request)
-        .await
-        .expect_err("the reply was dropped");
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(err.is_retryable());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !admin
-        .list_children(&parent)
-        .await
-        .unwrap()
-        .iter()
-        .any(|c| c.contains("-lock-"))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the create never reached the ensemble"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    proxy.heal();
-
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let grant = loop {
-        match backend.try_acquire(&request).await {
-            Ok(Attempt::Granted(grant)) => break grant,
-            Ok(Attempt::Contended(_)) => panic!("the retry queued behind its own node"),
-            Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("the retry failed: {e}"),
-        }
-    };
+    let (_, grant) = granted_after_a_lost_create(&admin, &proxy, &backend, &request, &parent).await;
     let nodes: Vec<String> = admin
         .list_children(&parent)
         .await
@@ -118,18 +85,7 @@ async fn strays_with_the_acquisitions_own_name_are_deleted() {
         .collect();
     assert_eq!(ours.len(), 1, "{ours:?}");
     let prefix = ours[0][..ours[0].rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
-    let stray = || async {
-        admin
-            .create(
-                &format!("{parent}/{prefix}"),
-                &[],
-                &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
-            )
-            .await
-            .unwrap();
-    };
-
-    stray().await;
+    stray(&admin, &parent, &prefix).await;
     assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
     assert!(matches!(
         backend.try_acquire(&request).await.unwrap(),
@@ -145,15 +101,7 @@ async fn strays_with_the_acquisitions_own_name_are_deleted() {
     let Attempt::Granted(grant) = backend.try_acquire(&request).await.unwrap() else {
         panic!("the next in line was not granted");
     };
-    let lease = Lease::new(
-        request.key.clone(),
-        request.owner.clone(),
-        grant.fencing_token,
-        ttl,
-        Instant::now(),
-    )
-    .with_handle(grant.handle.clone().unwrap());
-    assert!(backend.release(&lease).await.unwrap());
+    assert!(backend.release(&lease_of(&request, &grant)).await.unwrap());
     assert_no_znodes(&admin, &ns).await;
 }
 
@@ -174,17 +122,48 @@ async fn a_stray_of_an_unsettled_create_goes_with_the_release() {
     else {
         return;
     };
+    let (node, grant) =
+        granted_after_a_lost_create(&admin, &proxy, &backend, &request, &parent).await;
+    let prefix = node[..node.rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
+    stray(&admin, &parent, &prefix).await;
+    assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
+    assert!(backend.release(&lease_of(&request, &grant)).await.unwrap());
+    assert_eq!(
+        nodes_named(&admin, &parent, &prefix).await,
+        Vec::<String>::new(),
+        "the release left the stray"
+    );
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .unwrap();
+    drop(backend);
+    assert_no_znodes(&admin, &ns).await;
+}
+
+/// Loses the reply of `request`'s create (the request reaches the ensemble, the answer does
+/// not come back), then retries until granted: the retry must find its own node rather than
+/// queue behind it. Answers the node the lost create made, and the grant.
+async fn granted_after_a_lost_create(
+    admin: &zk::Client,
+    proxy: &FaultProxy,
+    backend: &ZkBackend,
+    request: &AcquireRequest,
+    parent: &str,
+) -> (String, Grant) {
     proxy.set(Direction::Replies, Fault::Drop);
-    backend
-        .try_acquire(&request)
+    let err = backend
+        .try_acquire(request)
         .await
         .expect_err("the reply was dropped");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
     let deadline = Instant::now() + Duration::from_secs(5);
     let node = loop {
         let found = admin
-            .list_children(&parent)
+            .list_children(parent)
             .await
-            .unwrap()
+            .expect("list the lock")
             .into_iter()
             .find(|c| c.contains("-lock-"));
         if let Some(node) = found {
@@ -198,17 +177,21 @@ async fn a_stray_of_an_unsettled_create_goes_with_the_release() {
     };
     proxy.heal();
     let deadline = Instant::now() + Duration::from_secs(15);
-    let grant = loop {
-        match backend.try_acquire(&request).await {
-            Ok(Attempt::Granted(grant)) => break grant,
+    loop {
+        match backend.try_acquire(request).await {
+            Ok(Attempt::Granted(grant)) => return (node, grant),
             Ok(Attempt::Contended(_)) => panic!("the retry queued behind its own node"),
             Err(e) if e.is_retryable() && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => panic!("the retry failed: {e}"),
         }
-    };
-    let prefix = node[..node.rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
+    }
+}
+
+/// A node named `prefix…` under `parent`, made by the admin client: what a create of the
+/// acquisition that commits late leaves.
+async fn stray(admin: &zk::Client, parent: &str, prefix: &str) {
     admin
         .create(
             &format!("{parent}/{prefix}"),
@@ -216,26 +199,20 @@ async fn a_stray_of_an_unsettled_create_goes_with_the_release() {
             &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
         )
         .await
-        .unwrap();
-    assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
+        .expect("create a stray");
+}
+
+/// The lease of `grant`, as the core would hold it.
+fn lease_of(request: &AcquireRequest, grant: &Grant) -> Lease {
     let lease = Lease::new(
         request.key.clone(),
         request.owner.clone(),
         grant.fencing_token,
         request.ttl,
         Instant::now(),
-    )
-    .with_handle(grant.handle.clone().unwrap());
-    assert!(backend.release(&lease).await.unwrap());
-    assert_eq!(
-        nodes_named(&admin, &parent, &prefix).await,
-        Vec::<String>::new(),
-        "the release left the stray"
     );
-    admin
-        .delete(&format!("{parent}/keep-parent"), None)
-        .await
-        .unwrap();
-    drop(backend);
-    assert_no_znodes(&admin, &ns).await;
+    match &grant.handle {
+        Some(handle) => lease.with_handle(handle.clone()),
+        None => lease,
+    }
 }
