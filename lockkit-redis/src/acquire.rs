@@ -40,6 +40,17 @@ pub(crate) trait AcquireScriptReply: Sized {
     fn parse(value: &Value) -> Result<Self>;
     /// Whether the reply grants the request.
     fn is_grant(&self) -> bool;
+
+    /// The `[code, n]` a semaphore's or a read-write lock's script answers.
+    fn code_and_number(value: &Value) -> Result<(i64, i64)> {
+        match value {
+            Value::Array(items) => match items.as_slice() {
+                [Value::Int(code), Value::Int(n)] => Ok((*code, *n)),
+                _ => Err(unexpected(BACKEND, Self::SCRIPT)),
+            },
+            _ => Err(unexpected(BACKEND, Self::SCRIPT)),
+        }
+    }
 }
 
 impl AcquireScriptReply for AcquireReply {

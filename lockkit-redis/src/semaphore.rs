@@ -132,20 +132,14 @@ impl AcquireScriptReply for PermitReply {
 
     fn parse(value: &Value) -> Result<Self> {
         let unexpected = || unexpected(BACKEND, Self::SCRIPT);
-        let Value::Array(items) = value else {
-            return Err(unexpected());
-        };
-        let [Value::Int(code), Value::Int(n)] = items.as_slice() else {
-            return Err(unexpected());
-        };
-        match code {
-            1 => u64::try_from(*n)
+        match Self::code_and_number(value)? {
+            (1, n) => u64::try_from(n)
                 .map(|t| PermitReply::Granted(FencingToken(t)))
                 .map_err(|_| unexpected()),
-            0 => Ok(PermitReply::Full(Duration::from_millis(
-                u64::try_from(*n).unwrap_or(0),
+            (0, n) => Ok(PermitReply::Full(Duration::from_millis(
+                u64::try_from(n).unwrap_or(0),
             ))),
-            2 => u32::try_from(*n)
+            (2, n) => u32::try_from(n)
                 .map(PermitReply::Mismatch)
                 .map_err(|_| unexpected()),
             _ => Err(unexpected()),
