@@ -166,8 +166,14 @@ impl HeldLease {
 
     /// Whether at least the floor of validity is left now.
     pub(crate) fn has_floor(&self) -> bool {
-        !self.lost.is_cancelled()
-            && self.valid_until().saturating_duration_since(Instant::now()) >= self.floor
+        self.useful_until(self.valid_until()).is_some()
+    }
+
+    /// The validity left now before `valid_until`, if the lease is not lost and it is at
+    /// least the floor (and more than nothing).
+    fn useful_until(&self, valid_until: Instant) -> Option<Duration> {
+        let left = valid_until.saturating_duration_since(Instant::now());
+        (!self.lost.is_cancelled() && !left.is_zero() && left >= self.floor).then_some(left)
     }
 
     /// Whether a renewal could still make this lease useful: it is not lost, and it was
@@ -186,10 +192,10 @@ impl HeldLease {
     /// holder was given however late its thread reads it.
     pub(crate) fn hand_out(self: &Arc<Self>) -> Option<Duration> {
         let mut state = self.state();
-        let left = state.valid_until.saturating_duration_since(Instant::now());
-        if state.released || self.lost.is_cancelled() || left.is_zero() || left < self.floor {
+        if state.released {
             return None;
         }
+        let left = self.useful_until(state.valid_until)?;
         state.holders += 1;
         if state.issued {
             return Some(left);

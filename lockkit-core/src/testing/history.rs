@@ -40,11 +40,12 @@ pub struct Event {
 pub enum What {
     /// A worker asked for the lock.
     Invoke,
-    /// The lock was granted with `token`, with `remaining_ms` of validity left at that moment.
+    /// The lock was granted with `token`, handed out with `remaining_ms` of validity.
     Granted {
         /// The grant's fencing token.
         token: u64,
-        /// The validity the guard reported when it was handed over.
+        /// The validity the guard was handed out with
+        /// ([`granted_validity`](crate::MutexGuard::granted_validity)).
         remaining_ms: u64,
         /// The floor it had to be handed over with: a tenth of what the backend can promise
         /// ([`validity_floor`](crate::backend::validity_floor)); 0 when not recorded.

@@ -27,9 +27,10 @@
 //!   the holder's lease had passed on, and it claimed the lock back.
 //! - A *late grant* is one handed over with no validity left; a grant *under the floor*,
 //!   one handed over with less than its floor of validity (a tenth of what the backend can
-//!   promise), where the history records the floor. The worker reads the validity just
-//!   after the guard is handed to it, and a loaded machine can deschedule it in between, so a
-//!   grant counts as under the floor only when it shows [`UNDER_FLOOR_SLACK`] less.
+//!   promise), where the history records the floor. Workers record the validity the guard
+//!   was handed out with ([`granted_validity`](crate::MutexGuard::granted_validity)), which
+//!   does not depend on when their thread reads it (a paused or descheduled worker reads
+//!   what the core gave it).
 //! - *Recovery* is the time from a fault to the next grant of a worker it did not hit;
 //!   *lost-signal lag* the time from a fault to the lost signal of the worker it hit.
 
@@ -37,13 +38,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::history::{Event, GrantKind, What};
-
-/// How much less than its floor a grant may show before it counts as handed out under it:
-/// the worker reads the validity after the core handed the guard over, and on a loaded
-/// machine its thread can be descheduled in between (a campaign smoke row once read 46 ms
-/// of a grant the core handed out with at least its 50 ms floor). Far below the shortfalls
-/// the floor guards against (a grant handed out with 37 ms of a 1 s TTL, or with none).
-pub const UNDER_FLOOR_SLACK: Duration = Duration::from_millis(20);
 
 /// What a history shows.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -195,9 +189,7 @@ pub fn check(events: &[Event]) -> Verdict {
                         "{} was granted {} with no validity left",
                         event.process, event.key
                     ));
-                } else if remaining_ms.saturating_add(UNDER_FLOOR_SLACK.as_millis() as u64)
-                    < *floor_ms
-                {
+                } else if remaining_ms < floor_ms {
                     verdict.under_floor += 1;
                     verdict.violation(format!(
                         "{} was granted {} with {remaining_ms} ms left, under its floor of {floor_ms} ms",

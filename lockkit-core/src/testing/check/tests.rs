@@ -289,17 +289,17 @@ fn catches_a_grant_under_its_floor() {
         },
     )]));
     assert_eq!((verdict.late_grants, verdict.under_floor), (0, 1));
-    let read_late = check(&history(&[(
+    let at_the_floor = check(&history(&[(
         0,
         "a",
         What::Granted {
             token: 1,
-            remaining_ms: 46,
+            remaining_ms: 50,
             floor_ms: 50,
             kind: GrantKind::Exclusive,
         },
     )]));
-    assert_eq!(read_late.under_floor, 0, "{read_late:?}");
+    assert_eq!(at_the_floor.under_floor, 0, "{at_the_floor:?}");
     assert!(
         verdict.violations[0].contains("under its floor"),
         "{verdict:?}"
