@@ -122,8 +122,16 @@ async fn a_stray_of_an_unsettled_create_goes_with_the_release() {
     else {
         return;
     };
+    let lost_at = Instant::now();
     let (node, grant) =
         granted_after_a_lost_create(&admin, &proxy, &backend, &request, &parent).await;
+    // A session timeout after the lost create, a background sweep settles it (deleting what
+    // it left): a stray made after that could not have come from it.
+    assert!(
+        lost_at.elapsed() < backend.session_timeout(),
+        "the retry took {:?}, longer than the session timeout: the sweep may have settled the create",
+        lost_at.elapsed()
+    );
     let prefix = node[..node.rfind("-lock-").unwrap() + "-lock-".len()].to_owned();
     stray(&admin, &parent, &prefix).await;
     assert_eq!(nodes_named(&admin, &parent, &prefix).await.len(), 2);
