@@ -8,7 +8,9 @@ use lockkit_core::testing::proxy::{Direction, Fault, FaultProxy};
 use zookeeper_client as zk;
 
 use crate::support::test_config;
-use crate::{Queue, assert_no_znodes, client_with_ttl, key_behind_a_proxy, namespace, nodes_named};
+use crate::{
+    Queue, assert_no_znodes, client_with_ttl, key_behind_a_proxy, let_go, namespace, nodes_named,
+};
 
 /// A release that cannot reach the ensemble fails, and still forgets the acquisition: the
 /// backend does not keep one entry per failed release for as long as it lives.
@@ -89,12 +91,7 @@ async fn a_lost_create_is_swept_when_the_clean_up_fails() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    admin
-        .delete(&format!("{parent}/keep-parent"), None)
-        .await
-        .unwrap();
-    drop(backend);
-    assert_no_znodes(&admin, &ns).await;
+    let_go(&admin, &ns, &parent, backend).await;
 }
 
 /// A backend dropped while a clean-up waits in the background (for a create whose reply came

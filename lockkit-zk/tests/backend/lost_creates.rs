@@ -10,7 +10,7 @@ use lockkit_zk::ZkBackend;
 use zookeeper_client as zk;
 
 use crate::support::{TEST_CHROOT, admin, test_config};
-use crate::{Queue, assert_no_znodes, client, key_behind_a_proxy, namespace, nodes_named};
+use crate::{Queue, assert_no_znodes, client, key_behind_a_proxy, let_go, namespace, nodes_named};
 
 /// A create whose reply is lost (the request reached the ensemble, the answer did not
 /// come back) leaves a node; the next attempt of the same acquisition finds it by the digest
@@ -39,12 +39,7 @@ async fn a_retry_after_a_lost_create_reply_finds_its_own_node() {
     assert_eq!(nodes.len(), 1, "an orphan was left: {nodes:?}");
     assert!(nodes[0].ends_with(grant.handle.as_deref().unwrap()));
     backend.abandon(&request).await.unwrap();
-    admin
-        .delete(&format!("{parent}/keep-parent"), None)
-        .await
-        .unwrap();
-    drop(backend);
-    assert_no_znodes(&admin, &ns).await;
+    let_go(&admin, &ns, &parent, backend).await;
 }
 
 /// A create whose reply was lost can commit after the retry looked, leaving a second node
@@ -141,12 +136,7 @@ async fn a_stray_of_an_unsettled_create_goes_with_the_release() {
         Vec::<String>::new(),
         "the release left the stray"
     );
-    admin
-        .delete(&format!("{parent}/keep-parent"), None)
-        .await
-        .unwrap();
-    drop(backend);
-    assert_no_znodes(&admin, &ns).await;
+    let_go(&admin, &ns, &parent, backend).await;
 }
 
 /// Loses the reply of `request`'s create (the request reaches the ensemble, the answer does

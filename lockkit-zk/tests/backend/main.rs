@@ -87,6 +87,17 @@ struct Queue {
     parent: String,
 }
 
+/// Ends a test of [`key_behind_a_proxy`]: removes the child that kept the lock's parent,
+/// closes the backend's session, and checks that nothing of the namespace is left.
+async fn let_go(admin: &zk::Client, ns: &str, parent: &str, backend: ZkBackend) {
+    admin
+        .delete(&format!("{parent}/keep-parent"), None)
+        .await
+        .expect("delete the kept child");
+    drop(backend);
+    assert_no_znodes(admin, ns).await;
+}
+
 async fn key_behind_a_proxy(name: &str) -> Option<Queue> {
     let mut config = test_config()?;
     let admin = admin(&config, TEST_CHROOT).await;
