@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # compose/down.sh [TOPOLOGY...] : stop the backends that compose/up.sh started (default: all topologies).
-#   TOPOLOGY: redis | sentinel | redlock | etcd | zk | all
+#   TOPOLOGY: redis | sentinel | redlock | redis-cluster | etcd | zk | postgres | all
 # Signals only the PIDs recorded in $LK/pids, after checking that each still is our server (PID-reuse guard):
 # SIGTERM (+SIGCONT for paused ones), SIGKILL after LOCKKIT_COMPOSE_STOP_TIMEOUT s (default 3; an etcd leader
-# hangs ~7 s on SIGTERM when all members stop). Removes their data dirs (throwaway; logs are kept) and their
-# lines from $LK/endpoints.env. Safe to run when nothing is up.
+# hangs ~7 s on SIGTERM when all members stop). PostgreSQL first gets `pg_ctl -m fast -w stop` on its own data
+# dir (bounded by LOCKKIT_COMPOSE_TIMEOUT), then the same fallback (SIGINT, its fast shutdown, then SIGKILL).
+# Removes their data dirs (throwaway; logs are kept) and their lines from $LK/endpoints.env. Safe to run when
+# nothing is up.
 # Exit: 0 done; 2 usage.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -24,8 +26,11 @@ leader=''
 [[ " $topos " != *" etcd "* ]] || leader=$(lk_leader etcd) || true
 first=()
 for m in "${members[@]}"; do [ "$m" = "$leader" ] || first+=("$m"); done
+pids=()
+# PostgreSQL: pg_ctl's fast shutdown of our postmaster; lk_stop below only acts should that have failed.
+[[ " $topos " != *" postgres "* ]] || { lk_pg_stop; pids+=("${LK_STOPPED_PIDS[@]}"); }
 lk_stop "${first[@]}"
-pids=("${LK_STOPPED_PIDS[@]}")
+pids+=("${LK_STOPPED_PIDS[@]}")
 [ -z "$leader" ] || { lk_stop "$leader"; pids+=("${LK_STOPPED_PIDS[@]}"); }
 lk_wait_reaped "${pids[@]}"
 for m in "${members[@]}"; do rm -rf "${LK_DATA:?}/$m"; done

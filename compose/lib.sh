@@ -3,9 +3,11 @@
 # `set -euo pipefail`, and every function here returns non-zero rather than relying on errexit (so it can
 # also be sourced by hand, e.g. `. compose/lib.sh; zk4 20201 mntr`).
 # Defines the working folder $LK (LOCKKIT_COMPOSE_DIR, default <repo>/target/compose) with data/, pids/,
-# logs/ and endpoints.env, the port plan of shared/BACKENDS.md §1, the members of each topology, and:
+# logs/ and endpoints.env, the port plan of shared/BACKENDS.md §1 (plus PostgreSQL's), the members of each
+# topology, and:
 #   lk_ensure_packages  install missing Debian packages (root, apt-get update once, no service started)
 #   lk_spawn / lk_is_ours / lk_pid / lk_stop   start detached with a recorded PID / PID-reuse guard / stop
+#   lk_pg / lk_pg_start / lk_pg_stop   PostgreSQL's programs (as the user postgres when root) / pg_ctl start / stop
 #   zk4 PORT WORD       ZooKeeper four-letter word without nc
 #   lk_prepare / lk_start / lk_wait_ready / lk_env_update   config, start, readiness, endpoints.env
 # Knobs: LOCKKIT_COMPOSE_TIMEOUT (readiness bound, s, default 60), LOCKKIT_COMPOSE_STOP_TIMEOUT (SIGTERM to
@@ -37,10 +39,18 @@ read -ra LK_ETCD_PEER_PORTS <<<"$(lk_shift 20111 20112 20113)"
 read -ra LK_ZK_CLIENT_PORTS <<<"$(lk_shift 20201 20202 20203)"
 read -ra LK_ZK_QUORUM_PORTS <<<"$(lk_shift 20211 20212 20213)"
 read -ra LK_ZK_ELECTION_PORTS <<<"$(lk_shift 20221 20222 20223)"
-LK_TOPOLOGIES="redis sentinel redlock redis-cluster etcd zk"
+# PostgreSQL (not in BACKENDS.md §1, which predates it): one server, Debian's PostgreSQL 15, in a hundred of
+# its own (20300-20399; one port used). Its member folder holds the cluster (data/, made by initdb) and the
+# server's unix socket (-k).
+LK_POSTGRES_PORT=$((20300 + LK_OFF))
+LK_PG_BIN=/usr/lib/postgresql/15/bin
+LK_PG_PASSWORD=lockkit-test
+LK_PG_DIR=$LK_DATA/postgres LK_PG_DATA=$LK_DATA/postgres/data
+LK_TOPOLOGIES="redis sentinel redlock redis-cluster etcd zk postgres"
 # The second set of every topology, for the tests that kill, pause or reconfigure a server
 # (.config/nextest.toml): a compose folder of its own inside this one, every port 500 higher
-# (the sets span 224 ports; the tests' private servers use 21100-22499, unshifted).
+# (the sets span 301 ports, 20000-20300; the tests' private servers use 21100-22499, unshifted).
+# .ci/run's examples set is 250 higher: the sets' ranges interleave there, but no two ports meet.
 LK_EXCLUSIVE_DIR=$LK/exclusive LK_EXCLUSIVE_OFFSET=$((LK_OFF + 500))
 
 lk_hostports() { local p out=''; for p; do out+=${out:+,}127.0.0.1:$p; done; echo "$out"; }
@@ -64,6 +74,7 @@ lk_members() { # TOPOLOGY -> its member names
     redis-cluster) echo cluster-1 cluster-2 cluster-3 cluster-4 cluster-5 cluster-6 ;;
     etcd) echo etcd-1 etcd-2 etcd-3 ;;
     zk) echo zk-1 zk-2 zk-3 ;;
+    postgres) echo postgres ;;
     *) return 1 ;;
   esac
 }
@@ -75,6 +86,7 @@ lk_topology_of() { # NAME -> its topology; non-zero for an unknown name
     cluster-[1-6]) echo redis-cluster ;;
     etcd-[123]) echo etcd ;;
     zk-[123]) echo zk ;;
+    postgres) echo postgres ;;
     *) return 1 ;;
   esac
 }
@@ -99,6 +111,7 @@ lk_port() { # NAME -> client port
     cluster-?) echo "${LK_CLUSTER_PORTS[i - 1]}" ;;
     etcd-?) echo "${LK_ETCD_CLIENT_PORTS[i - 1]}" ;;
     zk-?) echo "${LK_ZK_CLIENT_PORTS[i - 1]}" ;;
+    postgres) echo "$LK_POSTGRES_PORT" ;;
     *) return 1 ;;
   esac
 }
@@ -134,6 +147,9 @@ lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever i
         # The Curator interop test (lockkit-zk/tests/interop_curator.rs) compiles a Java contender.
         [ -e /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
         command -v javac >/dev/null || need+=(default-jdk-headless) ;;
+      postgres)
+        # postgresql pulls in postgresql-15 (postgres, initdb, pg_ctl) and postgresql-client-15 (psql).
+        { [ -x "$LK_PG_BIN/postgres" ] && [ -x "$LK_PG_BIN/psql" ]; } || need+=(postgresql) ;;
     esac
   done
   ((${#need[@]})) || return 0
@@ -143,14 +159,16 @@ lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever i
     return 1
   fi
   echo "installing ${need[*]} (log: $LK_LOGS/apt.log)"
-  # A policy-rc.d that answers 101 keeps the packages' post-install from starting system services.
+  # A policy-rc.d that answers 101 keeps the packages' post-install from starting system services
+  # (postgresql's still creates its cluster 15/main, port 5432: it stays down and is never touched).
   if [ ! -e "$guard" ]; then printf '#!/bin/sh\nexit 101\n' >"$guard" && chmod 755 "$guard" && made_guard=1; fi
   { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"; } >"$LK_LOGS/apt.log" 2>&1 || rc=$?
   [ -z "$made_guard" ] || rm -f "$guard"
   if ((rc)); then echo "error: apt-get failed (rc $rc):" >&2; tail -n 20 "$LK_LOGS/apt.log" >&2; return 1; fi
   # Should a system service have started anyway, leave it alone: our ports are different.
-  if pgrep -x redis-server >/dev/null || pgrep -x etcd >/dev/null || pgrep -f QuorumPeerMain >/dev/null; then
-    echo "note: a redis/etcd/zookeeper process not started by compose/ is running; left alone (other ports)"
+  if pgrep -x redis-server >/dev/null || pgrep -x etcd >/dev/null || pgrep -f QuorumPeerMain >/dev/null ||
+    pgrep -x postgres >/dev/null; then
+    echo "note: a redis/etcd/zookeeper/postgres process not started by compose/ may be running; left alone (other ports)"
   fi
 }
 
@@ -163,14 +181,26 @@ lk_is_ours() { # PID NAME: PID is alive and is our server for member NAME (guard
   case $2 in
     etcd-*) [[ $cmd == *etcd* && $cmd == *" --data-dir $LK_DATA/$2 "* ]] ;;
     zk-*) [[ $cmd == *QuorumPeerMain* && $cmd == *" $LK_DATA/$2/zoo.cfg "* ]] ;;
+    # the postmaster (pg_ctl runs it as "postgres -D DATA -p PORT ..."; its children rename themselves)
+    postgres) [[ $cmd == "$LK_PG_BIN/postgres "* && $cmd == *" -D $LK_PG_DATA "* ]] ;;
     *) [[ $cmd == *redis-server* && ($cmd == *"127.0.0.1:$(lk_port "$2") "* || $cmd == *" $LK_DATA/$2/"*) ]] ;;
   esac
 }
 lk_pid() { # NAME -> PID of our running member; a stale PID file is removed
   local f=$LK_PIDS/$1.pid pid
-  [ -s "$f" ] || return 1
-  pid=$(<"$f")
-  if lk_is_ours "$pid" "$1"; then echo "$pid"; else rm -f "$f"; return 1; fi
+  if [ -s "$f" ]; then
+    pid=$(<"$f")
+    if lk_is_ours "$pid" "$1"; then echo "$pid"; return 0; fi
+    rm -f "$f"
+  fi
+  # pg_ctl daemonizes the postmaster, which records itself in postmaster.pid: a postmaster of our data dir
+  # whose PID file is missing (lk_pg_start interrupted before it wrote it) is ours, and adopted.
+  if [ "$1" = postgres ] && pid=$(head -n 1 "$LK_PG_DATA/postmaster.pid" 2>/dev/null) && lk_is_ours "$pid" postgres; then
+    echo "$pid" >"$f"
+    echo "$pid"
+    return 0
+  fi
+  return 1
 }
 lk_state() { # NAME -> up | paused | down
   local pid stat
@@ -201,11 +231,12 @@ lk_spawn() { # NAME CMD...: run CMD detached in its own session, log to logs/NAM
   return 1
 }
 lk_stop() { # NAME...: SIGTERM (and SIGCONT, for paused ones), SIGKILL after LK_STOP_TIMEOUT s; remove PID files.
-  # Sets LK_STOPPED_PIDS.
+  # PostgreSQL gets SIGINT instead, its fast shutdown (SIGTERM waits for every client to leave; down.sh
+  # uses lk_pg_stop first). Sets LK_STOPPED_PIDS.
   local m pid names=() pids=() i end
   for m; do
     pid=$(lk_pid "$m") || continue
-    kill -TERM "$pid" 2>/dev/null || true
+    if [ "$m" = postgres ]; then kill -INT "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
     kill -CONT "$pid" 2>/dev/null || true
     names+=("$m") pids+=("$pid")
   done
@@ -225,6 +256,12 @@ lk_stop() { # NAME...: SIGTERM (and SIGCONT, for paused ones), SIGKILL after LK_
   done
   # shellcheck disable=SC2034  # used by the callers
   LK_STOPPED_PIDS=("${pids[@]}")
+}
+lk_proc_state() { # PID -> its state letter (R, S, T, Z...), nothing if it is gone
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  stat=${stat##*) }
+  echo "${stat%% *}"
 }
 lk_wait_reaped() { # PID...: wait (at most 3 s) until these dead processes are no zombies any more, so that
   # pgrep shows nothing (an init that reaps lazily, like this sandbox's, keeps them for up to ~2 s)
@@ -259,6 +296,7 @@ lk_prepare() { # NAME: create the data dir and config of member NAME unless they
   mkdir -p "$dir" && chmod 700 "$dir"
   case $name in
     etcd-?) ;; # etcd keeps everything in its data dir
+    postgres) lk_pg_prepare ;;
     sentinel-[123])
       [ -e "$dir/sentinel.conf" ] || cat >"$dir/sentinel.conf" <<EOF
 bind 127.0.0.1
@@ -334,8 +372,87 @@ lk_start() { # NAME: start member NAME from its data dir and config (lk_prepare 
         --initial-cluster "$LK_ETCD_CLUSTER" --initial-cluster-token lk-etcd --initial-cluster-state new \
         --logger zap --log-outputs stderr --log-level warn ;;
     zk-?) lk_spawn "$name" "${LK_ZK_JAVA[@]}" "$dir/zoo.cfg" ;;
+    postgres) lk_pg_start ;;
     *) lk_spawn "$name" redis-server "$dir/redis.conf" ;;
   esac
+}
+
+# ---- PostgreSQL ----------------------------------------------------------------------------------------
+# One server, started and stopped with pg_ctl (not lk_spawn: pg_ctl daemonizes the postmaster, in a session
+# of its own), its PID taken from postmaster.pid. The server refuses to run as root: as root, its member
+# folder belongs to the user postgres and initdb/pg_ctl run as that user (runuser); otherwise as the caller.
+lk_pg() { # PROGRAM ARG...: run $LK_PG_BIN/PROGRAM, as the user postgres when root (from /, which it can read)
+  local prog=$LK_PG_BIN/$1
+  shift
+  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$prog" "$@"); else "$prog" "$@"; fi
+}
+lk_pg_sql() { # DATABASE SQL: run SQL on our server (TCP, superuser postgres), print the rows unaligned; 5 s bound
+  PGPASSWORD=$LK_PG_PASSWORD PGCONNECT_TIMEOUT=2 timeout 5 "$LK_PG_BIN/psql" -X -w -q -At -h 127.0.0.1 -p "$LK_POSTGRES_PORT" -U postgres \
+    -d "$1" -c "$2" 2>/dev/null
+}
+lk_pg_prepare() { # the cluster of member postgres (initdb), unless it is made already
+  local dir=$LK_PG_DIR
+  # The socket's path, DIR/.s.PGSQL.PORT, must fit in 107 bytes.
+  ((${#dir} <= 90)) || { echo "error: postgres: $dir is too long for the server's unix socket (90 bytes at most): use a shorter LOCKKIT_COMPOSE_DIR" >&2; return 1; }
+  if [ "$(id -u)" = 0 ]; then
+    chown postgres:postgres "$dir" || return 1
+    runuser -u postgres -- test -w "$dir" ||
+      { echo "error: postgres: the user postgres cannot write $dir (a folder above it closed to others?)" >&2; return 1; }
+  fi
+  [ ! -e "$dir/initdb.done" ] || return 0
+  rm -rf "$LK_PG_DATA" # what an interrupted initdb left
+  # Superuser postgres with the password $LK_PG_PASSWORD over TCP (SCRAM, so that the tests see wrong
+  # credentials refused), trusted on its own socket only. No locale (C), UTF-8.
+  printf '%s\n' "$LK_PG_PASSWORD" >"$dir/pwfile" && chmod 644 "$dir/pwfile" || return 1
+  if ! lk_pg initdb -D "$LK_PG_DATA" --auth-host=scram-sha-256 --auth-local=trust --pwfile="$dir/pwfile" \
+    -U postgres -E UTF8 --no-locale --no-instructions >>"$LK_LOGS/postgres.log" 2>&1 </dev/null; then
+    echo "error: postgres: initdb failed" >&2
+    lk_tail postgres
+    return 1
+  fi
+  : >"$dir/initdb.done"
+}
+lk_pg_start() { # start member postgres from its cluster (lk_prepare first), record the postmaster's PID and
+  # create the database lockkit unless it exists
+  local f=$LK_PIDS/postgres.pid pid opts
+  rm -f "$f"
+  # After a crash the server checks the PID in postmaster.pid (and in its socket's lock file) itself: a
+  # dead one it replaces. Two cases it would refuse to start on: a killed postmaster the init has not reaped
+  # yet (waited for, up to 3 s), and a PID reused since by another process (its stale files removed).
+  pid=$(head -n 1 "$LK_PG_DATA/postmaster.pid" 2>/dev/null) || pid=''
+  if [[ $pid =~ ^[0-9]+$ ]]; then
+    lk_wait_reaped "$pid"
+    if [ -d "/proc/$pid" ] && ! lk_is_ours "$pid" postgres && [ "$(lk_proc_state "$pid")" != Z ]; then
+      echo "postgres: removing the stale postmaster.pid and socket lock (PID $pid is another process now)" >>"$LK_LOGS/postgres.log"
+      rm -f "$LK_PG_DATA/postmaster.pid" "$LK_PG_DIR/.s.PGSQL.$LK_POSTGRES_PORT.lock"
+    fi
+  fi
+  # TCP on 127.0.0.1 only, the socket in the member folder, 200 connections, fsync on (durability costs
+  # are measured: keep it on).
+  opts="-p $LK_POSTGRES_PORT -k '$LK_PG_DIR' -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on"
+  # Without -l the server logs to pg_ctl's output, opened here (the user postgres need not write logs/).
+  if ! lk_pg pg_ctl start -D "$LK_PG_DATA" -o "$opts" -w -t "$LK_TIMEOUT" -s >>"$LK_LOGS/postgres.log" 2>&1 </dev/null; then
+    echo "error: postgres: pg_ctl start failed" >&2
+    return 1
+  fi
+  pid=$(head -n 1 "$LK_PG_DATA/postmaster.pid" 2>/dev/null) || pid=''
+  lk_is_ours "$pid" postgres || { echo "error: postgres: no postmaster of $LK_PG_DATA runs after pg_ctl start" >&2; return 1; }
+  echo "$pid" >"$f"
+  [ "$(lk_pg_sql postgres "select 1 from pg_database where datname = 'lockkit'")" = 1 ] ||
+    PGPASSWORD=$LK_PG_PASSWORD "$LK_PG_BIN/createdb" -w -h 127.0.0.1 -p "$LK_POSTGRES_PORT" -U postgres lockkit >>"$LK_LOGS/postgres.log" 2>&1 ||
+    { echo "error: postgres: createdb lockkit failed" >&2; return 1; }
+}
+lk_pg_stop() { # stop member postgres, if it runs, with pg_ctl's fast shutdown (clients cut off, a shutdown
+  # checkpoint), bounded by LK_TIMEOUT; sets LK_STOPPED_PIDS. Should pg_ctl fail, lk_stop remains.
+  local pid
+  LK_STOPPED_PIDS=()
+  pid=$(lk_pid postgres) || return 0
+  kill -CONT "$pid" 2>/dev/null || true # a paused postmaster (member.sh pause) would not shut down
+  lk_pg pg_ctl stop -D "$LK_PG_DATA" -m fast -w -t "$LK_TIMEOUT" -s >>"$LK_LOGS/postgres.log" 2>&1 </dev/null ||
+    echo "postgres: pg_ctl stop failed (log: $LK_LOGS/postgres.log)" >&2
+  lk_pid postgres >/dev/null || true # drops the PID file once it is gone
+  # shellcheck disable=SC2034  # used by the callers
+  LK_STOPPED_PIDS=("$pid")
 }
 
 # ---- readiness ---------------------------------------------------------------------------------------
@@ -344,6 +461,7 @@ lk_member_answers() { # NAME: the process answers (no quorum needed)
     # etcd opens its client port only once a quorum has let it publish itself: look at its peer port
     etcd-?) (exec 3<>"/dev/tcp/127.0.0.1/${LK_ETCD_PEER_PORTS[${1##*-} - 1]}") 2>/dev/null ;;
     zk-?) [ "$(zk4 "$(lk_port "$1")" ruok)" = imok ] ;;
+    postgres) [ "$(lk_pg_sql postgres 'select 1')" = 1 ] ;;
     *) lk_ping "$1" ;;
   esac
 }
@@ -351,6 +469,7 @@ lk_member_serving() { # NAME: it serves requests (etcd/ZK: it is part of a quoru
   case $1 in
     etcd-?) lk_etcdctl --endpoints="127.0.0.1:$(lk_port "$1")" endpoint health >/dev/null 2>&1 ;;
     zk-?) [[ $(lk_zk_mode "$1") =~ ^(leader|follower)$ ]] ;;
+    postgres) [ "$(lk_pg_sql lockkit 'select 1')" = 1 ] ;;
     *) lk_ping "$1" ;;
   esac
 }
@@ -431,6 +550,9 @@ lk_topology_ready() { # TOPOLOGY: 0 ready, 1 not yet, 2 hopeless (a member is do
         esac
       done
       ((leaders == 1)) || { LK_WHY="$leaders ZooKeeper leaders, not 1" LK_BAD=zk-1; return 1; } ;;
+    postgres)
+      [ "$(lk_pg_sql lockkit 'select 1')" = 1 ] ||
+        { LK_WHY="postgres does not answer 'select 1' in database lockkit" LK_BAD=postgres; return 1; } ;;
     *) for m in $(lk_members "$t"); do lk_ping "$m" || { LK_WHY="$m does not answer PING" LK_BAD=$m; return 1; }; done ;;
   esac
 }
@@ -499,6 +621,7 @@ lk_env_line() { # TOPOLOGY -> its line of endpoints.env
     redis-cluster) echo "LOCKKIT_TEST_REDIS_CLUSTER_URL=redis+cluster://$(lk_hostports "${LK_CLUSTER_PORTS[@]:0:3}")" ;;
     etcd) echo "LOCKKIT_TEST_ETCD_URL=etcd://$LK_ETCD_ENDPOINTS" ;;
     zk) echo "LOCKKIT_TEST_ZK_URL=zk://$(lk_hostports "${LK_ZK_CLIENT_PORTS[@]}")" ;;
+    postgres) echo "LOCKKIT_TEST_POSTGRES_URL=postgres://postgres:$LK_PG_PASSWORD@127.0.0.1:$LK_POSTGRES_PORT/lockkit" ;;
   esac
 }
 lk_topology_alive() { local m; for m in $(lk_members "$1"); do lk_pid "$m" >/dev/null && return 0; done; return 1; }

@@ -11,7 +11,9 @@
 #   leader, or Sentinel's current master (sentinel-primary or sentinel-replica). Waits up to 10 s for one.
 # compose/member.sh leader redis-cluster SLOT : print the NAME of the primary that serves hash slot SLOT
 #   (0-16383) now, as the running nodes see it. Waits up to 10 s for one (during a failover).
-# NAME: redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3
+# NAME: redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3,
+#   postgres (its postmaster: kill/pause act on it alone, its backends exit once it is gone; stop is a fast
+#   shutdown, SIGINT; restart runs pg_ctl start on its data)
 # Exit: 0 ok; 1 failed (did not come back in time: why and log tail on stderr); 2 usage (unknown action or
 #       name); 3 the member is not up (status: down; restart: never started; leader: none found).
 set -euo pipefail
@@ -64,7 +66,7 @@ if [ "$action" = status ] && [ -z "$name" ]; then
 fi
 [[ $action =~ ^(kill|stop|pause|resume|restart|pid|status)$ ]] || die 2 "unknown action '$action'"
 [ -n "$name" ] || usage
-lk_topology_of "$name" >/dev/null || die 2 "unknown member '$name' (redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, etcd-1..3, zk-1..3)"
+lk_topology_of "$name" >/dev/null || die 2 "unknown member '$name' (redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3, postgres)"
 [ "$action" = restart ] && { restart "$name"; exit 0; }
 [ "$action" = status ] && { status "$name"; [ "$(lk_state "$name")" != down ] || exit 3; exit 0; }
 pid=$(lk_pid "$name") || die 3 "$name is not up"

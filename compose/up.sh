@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compose/up.sh TOPOLOGY... : start lockkit's test backends on 127.0.0.1 and wait until they are ready.
-#   TOPOLOGY: redis | sentinel | redlock | redis-cluster | etcd | zk | all     (ports: shared/BACKENDS.md §1, compose/README.md)
+#   TOPOLOGY: redis | sentinel | redlock | redis-cluster | etcd | zk | postgres | all
+#   (ports: shared/BACKENDS.md §1 and, for postgres, compose/README.md)
 # Installs missing Debian packages (needs root), starts the requested topologies in parallel, waits for each
 # (bounded by LOCKKIT_COMPOSE_TIMEOUT, default 60 s), prints the bring-up times, and merges the URLs of the
 # topologies that are up into $LK/endpoints.env (LK=${LOCKKIT_COMPOSE_DIR:-<repo>/target/compose}).
