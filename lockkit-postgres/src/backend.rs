@@ -56,7 +56,7 @@ impl PostgresBackend {
     /// refused credentials or missing rights.
     pub async fn connect(config: PostgresConfig) -> Result<PostgresBackend> {
         config.validate()?;
-        let session = Session::new(config);
+        let session = Session::new(config)?;
         session.prepare_schema().await?;
         let synchronous = session
             .query_one(
@@ -72,6 +72,7 @@ impl PostgresBackend {
         if session.config.listen {
             wait::listen(
                 session.pg_config().clone(),
+                session.transport.clone(),
                 session.config.connect_timeout,
                 board.clone(),
                 stop.clone(),

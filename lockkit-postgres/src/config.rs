@@ -1,6 +1,7 @@
 //! `PostgresConfig`: where the database is, how long to wait for it, and how to log in.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockkit_core::backend::url::ConnectionUrl;
@@ -50,6 +51,23 @@ pub struct PostgresConfig {
     /// Create (or upgrade) the `lockkit` schema on first use. Default: `true`. With `false`
     /// a DBA runs `sql/schema.sql` once, and the client checks its version.
     pub create_schema: bool,
+    /// Connect over TLS, verifying the server's certificate against `ca_file` and its name
+    /// (libpq's `sslmode=verify-full`; lockkit has no weaker TLS mode). Default: `false`.
+    pub tls: bool,
+    /// A PEM file with the CA certificate(s) that signed the server's certificate. Required
+    /// with `tls = true`. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate, for servers that require one (with `key_file`). Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// The PEM private key of `cert_file`. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// The name to verify the server's certificate against, when it differs from the host.
+    /// Default: the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_domain: Option<String>,
 }
 
 impl Default for PostgresConfig {
@@ -64,6 +82,11 @@ impl Default for PostgresConfig {
             pool_size: 2,
             listen: true,
             create_schema: true,
+            tls: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            tls_domain: None,
         }
     }
 }
@@ -84,11 +107,14 @@ impl PostgresConfig {
     }
 
     /// Takes the hosts (port 5432 when left out), user, password and database (the URL's
-    /// path) from `url`, keeping the other fields.
+    /// path) from `url`, keeping the other fields, and libpq's TLS parameters: `sslmode`
+    /// (`disable`, or `verify-full` for `tls = true`), `sslrootcert` (`ca_file`), `sslcert`
+    /// and `sslkey`.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](lockkit_core::ErrorKind::InvalidConfig) for a scheme other
-    /// than `postgres`/`postgresql`, or query parameters (every option has a field of its own).
+    /// than `postgres`/`postgresql`, another query parameter, or an `sslmode` that does not
+    /// verify the server (`prefer`, `require`, `verify-ca`).
     pub fn apply_url(&mut self, url: &ConnectionUrl) -> Result<()> {
         if url.scheme != "postgres" && url.scheme != "postgresql" {
             return Err(Error::invalid_config(format!(
@@ -96,10 +122,28 @@ impl PostgresConfig {
                 url.scheme
             )));
         }
-        if let Some((key, _)) = url.query.first() {
-            return Err(Error::invalid_config(format!(
-                "PostgreSQL URLs take no query parameters (got {key:?}); set the [postgres] fields instead"
-            )));
+        for (key, value) in &url.query {
+            match key.as_str() {
+                "sslmode" => {
+                    self.tls = match value.as_str() {
+                        "disable" => false,
+                        "verify-full" => true,
+                        other => {
+                            return Err(Error::invalid_config(format!(
+                                "sslmode={other} is not offered: lockkit connects either in plain text (disable) or over TLS verifying the server's certificate and name (verify-full)"
+                            )));
+                        }
+                    }
+                }
+                "sslrootcert" => self.ca_file = Some(PathBuf::from(value)),
+                "sslcert" => self.cert_file = Some(PathBuf::from(value)),
+                "sslkey" => self.key_file = Some(PathBuf::from(value)),
+                other => {
+                    return Err(Error::invalid_config(format!(
+                        "PostgreSQL URLs take only sslmode, sslrootcert, sslcert and sslkey (got {other:?}); set the [postgres] fields instead"
+                    )));
+                }
+            }
         }
         if !url.hosts.is_empty() {
             self.hosts = url
@@ -151,6 +195,19 @@ impl PostgresConfig {
         ] {
             lockkit_core::backend::validate_duration(name, value)?;
         }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return bad("cert_file and key_file go together: set both or neither".into());
+        }
+        if self.tls && self.ca_file.is_none() {
+            return bad(
+                "tls = true needs ca_file (the CA that signed the server's certificate)".into(),
+            );
+        }
+        let tls_fields =
+            self.ca_file.is_some() || self.cert_file.is_some() || self.tls_domain.is_some();
+        if tls_fields && !self.tls {
+            return bad("ca_file, cert_file, key_file and tls_domain need tls = true".into());
+        }
         if !(1..=MAX_POOL).contains(&self.pool_size) {
             return bad(format!(
                 "pool_size {} is out of range: 1 to {MAX_POOL} connections",
@@ -191,6 +248,11 @@ impl fmt::Debug for PostgresConfig {
             .field("pool_size", &self.pool_size)
             .field("listen", &self.listen)
             .field("create_schema", &self.create_schema)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("tls_domain", &self.tls_domain)
             .finish()
     }
 }
@@ -211,6 +273,18 @@ mod tests {
             config.host_ports(),
             vec![("db1".to_owned(), 5432), ("db2".to_owned(), 6432)]
         );
+    }
+
+    #[test]
+    fn url_takes_libpq_tls_parameters() {
+        let config = PostgresConfig::from_url(
+            "postgres://db/locks?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslcert=/c.pem&sslkey=/k.pem",
+        )
+        .unwrap();
+        assert!(config.tls);
+        assert_eq!(config.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(config.cert_file, Some(PathBuf::from("/c.pem")));
+        assert_eq!(config.key_file, Some(PathBuf::from("/k.pem")));
     }
 
     #[test]

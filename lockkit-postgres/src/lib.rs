@@ -10,6 +10,7 @@ mod error;
 mod operator;
 mod renewal;
 mod session;
+mod tls;
 mod wait;
 
 pub use backend::PostgresBackend;

@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use lockkit_core::backend::runtime;
 use lockkit_core::{Error, ErrorKind, Result};
-use tokio_postgres::config::TargetSessionAttrs;
+use tokio_postgres::config::{SslMode, TargetSessionAttrs};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, Row};
 
 use crate::config::PostgresConfig;
 use crate::error::{self, BACKEND};
+use crate::tls::Transport;
 
 /// The schema version this lockkit reads and writes (`lockkit.schema_version`).
 pub(crate) const SCHEMA_VERSION: i32 = 1;
@@ -38,6 +39,7 @@ pub(crate) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 pub(crate) struct Session {
     pub(crate) config: PostgresConfig,
     pg: tokio_postgres::Config,
+    pub(crate) transport: Transport,
     slots: Vec<Slot>,
     next: AtomicUsize,
 }
@@ -51,15 +53,20 @@ struct Slot {
 
 impl Session {
     /// The connections of `config`; none is made yet.
-    pub(crate) fn new(config: PostgresConfig) -> Session {
-        let pg = pg_config(&config);
+    ///
+    /// # Errors
+    /// `InvalidConfig` for TLS files that cannot be used.
+    pub(crate) fn new(config: PostgresConfig) -> Result<Session> {
+        let transport = Transport::of(&config)?;
+        let pg = pg_config(&config, &transport);
         let slots = (0..config.pool_size).map(|_| Slot::default()).collect();
-        Session {
+        Ok(Session {
             config,
             pg,
+            transport,
             slots,
             next: AtomicUsize::new(0),
-        }
+        })
     }
 
     /// The driver settings of a connection to the configured servers.
@@ -146,7 +153,8 @@ impl Session {
         if let Some(client) = slot.live() {
             return Ok(client);
         }
-        let client = Arc::new(connect(&self.pg, self.config.connect_timeout).await?);
+        let client =
+            Arc::new(connect(&self.pg, &self.transport, self.config.connect_timeout).await?);
         *slot.client.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());
         Ok(client)
     }
@@ -219,10 +227,14 @@ impl Slot {
 
 /// Makes a connection on lockkit's runtime, where its driver then runs until the connection
 /// ends (the server closes it, or the last handle of its [`Client`] is dropped).
-pub(crate) async fn connect(pg: &tokio_postgres::Config, timeout: Duration) -> Result<Client> {
-    let pg = pg.clone();
+pub(crate) async fn connect(
+    pg: &tokio_postgres::Config,
+    transport: &Transport,
+    timeout: Duration,
+) -> Result<Client> {
+    let (pg, transport) = (pg.clone(), transport.clone());
     let connecting = runtime::run(async move {
-        let (client, connection) = pg.connect(NoTls).await?;
+        let (client, connection) = pg.connect(transport).await?;
         runtime::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "a PostgreSQL connection ended");
@@ -236,8 +248,13 @@ pub(crate) async fn connect(pg: &tokio_postgres::Config, timeout: Duration) -> R
     }
 }
 
-fn pg_config(config: &PostgresConfig) -> tokio_postgres::Config {
+fn pg_config(config: &PostgresConfig, transport: &Transport) -> tokio_postgres::Config {
     let mut pg = tokio_postgres::Config::new();
+    pg.ssl_mode(if transport.is_tls() {
+        SslMode::Require
+    } else {
+        SslMode::Disable
+    });
     for (host, port) in config.host_ports() {
         pg.host(&host).port(port);
     }

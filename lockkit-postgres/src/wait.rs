@@ -33,6 +33,8 @@ use lockkit_core::backend::{CancellationToken, runtime};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::AsyncMessage;
 
+use crate::tls::Transport;
+
 /// How many events the board keeps: a waiter whose marker is older ends its wait.
 const KEPT: usize = 4096;
 
@@ -265,6 +267,7 @@ impl State {
 /// Starts the listener of `board` on lockkit's runtime; it stops when `stop` is cancelled.
 pub(crate) fn listen(
     pg: tokio_postgres::Config,
+    transport: Transport,
     connect_timeout: Duration,
     board: Arc<Board>,
     stop: CancellationToken,
@@ -282,7 +285,7 @@ pub(crate) fn listen(
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
-                listened = listen_once(&pg, connect_timeout, &board, &mut requests) => {
+                listened = listen_once(&pg, &transport, connect_timeout, &board, &mut requests) => {
                     if listened {
                         pause = Duration::from_millis(50);
                     }
@@ -349,11 +352,12 @@ impl Board {
 /// One connection of the listener, until it breaks. Whether it got as far as listening.
 async fn listen_once(
     pg: &tokio_postgres::Config,
+    transport: &Transport,
     timeout: Duration,
     board: &Arc<Board>,
     requests: &mut mpsc::UnboundedReceiver<String>,
 ) -> bool {
-    let connecting = tokio::time::timeout(timeout, pg.connect(tokio_postgres::NoTls)).await;
+    let connecting = tokio::time::timeout(timeout, pg.connect(transport.clone())).await;
     let Ok(Ok((client, mut connection))) = connecting else {
         tracing::debug!("the PostgreSQL listener cannot connect");
         return false;

@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod harness;
+pub mod private;
 
 use lockkit_core::testing;
 use lockkit_postgres::tokio_postgres::{self, NoTls};
