@@ -70,6 +70,10 @@ async fn build_backend(config: &LockkitConfig) -> Result<SharedBackend> {
         BackendKind::Etcd => Ok(Arc::new(
             lockkit_etcd::EtcdBackend::connect(config.etcd_config()?).await?,
         )),
+        #[cfg(feature = "postgres")]
+        BackendKind::Postgres => Ok(Arc::new(
+            lockkit_postgres::PostgresBackend::connect(config.postgres_config()?).await?,
+        )),
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled_in()),
     }

@@ -29,6 +29,10 @@ pub use lockkit_core::metrics;
 /// [`EtcdConfig`](lockkit_etcd::EtcdConfig).
 #[cfg(feature = "etcd")]
 pub use lockkit_etcd as etcd;
+/// The PostgreSQL backend (feature `postgres`): [`PostgresBackend`](lockkit_postgres::PostgresBackend)
+/// and its [`PostgresConfig`](lockkit_postgres::PostgresConfig).
+#[cfg(feature = "postgres")]
+pub use lockkit_postgres as postgres;
 /// The Redis backends (`redis`, `redis-sentinel`, `redis-cluster`, `redlock`), for building them
 /// directly.
 #[cfg(feature = "redis")]

@@ -179,6 +179,8 @@ fn a_backend_that_is_not_compiled_in_names_its_feature() {
         ("backend = \"redlock\"", "`redis`"),
         ("url = \"zk://127.0.0.1:2181\"", "`zk`"),
         ("url = \"redis+sentinel://h:26379/mymaster\"", "`redis`"),
+        ("backend = \"postgres\"", "`postgres`"),
+        ("url = \"postgresql://app@h:5432/locks\"", "`postgres`"),
     ] {
         if BackendKind::ALL.iter().any(|k| {
             k.is_compiled_in()

@@ -34,11 +34,18 @@ fn backends() -> Vec<(&'static str, &'static str)> {
     if cfg!(feature = "zk") {
         all.push(("zk", "zk://app:{pw}@127.0.0.1:1/locks"));
     }
+    if cfg!(feature = "postgres") {
+        all.push(("postgres", "postgres://app:{pw}@127.0.0.1:1/locks"));
+    }
     all
 }
 
 fn user_field(table: &str) -> &'static str {
-    if table == "etcd" { "user" } else { "username" }
+    if matches!(table, "etcd" | "postgres") {
+        "user"
+    } else {
+        "username"
+    }
 }
 
 /// The hosts field of `table`, on loopback ports where nothing listens: as a TOML line, and
@@ -73,7 +80,12 @@ fn from_env(table: &str, password: &str) -> lockkit::Result<LockkitConfig> {
 
 /// The password the configuration holds for `table`.
 #[cfg_attr(
-    not(any(feature = "redis", feature = "etcd", feature = "zk")),
+    not(any(
+        feature = "redis",
+        feature = "etcd",
+        feature = "zk",
+        feature = "postgres"
+    )),
     allow(unused_variables)
 )]
 fn password_of(config: &LockkitConfig, table: &str) -> Option<String> {
@@ -86,6 +98,8 @@ fn password_of(config: &LockkitConfig, table: &str) -> Option<String> {
         "etcd" => config.etcd.password.clone(),
         #[cfg(feature = "zk")]
         "zk" => config.zk.password.clone(),
+        #[cfg(feature = "postgres")]
+        "postgres" => config.postgres.password.clone(),
         _ => None,
     }
 }
@@ -289,6 +303,7 @@ async fn every_backend_refuses_hostile_names() {
         ("LOCKKIT_TEST_REDLOCK_URL", cfg!(feature = "redis")),
         ("LOCKKIT_TEST_ETCD_URL", cfg!(feature = "etcd")),
         ("LOCKKIT_TEST_ZK_URL", cfg!(feature = "zk")),
+        ("LOCKKIT_TEST_POSTGRES_URL", cfg!(feature = "postgres")),
     ] {
         if compiled {
             urls.push((var.to_owned(), endpoint(var)));

@@ -16,9 +16,12 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("zk", ZK_FIELDS),
     #[cfg(feature = "etcd")]
     ("etcd", ETCD_FIELDS),
+    #[cfg(feature = "postgres")]
+    ("postgres", POSTGRES_FIELDS),
 ];
 /// Fields that `LOCKKIT_*` variables set to their text as it is, never parsed as TOML.
 const VERBATIM_FIELDS: &[&str] = &[
+    "dbname",
     "username",
     "user",
     "password",
@@ -105,6 +108,24 @@ const ETCD_FIELDS: &[&str] = &[
     "require_leader",
     "user",
     "password",
+    "tls",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "tls_domain",
+];
+/// Fields of the `[postgres]` table.
+#[cfg(feature = "postgres")]
+const POSTGRES_FIELDS: &[&str] = &[
+    "hosts",
+    "dbname",
+    "user",
+    "password",
+    "connect_timeout",
+    "request_timeout",
+    "pool_size",
+    "listen",
+    "create_schema",
     "tls",
     "ca_file",
     "cert_file",

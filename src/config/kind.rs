@@ -27,11 +27,14 @@ pub enum BackendKind {
     Etcd,
     /// A ZooKeeper ensemble (tier `consensus`).
     Zk,
+    /// A PostgreSQL database (tier `single` on a server alone, `replicated` with synchronous
+    /// standbys).
+    Postgres,
 }
 
 impl BackendKind {
     /// Every backend, compiled in or not.
-    pub const ALL: [BackendKind; 7] = [
+    pub const ALL: [BackendKind; 8] = [
         BackendKind::Memory,
         BackendKind::Redis,
         BackendKind::RedisSentinel,
@@ -39,6 +42,7 @@ impl BackendKind {
         BackendKind::Redlock,
         BackendKind::Etcd,
         BackendKind::Zk,
+        BackendKind::Postgres,
     ];
 
     /// The name used in configuration (`backend = "..."`).
@@ -51,6 +55,7 @@ impl BackendKind {
             BackendKind::Redlock => "redlock",
             BackendKind::Etcd => "etcd",
             BackendKind::Zk => "zk",
+            BackendKind::Postgres => "postgres",
         }
     }
 
@@ -65,6 +70,7 @@ impl BackendKind {
             | BackendKind::Redlock => Some("redis"),
             BackendKind::Etcd => Some("etcd"),
             BackendKind::Zk => Some("zk"),
+            BackendKind::Postgres => Some("postgres"),
         }
     }
 
@@ -78,6 +84,7 @@ impl BackendKind {
             | BackendKind::Redlock => cfg!(feature = "redis"),
             BackendKind::Etcd => cfg!(feature = "etcd"),
             BackendKind::Zk => cfg!(feature = "zk"),
+            BackendKind::Postgres => cfg!(feature = "postgres"),
         }
     }
 
@@ -102,8 +109,9 @@ impl BackendKind {
             "redlock" => Ok(BackendKind::Redlock),
             "etcd" => Ok(BackendKind::Etcd),
             "zk" | "zks" => Ok(BackendKind::Zk),
+            "postgres" | "postgresql" => Ok(BackendKind::Postgres),
             other => Err(Error::invalid_config(format!(
-                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redis+cluster://, redlock://, etcd://, zk://, zks://"
+                "unknown URL scheme {other:?}; known: memory://, redis://, rediss://, redis+sentinel://, redis+cluster://, redlock://, etcd://, zk://, zks://, postgres://, postgresql://"
             ))),
         }
     }

@@ -77,6 +77,11 @@ pub struct LockkitConfig {
     #[cfg(feature = "etcd")]
     #[serde(default)]
     pub etcd: lockkit_etcd::EtcdConfig,
+    /// The PostgreSQL backend's connection settings (feature `postgres`); `url` overrides its
+    /// hosts, user, password and database.
+    #[cfg(feature = "postgres")]
+    #[serde(default)]
+    pub postgres: lockkit_postgres::PostgresConfig,
 }
 
 fn default_namespace() -> String {
@@ -100,6 +105,8 @@ impl Default for LockkitConfig {
             zk: lockkit_zk::ZkConfig::default(),
             #[cfg(feature = "etcd")]
             etcd: lockkit_etcd::EtcdConfig::default(),
+            #[cfg(feature = "postgres")]
+            postgres: lockkit_postgres::PostgresConfig::default(),
         }
     }
 }
@@ -260,6 +267,10 @@ impl LockkitConfig {
             BackendKind::Zk => {
                 self.zk_config()?;
             }
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres => {
+                self.postgres_config()?;
+            }
             _ => {}
         }
         if self.backend == BackendKind::Memory
@@ -345,6 +356,23 @@ impl LockkitConfig {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl LockkitConfig {
+    /// The `[postgres]` table with the `url` applied (its hosts, user, password and database
+    /// win).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a bad URL or table.
+    pub fn postgres_config(&self) -> Result<lockkit_postgres::PostgresConfig> {
+        let mut postgres = self.postgres.clone();
+        if let Some(url) = &self.url {
+            postgres.apply_url(&ConnectionUrl::parse(url)?)?;
+        }
+        postgres.validate()?;
+        Ok(postgres)
+    }
+}
+
 #[cfg(feature = "zk")]
 impl LockkitConfig {
     /// The `[zk]` options with `url` applied (its hosts, credentials and chroot win).
@@ -373,6 +401,8 @@ impl fmt::Debug for LockkitConfig {
         d.field("zk", &self.zk);
         #[cfg(feature = "etcd")]
         d.field("etcd", &self.etcd);
+        #[cfg(feature = "postgres")]
+        d.field("postgres", &self.postgres);
         d.finish()
     }
 }

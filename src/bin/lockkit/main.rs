@@ -49,7 +49,7 @@ mod exit {
     pub(crate) const NOT_FOUND: u8 = 127;
 }
 
-/// Distributed locks over Redis, etcd and ZooKeeper, from the command line.
+/// Distributed locks over Redis, etcd, ZooKeeper and PostgreSQL, from the command line.
 ///
 /// The backend comes from --config FILE, --url URL, or the environment (LOCKKIT_CONFIG,
 /// LOCKKIT_URL, LOCKKIT_* overrides).
@@ -228,8 +228,8 @@ struct RunArgs {
     #[arg(long, overrides_with = "no_fair")]
     fair: bool,
     /// Do not wait in line: a release frees the lock and whoever asks first takes it (a run
-    /// can be passed over; not faster under contention, see docs/measurements.md). etcd and
-    /// ZooKeeper locks stay fair.
+    /// can be passed over; not faster under contention, see docs/measurements.md). etcd,
+    /// ZooKeeper and PostgreSQL locks stay fair.
     #[arg(long, overrides_with = "fair")]
     no_fair: bool,
     /// KEY is a semaphore of N permits (1 to 1024): run CMD holding one of them.
