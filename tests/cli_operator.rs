@@ -132,3 +132,9 @@ fn operators_see_and_break_locks_on_etcd() {
 fn operators_see_and_break_locks_on_zookeeper() {
     operators_see_and_break_locks("LOCKKIT_TEST_ZK_URL");
 }
+
+#[cfg(feature = "postgres")]
+#[test]
+fn operators_see_and_break_locks_on_postgres() {
+    operators_see_and_break_locks("LOCKKIT_TEST_POSTGRES_URL");
+}

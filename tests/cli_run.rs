@@ -98,6 +98,12 @@ fn sigint_while_waiting_on_zookeeper_abandons_the_queue_entry() {
     an_interrupted_wait_leaves_nothing_queued("LOCKKIT_TEST_ZK_URL", Signal::SIGINT);
 }
 
+#[cfg(feature = "postgres")]
+#[test]
+fn sigint_while_waiting_on_postgres_abandons_the_queue_entry() {
+    an_interrupted_wait_leaves_nothing_queued("LOCKKIT_TEST_POSTGRES_URL", Signal::SIGINT);
+}
+
 #[cfg(feature = "etcd")]
 #[test]
 fn sigterm_while_waiting_on_etcd_abandons_the_queue_entry() {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use lockkit_core::testing::{backend_missing, endpoint};
 
 /// Tests `$test(var)` on every server backend with the primitive a test file is about (the
-/// single Redis, etcd and ZooKeeper), one test each, by the variable naming its URL.
+/// single Redis, etcd, ZooKeeper and PostgreSQL), one test each, by the variable naming its
+/// URL.
 #[allow(unused_macros)] // not every test file that uses this module has per-server tests
 macro_rules! on_every_server {
     ($test:ident) => {
@@ -27,6 +28,12 @@ macro_rules! on_every_server {
             #[test]
             fn zookeeper() {
                 super::$test("LOCKKIT_TEST_ZK_URL");
+            }
+
+            #[cfg(feature = "postgres")]
+            #[test]
+            fn postgres() {
+                super::$test("LOCKKIT_TEST_POSTGRES_URL");
             }
         }
     };
