@@ -8,6 +8,9 @@
 #   lk_ensure_packages  install missing Debian packages (root, apt-get update once, no service started)
 #   lk_spawn / lk_is_ours / lk_pid / lk_stop   start detached with a recorded PID / PID-reuse guard / stop
 #   lk_pg / lk_pg_start / lk_pg_stop   PostgreSQL's programs (as the user postgres when root) / pg_ctl start / stop
+#   lk_pg_query / lk_pg_sql / lk_pg_promote   psql on a port / on member postgres / promote a standby
+#   lk_pg_ha_diverged   the postgres-ha pair is no primary + standby any more (a test promoted the standby)
+#   lk_pgbouncer_prepare / lk_pgbouncer_start   PgBouncer's config / start (as the user postgres when root)
 #   zk4 PORT WORD       ZooKeeper four-letter word without nc
 #   lk_prepare / lk_start / lk_wait_ready / lk_env_update   config, start, readiness, endpoints.env
 # Knobs: LOCKKIT_COMPOSE_TIMEOUT (readiness bound, s, default 60), LOCKKIT_COMPOSE_STOP_TIMEOUT (SIGTERM to
@@ -39,17 +42,24 @@ read -ra LK_ETCD_PEER_PORTS <<<"$(lk_shift 20111 20112 20113)"
 read -ra LK_ZK_CLIENT_PORTS <<<"$(lk_shift 20201 20202 20203)"
 read -ra LK_ZK_QUORUM_PORTS <<<"$(lk_shift 20211 20212 20213)"
 read -ra LK_ZK_ELECTION_PORTS <<<"$(lk_shift 20221 20222 20223)"
-# PostgreSQL (not in BACKENDS.md §1, which predates it): one server, Debian's PostgreSQL 15, in a hundred of
-# its own (20300-20399; one port used). Its member folder holds the cluster (data/, made by initdb) and the
-# server's unix socket (-k).
+# PostgreSQL (not in BACKENDS.md §1, which predates it): Debian's PostgreSQL 15, in a hundred of its own
+# (20300-20399): the single server (topology postgres) on 20300, the synchronous pair (postgres-ha) on 20301
+# (primary) and 20302 (standby), PgBouncer (pgbouncer, in front of the single server) on 20310. A server's
+# member folder holds its cluster (data/, made by initdb or pg_basebackup) and its unix socket (-k).
 LK_POSTGRES_PORT=$((20300 + LK_OFF))
+LK_PG_PRIMARY_PORT=$((20301 + LK_OFF)) LK_PG_STANDBY_PORT=$((20302 + LK_OFF))
+LK_PGBOUNCER_PORT=$((20310 + LK_OFF))
 LK_PG_BIN=/usr/lib/postgresql/15/bin
+LK_PGBOUNCER_BIN=/usr/sbin/pgbouncer
 LK_PG_PASSWORD=lockkit-test
-LK_PG_DIR=$LK_DATA/postgres LK_PG_DATA=$LK_DATA/postgres/data
-LK_TOPOLOGIES="redis sentinel redlock redis-cluster etcd zk postgres"
+# The standby's name for synchronous replication (its application_name, the primary's
+# synchronous_standby_names).
+LK_PG_STANDBY_NAME=standby
+# pgbouncer after postgres: up.sh starts it once its server is up.
+LK_TOPOLOGIES="redis sentinel redlock redis-cluster etcd zk postgres postgres-ha pgbouncer"
 # The second set of every topology, for the tests that kill, pause or reconfigure a server
 # (.config/nextest.toml): a compose folder of its own inside this one, every port 500 higher
-# (the sets span 301 ports, 20000-20300; the tests' private servers use 21100-22499, unshifted).
+# (the sets span 311 ports, 20000-20310; the tests' private servers use 21100-22499, unshifted).
 # .ci/run's examples set is 250 higher: the sets' ranges interleave there, but no two ports meet.
 LK_EXCLUSIVE_DIR=$LK/exclusive LK_EXCLUSIVE_OFFSET=$((LK_OFF + 500))
 
@@ -75,6 +85,8 @@ lk_members() { # TOPOLOGY -> its member names
     etcd) echo etcd-1 etcd-2 etcd-3 ;;
     zk) echo zk-1 zk-2 zk-3 ;;
     postgres) echo postgres ;;
+    postgres-ha) echo pg-primary pg-standby ;;
+    pgbouncer) echo pgbouncer ;;
     *) return 1 ;;
   esac
 }
@@ -87,9 +99,12 @@ lk_topology_of() { # NAME -> its topology; non-zero for an unknown name
     etcd-[123]) echo etcd ;;
     zk-[123]) echo zk ;;
     postgres) echo postgres ;;
+    pg-primary | pg-standby) echo postgres-ha ;;
+    pgbouncer) echo pgbouncer ;;
     *) return 1 ;;
   esac
 }
+lk_is_pg() { [[ $1 == postgres || $1 == pg-primary || $1 == pg-standby ]]; } # NAME: a PostgreSQL server
 lk_topologies() { # ARG... -> validated, de-duplicated topologies ("all" expands)
   local a t out=" "
   for a; do
@@ -112,6 +127,9 @@ lk_port() { # NAME -> client port
     etcd-?) echo "${LK_ETCD_CLIENT_PORTS[i - 1]}" ;;
     zk-?) echo "${LK_ZK_CLIENT_PORTS[i - 1]}" ;;
     postgres) echo "$LK_POSTGRES_PORT" ;;
+    pg-primary) echo "$LK_PG_PRIMARY_PORT" ;;
+    pg-standby) echo "$LK_PG_STANDBY_PORT" ;;
+    pgbouncer) echo "$LK_PGBOUNCER_PORT" ;;
     *) return 1 ;;
   esac
 }
@@ -147,9 +165,11 @@ lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever i
         # The Curator interop test (lockkit-zk/tests/interop_curator.rs) compiles a Java contender.
         [ -e /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
         command -v javac >/dev/null || need+=(default-jdk-headless) ;;
-      postgres)
-        # postgresql pulls in postgresql-15 (postgres, initdb, pg_ctl) and postgresql-client-15 (psql).
-        { [ -x "$LK_PG_BIN/postgres" ] && [ -x "$LK_PG_BIN/psql" ]; } || need+=(postgresql) ;;
+      postgres | postgres-ha | pgbouncer)
+        # postgresql pulls in postgresql-15 (postgres, initdb, pg_ctl) and postgresql-client-15 (psql,
+        # pg_basebackup).
+        { [ -x "$LK_PG_BIN/postgres" ] && [ -x "$LK_PG_BIN/psql" ]; } || need+=(postgresql)
+        [ "$t" != pgbouncer ] || [ -x "$LK_PGBOUNCER_BIN" ] || need+=(pgbouncer) ;;
     esac
   done
   ((${#need[@]})) || return 0
@@ -160,15 +180,16 @@ lk_ensure_packages() { # [TOPOLOGY...] (default all): apt-get install whatever i
   fi
   echo "installing ${need[*]} (log: $LK_LOGS/apt.log)"
   # A policy-rc.d that answers 101 keeps the packages' post-install from starting system services
-  # (postgresql's still creates its cluster 15/main, port 5432: it stays down and is never touched).
+  # (postgresql's still creates its cluster 15/main, port 5432: it stays down and is never touched; so
+  # does pgbouncer's service, port 6432).
   if [ ! -e "$guard" ]; then printf '#!/bin/sh\nexit 101\n' >"$guard" && chmod 755 "$guard" && made_guard=1; fi
   { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"; } >"$LK_LOGS/apt.log" 2>&1 || rc=$?
   [ -z "$made_guard" ] || rm -f "$guard"
   if ((rc)); then echo "error: apt-get failed (rc $rc):" >&2; tail -n 20 "$LK_LOGS/apt.log" >&2; return 1; fi
   # Should a system service have started anyway, leave it alone: our ports are different.
   if pgrep -x redis-server >/dev/null || pgrep -x etcd >/dev/null || pgrep -f QuorumPeerMain >/dev/null ||
-    pgrep -x postgres >/dev/null; then
-    echo "note: a redis/etcd/zookeeper/postgres process not started by compose/ may be running; left alone (other ports)"
+    pgrep -x postgres >/dev/null || pgrep -x pgbouncer >/dev/null; then
+    echo "note: a redis/etcd/zookeeper/postgres/pgbouncer process not started by compose/ may be running; left alone (other ports)"
   fi
 }
 
@@ -182,7 +203,8 @@ lk_is_ours() { # PID NAME: PID is alive and is our server for member NAME (guard
     etcd-*) [[ $cmd == *etcd* && $cmd == *" --data-dir $LK_DATA/$2 "* ]] ;;
     zk-*) [[ $cmd == *QuorumPeerMain* && $cmd == *" $LK_DATA/$2/zoo.cfg "* ]] ;;
     # the postmaster (pg_ctl runs it as "postgres -D DATA -p PORT ..."; its children rename themselves)
-    postgres) [[ $cmd == "$LK_PG_BIN/postgres "* && $cmd == *" -D $LK_PG_DATA "* ]] ;;
+    postgres | pg-primary | pg-standby) [[ $cmd == "$LK_PG_BIN/postgres "* && $cmd == *" -D $LK_DATA/$2/data "* ]] ;;
+    pgbouncer) [[ $cmd == "$LK_PGBOUNCER_BIN "* && $cmd == *" $LK_DATA/pgbouncer/pgbouncer.ini "* ]] ;;
     *) [[ $cmd == *redis-server* && ($cmd == *"127.0.0.1:$(lk_port "$2") "* || $cmd == *" $LK_DATA/$2/"*) ]] ;;
   esac
 }
@@ -195,7 +217,7 @@ lk_pid() { # NAME -> PID of our running member; a stale PID file is removed
   fi
   # pg_ctl daemonizes the postmaster, which records itself in postmaster.pid: a postmaster of our data dir
   # whose PID file is missing (lk_pg_start interrupted before it wrote it) is ours, and adopted.
-  if [ "$1" = postgres ] && pid=$(head -n 1 "$LK_PG_DATA/postmaster.pid" 2>/dev/null) && lk_is_ours "$pid" postgres; then
+  if lk_is_pg "$1" && pid=$(head -n 1 "$LK_DATA/$1/data/postmaster.pid" 2>/dev/null) && lk_is_ours "$pid" "$1"; then
     echo "$pid" >"$f"
     echo "$pid"
     return 0
@@ -236,7 +258,7 @@ lk_stop() { # NAME...: SIGTERM (and SIGCONT, for paused ones), SIGKILL after LK_
   local m pid names=() pids=() i end
   for m; do
     pid=$(lk_pid "$m") || continue
-    if [ "$m" = postgres ]; then kill -INT "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
+    if lk_is_pg "$m"; then kill -INT "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
     kill -CONT "$pid" 2>/dev/null || true
     names+=("$m") pids+=("$pid")
   done
@@ -296,7 +318,8 @@ lk_prepare() { # NAME: create the data dir and config of member NAME unless they
   mkdir -p "$dir" && chmod 700 "$dir"
   case $name in
     etcd-?) ;; # etcd keeps everything in its data dir
-    postgres) lk_pg_prepare ;;
+    postgres | pg-primary | pg-standby) lk_pg_prepare "$name" ;;
+    pgbouncer) lk_pgbouncer_prepare ;;
     sentinel-[123])
       [ -e "$dir/sentinel.conf" ] || cat >"$dir/sentinel.conf" <<EOF
 bind 127.0.0.1
@@ -372,87 +395,207 @@ lk_start() { # NAME: start member NAME from its data dir and config (lk_prepare 
         --initial-cluster "$LK_ETCD_CLUSTER" --initial-cluster-token lk-etcd --initial-cluster-state new \
         --logger zap --log-outputs stderr --log-level warn ;;
     zk-?) lk_spawn "$name" "${LK_ZK_JAVA[@]}" "$dir/zoo.cfg" ;;
-    postgres) lk_pg_start ;;
+    postgres | pg-primary | pg-standby) lk_pg_start "$name" ;;
+    pgbouncer) lk_pgbouncer_start ;;
     *) lk_spawn "$name" redis-server "$dir/redis.conf" ;;
   esac
 }
 
 # ---- PostgreSQL ----------------------------------------------------------------------------------------
-# One server, started and stopped with pg_ctl (not lk_spawn: pg_ctl daemonizes the postmaster, in a session
-# of its own), its PID taken from postmaster.pid. The server refuses to run as root: as root, its member
-# folder belongs to the user postgres and initdb/pg_ctl run as that user (runuser); otherwise as the caller.
+# Its servers (members postgres, pg-primary, pg-standby), started and stopped with pg_ctl (not lk_spawn:
+# pg_ctl daemonizes the postmaster, in a session of its own), each PID taken from postmaster.pid. Member NAME's
+# folder, data/NAME, holds its cluster (data/NAME/data) and its unix socket (-k). The server refuses to run as
+# root: as root, those folders belong to the user postgres and initdb/pg_basebackup/pg_ctl run as that user
+# (runuser); otherwise as the caller.
 lk_pg() { # PROGRAM ARG...: run $LK_PG_BIN/PROGRAM, as the user postgres when root (from /, which it can read)
   local prog=$LK_PG_BIN/$1
   shift
   if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$prog" "$@"); else "$prog" "$@"; fi
 }
-lk_pg_sql() { # DATABASE SQL: run SQL on our server (TCP, superuser postgres), print the rows unaligned; 5 s bound
-  PGPASSWORD=$LK_PG_PASSWORD PGCONNECT_TIMEOUT=2 timeout 5 "$LK_PG_BIN/psql" -X -w -q -At -h 127.0.0.1 -p "$LK_POSTGRES_PORT" -U postgres \
-    -d "$1" -c "$2" 2>/dev/null
+lk_pg_query() { # PORT DATABASE SQL: run SQL at 127.0.0.1:PORT (one of our servers, or PgBouncer; TCP,
+  # superuser postgres), print the rows unaligned; 5 s bound
+  PGPASSWORD=$LK_PG_PASSWORD PGCONNECT_TIMEOUT=2 timeout 5 "$LK_PG_BIN/psql" -X -w -q -At -h 127.0.0.1 -p "$1" -U postgres \
+    -d "$2" -c "$3" 2>/dev/null
 }
-lk_pg_prepare() { # the cluster of member postgres (initdb), unless it is made already
-  local dir=$LK_PG_DIR
+lk_pg_sql() { lk_pg_query "$LK_POSTGRES_PORT" "$@"; } # DATABASE SQL: lk_pg_query on member postgres
+lk_pg_prepare() { # [NAME] (default postgres): the cluster of PostgreSQL member NAME, unless it is made already:
+  # initdb (postgres, pg-primary) or a base backup of the running pg-primary (pg-standby)
+  local name=${1:-postgres} dir data conninfo
+  dir=$LK_DATA/$name data=$LK_DATA/$name/data
   # The socket's path, DIR/.s.PGSQL.PORT, must fit in 107 bytes.
-  ((${#dir} <= 90)) || { echo "error: postgres: $dir is too long for the server's unix socket (90 bytes at most): use a shorter LOCKKIT_COMPOSE_DIR" >&2; return 1; }
+  ((${#dir} <= 90)) || { echo "error: $name: $dir is too long for the server's unix socket (90 bytes at most): use a shorter LOCKKIT_COMPOSE_DIR" >&2; return 1; }
   if [ "$(id -u)" = 0 ]; then
     chown postgres:postgres "$dir" || return 1
     runuser -u postgres -- test -w "$dir" ||
-      { echo "error: postgres: the user postgres cannot write $dir (a folder above it closed to others?)" >&2; return 1; }
+      { echo "error: $name: the user postgres cannot write $dir (a folder above it closed to others?)" >&2; return 1; }
+  fi
+  if [ "$name" = pg-standby ]; then
+    [ ! -e "$dir/basebackup.done" ] || return 0
+    rm -rf "$data" # what an interrupted pg_basebackup left
+    lk_pid pg-primary >/dev/null || { echo "error: pg-standby: its primary, pg-primary, is not running" >&2; return 1; }
+    # A copy of the primary (a fast checkpoint, its WAL streamed alongside) that -R makes its standby:
+    # standby.signal, and this conninfo (password and application_name included) as primary_conninfo in
+    # postgresql.auto.conf. The primary's settings that make it synchronous are on its command line, not in
+    # the files copied here. Not fsync'd (-N): the standby fsyncs its whole data dir as it starts (a copy of
+    # a running server looks crashed to it), before it replays anything.
+    conninfo="host=127.0.0.1 port=$LK_PG_PRIMARY_PORT user=postgres password=$LK_PG_PASSWORD application_name=$LK_PG_STANDBY_NAME"
+    if ! lk_pg pg_basebackup -d "$conninfo" -D "$data" -R -X stream -c fast -N -w >>"$LK_LOGS/$name.log" 2>&1 </dev/null; then
+      echo "error: pg-standby: pg_basebackup from pg-primary failed" >&2
+      lk_tail "$name"
+      return 1
+    fi
+    : >"$dir/basebackup.done"
+    return 0
   fi
   [ ! -e "$dir/initdb.done" ] || return 0
-  rm -rf "$LK_PG_DATA" # what an interrupted initdb left
+  rm -rf "$data" # what an interrupted initdb left
   # Superuser postgres with the password $LK_PG_PASSWORD over TCP (SCRAM, so that the tests see wrong
-  # credentials refused), trusted on its own socket only. No locale (C), UTF-8.
+  # credentials refused; replication connections too, which initdb's pg_hba.conf allows from 127.0.0.1),
+  # trusted on its own socket only. No locale (C), UTF-8.
   printf '%s\n' "$LK_PG_PASSWORD" >"$dir/pwfile" && chmod 644 "$dir/pwfile" || return 1
-  if ! lk_pg initdb -D "$LK_PG_DATA" --auth-host=scram-sha-256 --auth-local=trust --pwfile="$dir/pwfile" \
-    -U postgres -E UTF8 --no-locale --no-instructions >>"$LK_LOGS/postgres.log" 2>&1 </dev/null; then
-    echo "error: postgres: initdb failed" >&2
-    lk_tail postgres
+  if ! lk_pg initdb -D "$data" --auth-host=scram-sha-256 --auth-local=trust --pwfile="$dir/pwfile" \
+    -U postgres -E UTF8 --no-locale --no-instructions >>"$LK_LOGS/$name.log" 2>&1 </dev/null; then
+    echo "error: $name: initdb failed" >&2
+    lk_tail "$name"
     return 1
   fi
   : >"$dir/initdb.done"
 }
-lk_pg_start() { # start member postgres from its cluster (lk_prepare first), record the postmaster's PID and
-  # create the database lockkit unless it exists
-  local f=$LK_PIDS/postgres.pid pid opts
+lk_pg_start() { # [NAME] (default postgres): start PostgreSQL member NAME from its cluster (lk_prepare first),
+  # record the postmaster's PID and, but on pg-standby, create the database lockkit unless it exists
+  local name=${1:-postgres} f dir data port pid opts
+  f=$LK_PIDS/$name.pid dir=$LK_DATA/$name data=$LK_DATA/$name/data port=$(lk_port "$name")
   rm -f "$f"
   # After a crash the server checks the PID in postmaster.pid (and in its socket's lock file) itself: a
   # dead one it replaces. Two cases it would refuse to start on: a killed postmaster the init has not reaped
   # yet (waited for, up to 3 s), and a PID reused since by another process (its stale files removed).
-  pid=$(head -n 1 "$LK_PG_DATA/postmaster.pid" 2>/dev/null) || pid=''
+  pid=$(head -n 1 "$data/postmaster.pid" 2>/dev/null) || pid=''
   if [[ $pid =~ ^[0-9]+$ ]]; then
     lk_wait_reaped "$pid"
-    if [ -d "/proc/$pid" ] && ! lk_is_ours "$pid" postgres && [ "$(lk_proc_state "$pid")" != Z ]; then
-      echo "postgres: removing the stale postmaster.pid and socket lock (PID $pid is another process now)" >>"$LK_LOGS/postgres.log"
-      rm -f "$LK_PG_DATA/postmaster.pid" "$LK_PG_DIR/.s.PGSQL.$LK_POSTGRES_PORT.lock"
+    if [ -d "/proc/$pid" ] && ! lk_is_ours "$pid" "$name" && [ "$(lk_proc_state "$pid")" != Z ]; then
+      echo "$name: removing the stale postmaster.pid and socket lock (PID $pid is another process now)" >>"$LK_LOGS/$name.log"
+      rm -f "$data/postmaster.pid" "$dir/.s.PGSQL.$port.lock"
     fi
   fi
   # TCP on 127.0.0.1 only, the socket in the member folder, 200 connections, fsync on (durability costs
   # are measured: keep it on).
-  opts="-p $LK_POSTGRES_PORT -k '$LK_PG_DIR' -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on"
+  opts="-p $port -k '$dir' -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on"
+  # The primary of postgres-ha: a commit returns once the standby named $LK_PG_STANDBY_NAME has flushed it
+  # (synchronous_commit on, the default, said outright); 128 MB of WAL kept for a standby that was down a
+  # while. On its command line, not in its files: pg_basebackup copies those, and the standby, once
+  # promoted, has no standby of its own to wait for.
+  [ "$name" != pg-primary ] ||
+    opts+=" -c synchronous_standby_names=$LK_PG_STANDBY_NAME -c synchronous_commit=on -c wal_keep_size=128MB"
   # Without -l the server logs to pg_ctl's output, opened here (the user postgres need not write logs/).
-  if ! lk_pg pg_ctl start -D "$LK_PG_DATA" -o "$opts" -w -t "$LK_TIMEOUT" -s >>"$LK_LOGS/postgres.log" 2>&1 </dev/null; then
-    echo "error: postgres: pg_ctl start failed" >&2
+  if ! lk_pg pg_ctl start -D "$data" -o "$opts" -w -t "$LK_TIMEOUT" -s >>"$LK_LOGS/$name.log" 2>&1 </dev/null; then
+    echo "error: $name: pg_ctl start failed" >&2
     return 1
   fi
-  pid=$(head -n 1 "$LK_PG_DATA/postmaster.pid" 2>/dev/null) || pid=''
-  lk_is_ours "$pid" postgres || { echo "error: postgres: no postmaster of $LK_PG_DATA runs after pg_ctl start" >&2; return 1; }
+  pid=$(head -n 1 "$data/postmaster.pid" 2>/dev/null) || pid=''
+  lk_is_ours "$pid" "$name" || { echo "error: $name: no postmaster of $data runs after pg_ctl start" >&2; return 1; }
   echo "$pid" >"$f"
-  [ "$(lk_pg_sql postgres "select 1 from pg_database where datname = 'lockkit'")" = 1 ] ||
-    PGPASSWORD=$LK_PG_PASSWORD "$LK_PG_BIN/createdb" -w -h 127.0.0.1 -p "$LK_POSTGRES_PORT" -U postgres lockkit >>"$LK_LOGS/postgres.log" 2>&1 ||
-    { echo "error: postgres: createdb lockkit failed" >&2; return 1; }
+  # The standby (read-only) has the database from its primary. On pg-primary, createdb's commit must not wait
+  # for a standby that is not there yet (synchronous_commit=local for its session).
+  [ "$name" != pg-standby ] || return 0
+  [ "$(lk_pg_query "$port" postgres "select 1 from pg_database where datname = 'lockkit'")" = 1 ] ||
+    PGOPTIONS='-c synchronous_commit=local' PGPASSWORD=$LK_PG_PASSWORD "$LK_PG_BIN/createdb" -w -h 127.0.0.1 -p "$port" -U postgres lockkit >>"$LK_LOGS/$name.log" 2>&1 ||
+    { echo "error: $name: createdb lockkit failed" >&2; return 1; }
 }
-lk_pg_stop() { # stop member postgres, if it runs, with pg_ctl's fast shutdown (clients cut off, a shutdown
-  # checkpoint), bounded by LK_TIMEOUT; sets LK_STOPPED_PIDS. Should pg_ctl fail, lk_stop remains.
-  local pid
-  LK_STOPPED_PIDS=()
-  pid=$(lk_pid postgres) || return 0
-  kill -CONT "$pid" 2>/dev/null || true # a paused postmaster (member.sh pause) would not shut down
-  lk_pg pg_ctl stop -D "$LK_PG_DATA" -m fast -w -t "$LK_TIMEOUT" -s >>"$LK_LOGS/postgres.log" 2>&1 </dev/null ||
-    echo "postgres: pg_ctl stop failed (log: $LK_LOGS/postgres.log)" >&2
-  lk_pid postgres >/dev/null || true # drops the PID file once it is gone
+lk_pg_stop() { # [NAME...] (default postgres): stop those PostgreSQL members that run, side by side, with
+  # pg_ctl's fast shutdown (clients cut off, a shutdown checkpoint), bounded by LK_TIMEOUT; sets
+  # LK_STOPPED_PIDS. Should pg_ctl fail, lk_stop remains.
+  local name pid pids=() jobs=()
+  (($#)) || set -- postgres
+  for name; do
+    pid=$(lk_pid "$name") || continue
+    kill -CONT "$pid" 2>/dev/null || true # a paused postmaster (member.sh pause) would not shut down
+    { lk_pg pg_ctl stop -D "$LK_DATA/$name/data" -m fast -w -t "$LK_TIMEOUT" -s >>"$LK_LOGS/$name.log" 2>&1 </dev/null ||
+      echo "$name: pg_ctl stop failed (log: $LK_LOGS/$name.log)" >&2; } &
+    pids+=("$pid") jobs+=($!)
+  done
+  ((${#jobs[@]} == 0)) || wait "${jobs[@]}" || true
+  for name; do lk_pid "$name" >/dev/null || true; done # drops the PID files of those gone
   # shellcheck disable=SC2034  # used by the callers
-  LK_STOPPED_PIDS=("$pid")
+  LK_STOPPED_PIDS=("${pids[@]}")
+}
+lk_pg_promote() { # NAME: promote the standby NAME (pg_ctl promote, as the server's user) and wait until it
+  # accepts writes; 1 if it is no standby or does not become a primary within LK_TIMEOUT
+  local name=$1 port end
+  port=$(lk_port "$name")
+  [ "$(lk_pg_query "$port" postgres 'select pg_is_in_recovery()')" = t ] ||
+    { echo "error: $name is not a standby (pg_is_in_recovery() is not true)" >&2; return 1; }
+  if ! lk_pg pg_ctl promote -D "$LK_DATA/$name/data" -w -t "$LK_TIMEOUT" -s >>"$LK_LOGS/$name.log" 2>&1 </dev/null; then
+    echo "error: $name: pg_ctl promote failed" >&2
+    lk_tail "$name"
+    return 1
+  fi
+  end=$(($(lk_now) + LK_TIMEOUT * 1000000))
+  until [ "$(lk_pg_query "$port" lockkit 'select pg_is_in_recovery()')" = f ]; do
+    (($(lk_now) < end)) || { echo "error: $name does not answer as a primary ${LK_TIMEOUT}s after pg_ctl promote" >&2; return 1; }
+    sleep 0.05
+  done
+}
+lk_pg_ha_diverged() { # true when the postgres-ha pair is not a primary and its standby any more (the standby
+  # was promoted: by a test, or by hand); says how in LK_WHY. A paused member, or one that does not answer,
+  # tells nothing.
+  local rec standby
+  LK_WHY=''
+  standby=$(lk_state pg-standby)
+  if [ "$standby" = up ]; then
+    rec=$(lk_pg_query "$LK_PG_STANDBY_PORT" postgres 'select pg_is_in_recovery()')
+    [ "$rec" != f ] || { LK_WHY="pg-standby has been promoted"; return 0; }
+  elif [ "$standby" = down ] && [ -e "$LK_DATA/pg-standby/basebackup.done" ] && [ ! -e "$LK_DATA/pg-standby/data/standby.signal" ]; then
+    LK_WHY="pg-standby has been promoted (its data has no standby.signal any more)"
+    return 0
+  fi
+  if [ "$(lk_state pg-primary)" = up ]; then
+    rec=$(lk_pg_query "$LK_PG_PRIMARY_PORT" postgres 'select pg_is_in_recovery()')
+    [ "$rec" != t ] || { LK_WHY="pg-primary is in recovery, a standby"; return 0; }
+  fi
+  return 1
+}
+
+# ---- PgBouncer -----------------------------------------------------------------------------------------
+# In front of member postgres (topology postgres), transaction pooling, on 127.0.0.1 only (no unix socket).
+# Started with lk_spawn, in the foreground (it logs to stderr: logs/pgbouncer.log). It refuses to run as root:
+# as root it gets -u postgres and switches to that user itself once it has read its config, in the same
+# process (runuser would fork, and the PID recorded would be runuser's). Its folder, data/pgbouncer, holds
+# pgbouncer.ini and userlist.txt.
+lk_pgbouncer_prepare() { # the config of member pgbouncer, unless it is made already
+  local dir=$LK_DATA/pgbouncer
+  if [ ! -e "$dir/pgbouncer.ini" ]; then
+    # The client logs in with SCRAM; with the password in clear here, PgBouncer logs in to the server with
+    # SCRAM too (a SCRAM secret here would tie it to one initdb's salt: a fresh postgres would refuse it).
+    printf '"postgres" "%s"\n' "$LK_PG_PASSWORD" >"$dir/userlist.txt" && chmod 600 "$dir/userlist.txt" || return 1
+    # tokio-postgres sends user, database, client_encoding and application_name (and options, if set):
+    # PgBouncer tracks client_encoding and application_name itself; extra_float_digits (JDBC, lib/pq) is
+    # ignored, and options (PgBouncer 1.18 cannot pass it on) refused.
+    cat >"$dir/pgbouncer.ini.tmp" <<EOF || return 1
+[databases]
+* = host=127.0.0.1 port=$LK_POSTGRES_PORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $LK_PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $dir/userlist.txt
+admin_users = postgres
+pool_mode = transaction
+max_client_conn = 500
+default_pool_size = 20
+ignore_startup_parameters = extra_float_digits
+log_connections = 0
+log_disconnections = 0
+EOF
+    mv -f "$dir/pgbouncer.ini.tmp" "$dir/pgbouncer.ini" || return 1
+  fi
+  [ "$(id -u)" != 0 ] || chown -R postgres:postgres "$dir"
+}
+lk_pgbouncer_start() { # start member pgbouncer (lk_prepare first)
+  local user=()
+  [ "$(id -u)" != 0 ] || user=(-u postgres)
+  lk_spawn pgbouncer "$LK_PGBOUNCER_BIN" "${user[@]}" "$LK_DATA/pgbouncer/pgbouncer.ini"
 }
 
 # ---- readiness ---------------------------------------------------------------------------------------
@@ -461,7 +604,9 @@ lk_member_answers() { # NAME: the process answers (no quorum needed)
     # etcd opens its client port only once a quorum has let it publish itself: look at its peer port
     etcd-?) (exec 3<>"/dev/tcp/127.0.0.1/${LK_ETCD_PEER_PORTS[${1##*-} - 1]}") 2>/dev/null ;;
     zk-?) [ "$(zk4 "$(lk_port "$1")" ruok)" = imok ] ;;
-    postgres) [ "$(lk_pg_sql postgres 'select 1')" = 1 ] ;;
+    postgres | pg-primary | pg-standby) [ "$(lk_pg_query "$(lk_port "$1")" postgres 'select 1')" = 1 ] ;;
+    # its admin console answers without a server behind it
+    pgbouncer) [ -n "$(lk_pg_query "$LK_PGBOUNCER_PORT" pgbouncer 'show version')" ] ;;
     *) lk_ping "$1" ;;
   esac
 }
@@ -469,7 +614,7 @@ lk_member_serving() { # NAME: it serves requests (etcd/ZK: it is part of a quoru
   case $1 in
     etcd-?) lk_etcdctl --endpoints="127.0.0.1:$(lk_port "$1")" endpoint health >/dev/null 2>&1 ;;
     zk-?) [[ $(lk_zk_mode "$1") =~ ^(leader|follower)$ ]] ;;
-    postgres) [ "$(lk_pg_sql lockkit 'select 1')" = 1 ] ;;
+    postgres | pg-primary | pg-standby | pgbouncer) [ "$(lk_pg_query "$(lk_port "$1")" lockkit 'select 1')" = 1 ] ;;
     *) lk_ping "$1" ;;
   esac
 }
@@ -553,6 +698,24 @@ lk_topology_ready() { # TOPOLOGY: 0 ready, 1 not yet, 2 hopeless (a member is do
     postgres)
       [ "$(lk_pg_sql lockkit 'select 1')" = 1 ] ||
         { LK_WHY="postgres does not answer 'select 1' in database lockkit" LK_BAD=postgres; return 1; } ;;
+    postgres-ha)
+      out=$(lk_pg_query "$LK_PG_PRIMARY_PORT" lockkit 'select pg_is_in_recovery()')
+      [ "$out" != t ] || { LK_WHY="pg-primary is a standby (in recovery)" LK_BAD=pg-primary; return 2; }
+      [ "$out" = f ] || { LK_WHY="pg-primary does not answer in database lockkit" LK_BAD=pg-primary; return 1; }
+      out=$(lk_pg_query "$LK_PG_STANDBY_PORT" lockkit 'select pg_is_in_recovery()')
+      [ "$out" != f ] || { LK_WHY="pg-standby has been promoted (compose/up.sh postgres-ha starts a fresh pair once one member is stopped; compose/down.sh postgres-ha)" LK_BAD=pg-standby; return 2; }
+      [ "$out" = t ] || { LK_WHY="pg-standby does not answer in database lockkit" LK_BAD=pg-standby; return 1; }
+      out=$(lk_pg_query "$LK_PG_PRIMARY_PORT" postgres \
+        "select state || ' ' || sync_state from pg_stat_replication where application_name = '$LK_PG_STANDBY_NAME'")
+      [ "$out" = "streaming sync" ] ||
+        { LK_WHY="pg-standby is not a streaming synchronous standby of pg-primary yet (pg_stat_replication: '${out:-no row}')" LK_BAD=pg-standby; return 1; } ;;
+    pgbouncer)
+      case $(lk_state postgres) in
+        down) LK_WHY="its server, member postgres, is not running (compose/up.sh pgbouncer starts it too)" LK_BAD=postgres; return 2 ;;
+        paused) LK_WHY="its server, member postgres, is paused (compose/member.sh resume postgres)" LK_BAD=postgres; return 2 ;;
+      esac
+      [ "$(lk_pg_query "$LK_PGBOUNCER_PORT" lockkit 'select 1')" = 1 ] ||
+        { LK_WHY="'select 1' in database lockkit through pgbouncer fails" LK_BAD=pgbouncer; return 1; } ;;
     *) for m in $(lk_members "$t"); do lk_ping "$m" || { LK_WHY="$m does not answer PING" LK_BAD=$m; return 1; }; done ;;
   esac
 }
@@ -622,18 +785,25 @@ lk_env_line() { # TOPOLOGY -> its line of endpoints.env
     etcd) echo "LOCKKIT_TEST_ETCD_URL=etcd://$LK_ETCD_ENDPOINTS" ;;
     zk) echo "LOCKKIT_TEST_ZK_URL=zk://$(lk_hostports "${LK_ZK_CLIENT_PORTS[@]}")" ;;
     postgres) echo "LOCKKIT_TEST_POSTGRES_URL=postgres://postgres:$LK_PG_PASSWORD@127.0.0.1:$LK_POSTGRES_PORT/lockkit" ;;
+    postgres-ha) # three lines: both servers (the client picks the one that takes writes), then each alone
+      echo "LOCKKIT_TEST_POSTGRES_HA_URL=postgres://postgres:$LK_PG_PASSWORD@$(lk_hostports "$LK_PG_PRIMARY_PORT" "$LK_PG_STANDBY_PORT")/lockkit"
+      echo "LOCKKIT_TEST_POSTGRES_PRIMARY_URL=postgres://postgres:$LK_PG_PASSWORD@127.0.0.1:$LK_PG_PRIMARY_PORT/lockkit"
+      echo "LOCKKIT_TEST_POSTGRES_STANDBY_URL=postgres://postgres:$LK_PG_PASSWORD@127.0.0.1:$LK_PG_STANDBY_PORT/lockkit" ;;
+    pgbouncer) echo "LOCKKIT_TEST_PGBOUNCER_URL=postgres://postgres:$LK_PG_PASSWORD@127.0.0.1:$LK_PGBOUNCER_PORT/lockkit" ;;
   esac
 }
 lk_topology_alive() { local m; for m in $(lk_members "$1"); do lk_pid "$m" >/dev/null && return 0; done; return 1; }
 lk_env_update() { # add|remove TOPOLOGY...: rewrite endpoints.env; keeps lines of other topologies still running
-  local op=$1 t line tmp=$LK_ENV.$$; shift
+  local op=$1 t line lines tmp=$LK_ENV.$$ kept; shift
   : >"$tmp"
   for t in $LK_TOPOLOGIES; do
-    line=$(lk_env_line "$t")
+    lines=$(lk_env_line "$t")
     if [[ " $* " == *" $t "* ]]; then
-      [ "$op" = remove ] || echo "$line" >>"$tmp"
-    elif [ -f "$LK_ENV" ] && grep -qxF "$line" "$LK_ENV" && lk_topology_alive "$t"; then
-      echo "$line" >>"$tmp"
+      [ "$op" = remove ] || echo "$lines" >>"$tmp"
+    elif [ -f "$LK_ENV" ] && lk_topology_alive "$t"; then
+      kept=1 # every line of the topology (postgres-ha has three)
+      while read -r line; do grep -qxF "$line" "$LK_ENV" || kept=''; done <<<"$lines"
+      [ -z "$kept" ] || echo "$lines" >>"$tmp"
     fi
   done
   mv -f "$tmp" "$LK_ENV"

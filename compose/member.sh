@@ -5,6 +5,9 @@
 #   restart   stop it if running, start it again with its existing data dir and config, and wait until it
 #             answers (etcd/ZK: until it serves, if at least 2 of the 3 members run; else only until it
 #             listens: a lone etcd member opens its client port only once it has a quorum)
+#   promote   pg-standby: `pg_ctl promote -D` on its data dir, as the server's user; waits until it takes
+#             writes. pg-primary is left alone (kill it first for a failover). The next compose/up.sh
+#             postgres-ha sees the promoted standby, stops the pair and starts a fresh one
 #   pid       print its PID
 #   status    print "NAME up|paused|down pid PID port PORT"; without NAME: every member
 # compose/member.sh leader etcd|zk|sentinel : print the NAME that currently leads: the etcd leader, the ZK
@@ -12,8 +15,8 @@
 # compose/member.sh leader redis-cluster SLOT : print the NAME of the primary that serves hash slot SLOT
 #   (0-16383) now, as the running nodes see it. Waits up to 10 s for one (during a failover).
 # NAME: redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3,
-#   postgres (its postmaster: kill/pause act on it alone, its backends exit once it is gone; stop is a fast
-#   shutdown, SIGINT; restart runs pg_ctl start on its data)
+#   postgres, pg-primary, pg-standby (a postmaster: kill/pause act on it alone, its backends exit once it is
+#   gone; stop is a fast shutdown, SIGINT; restart runs pg_ctl start on its data), pgbouncer
 # Exit: 0 ok; 1 failed (did not come back in time: why and log tail on stderr); 2 usage (unknown action or
 #       name); 3 the member is not up (status: down; restart: never started; leader: none found).
 set -euo pipefail
@@ -64,9 +67,10 @@ if [ "$action" = status ] && [ -z "$name" ]; then
   for t in $LK_TOPOLOGIES; do for m in $(lk_members "$t"); do status "$m"; done; done
   exit 0
 fi
-[[ $action =~ ^(kill|stop|pause|resume|restart|pid|status)$ ]] || die 2 "unknown action '$action'"
+[[ $action =~ ^(kill|stop|pause|resume|restart|promote|pid|status)$ ]] || die 2 "unknown action '$action'"
 [ -n "$name" ] || usage
-lk_topology_of "$name" >/dev/null || die 2 "unknown member '$name' (redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3, postgres)"
+lk_topology_of "$name" >/dev/null || die 2 "unknown member '$name' (redis, sentinel-primary, sentinel-replica, sentinel-1..3, redlock-1..5, cluster-1..6, etcd-1..3, zk-1..3, postgres, pg-primary, pg-standby, pgbouncer)"
+[[ $action != promote || $name == pg-standby ]] || die 2 "promote needs pg-standby, not '$name'"
 [ "$action" = restart ] && { restart "$name"; exit 0; }
 [ "$action" = status ] && { status "$name"; [ "$(lk_state "$name")" != down ] || exit 3; exit 0; }
 pid=$(lk_pid "$name") || die 3 "$name is not up"
@@ -80,4 +84,8 @@ case $action in
   stop) lk_stop "$name"; echo "$name stopped (pid $pid)" ;;
   pause) kill -STOP "$pid"; echo "$name paused (pid $pid)" ;;
   resume) kill -CONT "$pid"; echo "$name resumed (pid $pid)" ;;
+  promote)
+    [ "$(lk_state "$name")" = up ] || die 1 "$name is paused (compose/member.sh resume $name)"
+    lk_pg_promote "$name" || exit 1
+    echo "$name promoted (pid $pid)" ;;
 esac

@@ -45,10 +45,12 @@ pub async fn admin(config: &PostgresConfig) -> tokio_postgres::Client {
 
 /// The live rows (granted or queued) under `namespace`, as `name/seq`.
 pub async fn rows_under(client: &tokio_postgres::Client, namespace: &str) -> Vec<String> {
+    // An unnamed statement (`query_typed`): through PgBouncer's transaction pooling a named one
+    // may be executed on a server connection that never prepared it.
     client
-        .query(
+        .query_typed(
             "SELECT name, seq FROM lockkit.entries WHERE namespace = $1 AND expires_at > clock_timestamp() ORDER BY seq",
-            &[&namespace],
+            &[(&namespace, tokio_postgres::types::Type::TEXT)],
         )
         .await
         .expect("reading rows")
