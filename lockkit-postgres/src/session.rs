@@ -110,16 +110,27 @@ impl Session {
         params: &[Param<'_>],
     ) -> Result<Vec<Row>> {
         let timeout = self.config.request_timeout;
+        let mut used = None;
         let run = async {
             let client = self.client(slot).await?;
+            used = Some(client.clone());
             client
                 .query_typed(sql, params)
                 .await
                 .map_err(|e| error::map(what, e))
         };
-        tokio::time::timeout(timeout, run)
-            .await
-            .unwrap_or_else(|_| Err(error::timed_out(what, timeout)))
+        match tokio::time::timeout(timeout, run).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                // A server that does not answer in time may be gone without a word (a
+                // partition): the next statement on this slot connects afresh, and fails fast
+                // if the server is unreachable, rather than waiting behind this one.
+                if let Some(client) = used {
+                    self.slots[slot % self.slots.len()].discard(&client);
+                }
+                Err(error::timed_out(what, timeout))
+            }
+        }
     }
 
     /// Like [`Session::query`], for a statement that returns one row.
@@ -216,6 +227,14 @@ fn one(what: &str, rows: Vec<Row>) -> Result<Row> {
 }
 
 impl Slot {
+    /// Forgets `client` if it is still the slot's connection.
+    fn discard(&self, client: &Arc<Client>) {
+        let mut current = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *current = None;
+        }
+    }
+
     fn live(&self) -> Option<Arc<Client>> {
         self.client
             .lock()

@@ -21,8 +21,8 @@
 //! taken, the notification lands on the board after the marker. If it was not (the first
 //! wait on a key), the wait subscribes, and ends as soon as the `LISTEN` is done, for an
 //! attempt that can no longer miss anything. Whenever the listener may have missed a
-//! notification (its connection broke), it posts a reset, which ends every wait; a wait while
-//! it is down is a short poll. A waiter also ends its wait after a third of its TTL, for its
+//! notification (its connection broke, or did not answer its ping every 5 s), it posts a
+//! reset, which ends every wait; a wait while it is down is a short poll. A waiter also ends its wait after a third of its TTL, for its
 //! next attempt to refresh its row.
 
 use std::collections::{HashMap, VecDeque};
@@ -410,8 +410,11 @@ async fn listen_once(
                 board.listening(&names);
             }
             _ = tick.tick() => {
+                // The ping finds a connection that died without a word (a partition), which
+                // would otherwise leave every waiter of this client unwoken.
                 let (_, idle) = board.channels();
-                if !idle.is_empty() && !run(statement("UNLISTEN", &idle)).await {
+                let sql = statement("UNLISTEN", &idle) + "SELECT 1;";
+                if !run(sql).await {
                     break;
                 }
             }
