@@ -71,7 +71,7 @@ impl PostgresBackend {
         let stop = CancellationToken::new();
         if session.config.listen {
             wait::listen(
-                session.pg_config().clone(),
+                session.listen_config(),
                 session.transport.clone(),
                 session.config.connect_timeout,
                 board.clone(),

@@ -44,10 +44,18 @@ pub struct PostgresConfig {
     /// How many connections carry the statements of this client (each pipelines the
     /// statements sent on it). Default: 2.
     pub pool_size: usize,
-    /// Wake waiters by `LISTEN`/`NOTIFY` on one more connection. Default: `true`. Set it to
-    /// `false` when the only way to the server is PgBouncer in transaction pooling, which
-    /// cannot carry `LISTEN`: waiters then poll at the client's `backoff_max`.
+    /// Wake waiters and election observers by `LISTEN`/`NOTIFY` on one more connection.
+    /// Default: `true`. PgBouncer in transaction pooling cannot carry `LISTEN`: behind it,
+    /// give the servers themselves in `listen_hosts`, or set `false`, and waiters poll at the
+    /// client's `backoff_max` (an election's observer may then miss a leader that leads for
+    /// less than that).
     pub listen: bool,
+    /// Where the `LISTEN` connection goes, as `host:port`, when `hosts` is a pooler that
+    /// cannot carry it (PgBouncer in transaction pooling): the PostgreSQL servers behind it
+    /// (with several, the one that accepts writes, where the notifications are sent).
+    /// Default: empty, the `hosts`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub listen_hosts: Vec<String>,
     /// Create (or upgrade) the `lockkit` schema on first use. Default: `true`. With `false`
     /// a DBA runs `sql/schema.sql` once, and the client checks its version.
     pub create_schema: bool,
@@ -81,6 +89,7 @@ impl Default for PostgresConfig {
             request_timeout: Duration::from_secs(5),
             pool_size: 2,
             listen: true,
+            listen_hosts: Vec::new(),
             create_schema: true,
             tls: false,
             ca_file: None,
@@ -178,10 +187,13 @@ impl PostgresConfig {
         if self.hosts.is_empty() {
             return bad("hosts is empty: list the servers as host:port".into());
         }
-        for host in &self.hosts {
+        for host in self.hosts.iter().chain(&self.listen_hosts) {
             if split_host(host).is_none() {
                 return bad(format!("host {host:?} is not a host:port"));
             }
+        }
+        if !self.listen && !self.listen_hosts.is_empty() {
+            return bad("listen_hosts is set while listen = false".into());
         }
         if self.dbname.is_empty() || self.dbname.contains('\0') {
             return bad(format!("dbname {:?} is not a database name", self.dbname));
@@ -221,6 +233,16 @@ impl PostgresConfig {
     pub(crate) fn host_ports(&self) -> Vec<(String, u16)> {
         self.hosts.iter().filter_map(|h| split_host(h)).collect()
     }
+
+    /// The configuration of the `LISTEN` connection: `listen_hosts` in place of `hosts`,
+    /// when set.
+    pub(crate) fn for_listening(&self) -> PostgresConfig {
+        let mut config = self.clone();
+        if !self.listen_hosts.is_empty() {
+            config.hosts.clone_from(&self.listen_hosts);
+        }
+        config
+    }
 }
 
 /// `host:port` (or `[v6]:port`, or a host alone on the default port) as its parts.
@@ -247,6 +269,7 @@ impl fmt::Debug for PostgresConfig {
             .field("request_timeout", &self.request_timeout)
             .field("pool_size", &self.pool_size)
             .field("listen", &self.listen)
+            .field("listen_hosts", &self.listen_hosts)
             .field("create_schema", &self.create_schema)
             .field("tls", &self.tls)
             .field("ca_file", &self.ca_file)

@@ -69,9 +69,9 @@ impl Session {
         })
     }
 
-    /// The driver settings of a connection to the configured servers.
-    pub(crate) fn pg_config(&self) -> &tokio_postgres::Config {
-        &self.pg
+    /// The driver settings of the `LISTEN` connection (to `listen_hosts`, when set).
+    pub(crate) fn listen_config(&self) -> tokio_postgres::Config {
+        pg_config(&self.config.for_listening(), &self.transport)
     }
 
     /// Runs `sql` with `params` on the next connection, within the request timeout.

@@ -125,6 +125,7 @@ const POSTGRES_FIELDS: &[&str] = &[
     "request_timeout",
     "pool_size",
     "listen",
+    "listen_hosts",
     "create_schema",
     "tls",
     "ca_file",
