@@ -3,7 +3,8 @@
 //!
 //! Four panels of horizontal bars, a group per tier: W1 p50 latency, W2 throughput, W2 max
 //! wait and W3 recovery, each with lockkit beside its raw floor and its peer where the tier
-//! has them. Latency and wait are on log scales (memory and etcd are two orders apart); on
+//! has them (and beside its second raw floor, PostgreSQL's lease table, in a bar that every
+//! group has when a tier of the run has one). Latency and wait are on log scales (memory and etcd are two orders apart); on
 //! the linear ones a tier far beyond the others (memory's throughput) has its bar cut at the
 //! end of the axis, its value written inside it.
 
@@ -16,25 +17,65 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use crate::TierReport;
 
 const WIDTH: u32 = 960;
-const LEGEND_HEIGHT: u32 = 34;
-/// The height of one tier's group of bars in a panel.
-const GROUP_HEIGHT: u32 = 60;
+/// The height of a row of the colour key (it takes a second row when it does not fit in one).
+const LEGEND_ROW_HEIGHT: u32 = 34;
+/// The height of one bar's slot in a panel: a tier's group is a slot per bar and one more.
+const SLOT_HEIGHT: u32 = 12;
 /// The caption, the x axis and the margins of a panel.
 const PANEL_CHROME: u32 = 84;
 const FONT: &str = "sans-serif";
 
-/// The contenders of a tier: lockkit, lockkit with non-fair mutexes, the raw floor, the peer.
-const CONTENDERS: usize = 4;
+/// The contenders of a tier: lockkit, lockkit with non-fair mutexes, the raw floor, the
+/// second raw floor, the peer.
+const CONTENDERS: usize = 5;
+
+/// The second raw floor's index in [`CONTENDERS`]: its bar is drawn only in a chart where a
+/// tier has one.
+const SECOND_FLOOR: usize = 3;
 
 /// Their colours, in that order.
 const COLORS: [RGBColor; CONTENDERS] = [
     RGBColor(0x48, 0x78, 0xa8),
     RGBColor(0x9c, 0xc3, 0xe6),
     RGBColor(0xa0, 0xa0, 0xa0),
+    RGBColor(0x6a, 0x6a, 0x6a),
     RGBColor(0xe0, 0x8a, 0x2c),
 ];
-/// Slots per tier: a bar per contender (peer lowest, lockkit on top) and a gap above them.
-const SLOTS: i32 = CONTENDERS as i32 + 1;
+
+/// The contenders that have a bar in each tier's group, in [`CONTENDERS`] order (lockkit on
+/// top, the peer lowest): all but the second raw floor, and that one too when a tier of the
+/// chart has one. A group is a slot per bar and a gap above them.
+#[derive(Debug)]
+struct Bars(Vec<usize>);
+
+impl Bars {
+    fn of(panels: &[Panel]) -> Bars {
+        let second_floor = panels
+            .iter()
+            .any(|p| p.values.iter().any(|v| v[SECOND_FLOOR].is_some()));
+        Bars(
+            (0..CONTENDERS)
+                .filter(|&c| c != SECOND_FLOOR || second_floor)
+                .collect(),
+        )
+    }
+
+    /// Slots per tier.
+    fn slots(&self) -> i32 {
+        self.0.len() as i32 + 1
+    }
+
+    /// The slot of `contender`'s bar within its group (0: the lowest), if it has one.
+    fn slot(&self, contender: usize) -> Option<i32> {
+        let place = self.0.iter().position(|&c| c == contender)?;
+        Some((self.0.len() - 1 - place) as i32)
+    }
+
+    /// The slot the tier's name (and a missing value's note) is centred on.
+    fn middle(&self) -> i32 {
+        self.0.len() as i32 / 2
+    }
+}
 
 /// One panel: a value per tier and contender (see [`CONTENDERS`]), or why there is none.
 struct Panel {
@@ -132,7 +173,13 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
             "W1",
             |r| {
                 let u = r.uncontended.as_ref()?;
-                Some([Some(u.p50_us), None, u.floor_p50_us, u.peer_p50_us])
+                Some([
+                    Some(u.p50_us),
+                    None,
+                    u.floor_p50_us,
+                    u.second_floor_p50_us,
+                    u.peer_p50_us,
+                ])
             },
         ),
         Panel::new(
@@ -148,6 +195,7 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
                     Some(c.lockkit.increments_per_sec),
                     of(c.non_fair.as_ref()),
                     of(c.floor.as_ref()),
+                    of(c.second_floor.as_ref()),
                     of(c.peer.as_ref()),
                 ])
             },
@@ -165,6 +213,7 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
                     Some(c.lockkit.wait_max_us / 1e3),
                     of(c.non_fair.as_ref()),
                     of(c.floor.as_ref()),
+                    of(c.second_floor.as_ref()),
                     of(c.peer.as_ref()),
                 ])
             },
@@ -175,20 +224,27 @@ pub(crate) fn svg(reports: &[TierReport]) -> Result<String, String> {
             false,
             reports,
             "W3",
-            |r| Some([Some(r.holder_crash.as_ref()?.recovery_ms), None, None, None]),
+            |r| {
+                let recovery = r.holder_crash.as_ref()?.recovery_ms;
+                Some([Some(recovery), None, None, None, None])
+            },
         ),
     ];
+    let bars = Bars::of(&panels);
     let names: Vec<&str> = reports.iter().map(|r| r.target.as_str()).collect();
-    let panel_height = PANEL_CHROME + GROUP_HEIGHT * names.len().max(1) as u32;
-    let height = LEGEND_HEIGHT + 2 * panel_height;
+    let group_height = SLOT_HEIGHT * bars.slots() as u32;
+    let panel_height = PANEL_CHROME + group_height * names.len().max(1) as u32;
+    let entries = legend_entries(&bars, peer.as_deref());
+    let legend_height = LEGEND_ROW_HEIGHT * legend_rows(&entries);
+    let height = legend_height + 2 * panel_height;
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let (legend_area, body) = root.split_vertically(LEGEND_HEIGHT);
-        legend(&legend_area, peer.as_deref()).map_err(|e| e.to_string())?;
+        let (legend_area, body) = root.split_vertically(legend_height);
+        legend(&legend_area, &entries).map_err(|e| e.to_string())?;
         for (area, panel) in body.split_evenly((2, 2)).iter().zip(&panels) {
-            draw_panel(area, panel, &names).map_err(|e| e.to_string())?;
+            draw_panel(area, panel, &bars, &names).map_err(|e| e.to_string())?;
         }
         root.present().map_err(|e| e.to_string())?;
     }
@@ -204,25 +260,59 @@ fn font(px: f64) -> FontDesc<'static> {
     (FONT, px * 1.24).into_font()
 }
 
+/// The colour key's entries, a text and a colour per bar of a group.
+fn legend_entries(bars: &Bars, peer: Option<&str>) -> Vec<(String, RGBColor)> {
+    bars.0
+        .iter()
+        .map(|&contender| {
+            let text = match contender {
+                0 => "lockkit".to_owned(),
+                1 => "lockkit, non-fair".to_owned(),
+                2 => "raw floor: the same protocol by hand (floors.rs)".to_owned(),
+                SECOND_FLOOR => "2nd raw floor: a lease table (PostgreSQL)".to_owned(),
+                _ => format!("peer: {}", peer.unwrap_or("none in this run")),
+            };
+            (text, COLORS[contender])
+        })
+        .collect()
+}
+
+/// Where each entry of the colour key goes: its x and its row, the entries laid out left to
+/// right and wrapped onto another row where the chart's width ends.
+fn legend_places(entries: &[(String, RGBColor)]) -> Vec<(i32, i32)> {
+    const START: i32 = 16;
+    let (mut x, mut row) = (START, 0);
+    entries
+        .iter()
+        .map(|(text, _)| {
+            let width = 20 + text_width(text, LEGEND_PX);
+            if x > START && x + width > WIDTH as i32 - START {
+                (x, row) = (START, row + 1);
+            }
+            let place = (x, row);
+            x += width + 32;
+            place
+        })
+        .collect()
+}
+
+/// How many rows the colour key takes.
+fn legend_rows(entries: &[(String, RGBColor)]) -> u32 {
+    legend_places(entries)
+        .last()
+        .map_or(1, |&(_, row)| row as u32 + 1)
+}
+
 /// The colour key, across the top.
-fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, peer: Option<&str>) -> DrawResult {
-    let peer = format!("peer: {}", peer.unwrap_or("none in this run"));
-    let entries = [
-        "lockkit",
-        "lockkit, non-fair",
-        "raw floor: the same protocol by hand (floors.rs)",
-        peer.as_str(),
-    ];
+fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, entries: &[(String, RGBColor)]) -> DrawResult {
     let style = TextStyle::from(font(LEGEND_PX)).pos(Pos::new(HPos::Left, VPos::Center));
-    let mut x = 16;
-    let y = LEGEND_HEIGHT as i32 / 2;
-    for (entry, color) in entries.iter().zip(COLORS) {
+    for ((text, color), (x, row)) in entries.iter().zip(legend_places(entries)) {
+        let y = row * LEGEND_ROW_HEIGHT as i32 + LEGEND_ROW_HEIGHT as i32 / 2;
         area.draw(&Rectangle::new(
             [(x, y - 7), (x + 14, y + 7)],
             color.filled(),
         ))?;
-        area.draw(&Text::new(entry.to_string(), (x + 20, y), style.clone()))?;
-        x += 20 + text_width(entry, LEGEND_PX) + 32;
+        area.draw(&Text::new(text.clone(), (x + 20, y), style.clone()))?;
     }
     Ok(())
 }
@@ -242,6 +332,7 @@ fn text_width(text: &str, px: f64) -> i32 {
 fn draw_panel(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
     panel: &Panel,
+    bars: &Bars,
     names: &[&str],
 ) -> DrawResult {
     let label_width = names
@@ -250,7 +341,7 @@ fn draw_panel(
         .max()
         .unwrap_or(40) as u32
         + 14;
-    let slots = SLOTS * names.len().max(1) as i32;
+    let slots = bars.slots() * names.len().max(1) as i32;
     let mut builder = ChartBuilder::on(area);
     builder
         .caption(panel.title, font(CAPTION_PX))
@@ -261,7 +352,7 @@ fn draw_panel(
     let y = (0..slots).into_segmented();
     let Some(max) = panel.max() else {
         let mut chart = builder.build_cartesian_2d(0.0..1.0, y)?;
-        mesh(&mut chart, names, 0)?;
+        mesh(&mut chart, bars, names, 0)?;
         chart.draw_series(std::iter::once(Text::new(
             "not run",
             (0.02, SegmentValue::CenterOf(slots / 2)),
@@ -284,13 +375,13 @@ fn draw_panel(
         let low = 10f64.powf(panel.min().unwrap_or(1.0).max(1e-3).log10().floor() - 0.3);
         let high = 10f64.powf(low.log10() + (top.log10() - low.log10()) / share);
         let mut chart = builder.build_cartesian_2d((low..high).log_scale(), y)?;
-        mesh(&mut chart, names, 6)?;
-        bars(&mut chart, panel, low, None)
+        mesh(&mut chart, bars, names, 6)?;
+        draw_bars(&mut chart, panel, bars, low, None)
     } else {
         let high = top / share;
         let mut chart = builder.build_cartesian_2d(0.0..high, y)?;
-        mesh(&mut chart, names, 5)?;
-        bars(&mut chart, panel, 0.0, cut.then_some(high))
+        mesh(&mut chart, bars, names, 5)?;
+        draw_bars(&mut chart, panel, bars, 0.0, cut.then_some(high))
     }
 }
 
@@ -299,7 +390,7 @@ type Chart<'a, X> =
 
 /// The axes, with `x_labels` values below (none if 0), and the tier names on the left of
 /// their groups (drawn here rather than as axis labels: those go on every slot).
-fn mesh<X>(chart: &mut Chart<'_, X>, names: &[&str], x_labels: usize) -> DrawResult
+fn mesh<X>(chart: &mut Chart<'_, X>, bars: &Bars, names: &[&str], x_labels: usize) -> DrawResult
 where
     X: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -321,8 +412,8 @@ where
     let style = TextStyle::from(font(TIER_PX)).pos(Pos::new(HPos::Right, VPos::Center));
     let tiers = names.len() as i32;
     chart.draw_series(names.iter().enumerate().map(|(i, name)| {
-        let group = (tiers - 1 - i as i32) * SLOTS;
-        EmptyElement::at((base, SegmentValue::CenterOf(group + 2)))
+        let group = (tiers - 1 - i as i32) * bars.slots();
+        EmptyElement::at((base, SegmentValue::CenterOf(group + bars.middle())))
             + Text::new(name.to_string(), (-8, 0), style.clone())
     }))?;
     Ok(())
@@ -330,7 +421,13 @@ where
 
 /// The bars of `panel`, from `base`, each with its value at its end; a bar beyond `cut` ends
 /// there, with its value inside it.
-fn bars<X>(chart: &mut Chart<'_, X>, panel: &Panel, base: f64, cut: Option<f64>) -> DrawResult
+fn draw_bars<X>(
+    chart: &mut Chart<'_, X>,
+    panel: &Panel,
+    bars: &Bars,
+    base: f64,
+    cut: Option<f64>,
+) -> DrawResult
 where
     X: Ranged<ValueType = f64>,
 {
@@ -340,16 +437,18 @@ where
         .pos(Pos::new(HPos::Right, VPos::Center))
         .color(&WHITE);
     for (i, values) in panel.values.iter().enumerate() {
-        let group = (tiers - 1 - i as i32) * SLOTS;
+        let group = (tiers - 1 - i as i32) * bars.slots();
         if values[0].is_none() {
             chart.draw_series(std::iter::once(
-                EmptyElement::at((base, SegmentValue::CenterOf(group + 2)))
+                EmptyElement::at((base, SegmentValue::CenterOf(group + bars.middle())))
                     + Text::new(panel.missing[i], (4, 0), outside.clone()),
             ))?;
         }
         for (contender, value) in values.iter().enumerate() {
-            let Some(value) = *value else { continue };
-            let slot = group + CONTENDERS as i32 - 1 - contender as i32;
+            let (Some(value), Some(slot)) = (*value, bars.slot(contender)) else {
+                continue;
+            };
+            let slot = group + slot;
             let end = cut.map_or(value, |cut| value.min(cut));
             let mut bar = Rectangle::new(
                 [
@@ -394,215 +493,4 @@ fn axis_label(value: f64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::faults::HolderCrash;
-    use crate::speed::{Contended, ContendedSide, Uncontended};
-    use crate::{Failure, TierReport};
-
-    fn side(what: &str, increments_per_sec: f64, wait_max_us: f64) -> ContendedSide {
-        ContendedSide {
-            what: what.to_owned(),
-            final_value: 6000,
-            lost_updates: 0,
-            increments_per_sec,
-            wait_p50_us: wait_max_us / 20.0,
-            wait_p99_us: wait_max_us / 2.0,
-            wait_max_us,
-            cpu_us_per_increment: None,
-            wait_max_all_rounds_us: wait_max_us,
-            rounds: Vec::new(),
-        }
-    }
-
-    fn tier(
-        target: &str,
-        w1: [Option<f64>; 3],
-        w2: [Option<(f64, f64)>; 3],
-        w3: Option<f64>,
-    ) -> TierReport {
-        let [lockkit, floor, peer] = w2;
-        let (lockkit_incr, lockkit_wait) = lockkit.unwrap_or((1.0, 1.0));
-        TierReport {
-            target: target.to_owned(),
-            tier: "single".to_owned(),
-            uncontended: w1[0].map(|p50_us| Uncontended {
-                cycles: 2000,
-                cycles_per_sec: 1e6 / p50_us,
-                p50_us,
-                p99_us: p50_us * 3.0,
-                floor: w1[1].map(|_| "floor".to_owned()),
-                floor_p50_us: w1[1],
-                vs_floor: w1[1].map(|f| p50_us / f),
-                peer: w1[2].map(|_| "rslock 0.10".to_owned()),
-                peer_cycles_per_sec: w1[2].map(|p| 1e6 / p),
-                peer_p50_us: w1[2],
-                peer_p99_us: w1[2],
-                vs_peer: w1[2].map(|p| p50_us / p),
-                reference: None,
-                reference_p50_us: None,
-                vs_reference: None,
-            }),
-            contended: lockkit.map(|_| Contended {
-                workers: 8,
-                iterations: 250,
-                rounds: 3,
-                lockkit: side("lockkit", lockkit_incr, lockkit_wait),
-                non_fair: None,
-                floor: floor.map(|(i, w)| side("floor", i, w)),
-                peer: peer.map(|(i, w)| side("rslock 0.10", i, w)),
-                throughput_vs_floor: None,
-                throughput_vs_peer: None,
-                max_wait_vs_floor: None,
-                max_wait_vs_peer: None,
-            }),
-            holder_crash: w3.map(|recovery_ms| HolderCrash {
-                ttl_ms: 2000,
-                recovery_ms,
-            }),
-            ..TierReport::default()
-        }
-    }
-
-    /// A run like the suite's, with a tier whose W2 failed.
-    fn reports() -> Vec<TierReport> {
-        let mut etcd = tier(
-            "etcd-3",
-            [Some(3223.5), Some(2899.0), None],
-            [None, None, None],
-            Some(2120.0),
-        );
-        etcd.failures.push(Failure {
-            workload: "W2",
-            error: "a test failure".to_owned(),
-        });
-        vec![
-            tier(
-                "memory",
-                [Some(15.0), None, None],
-                [Some((16057.0, 1100.0)), None, None],
-                None,
-            ),
-            tier(
-                "redis",
-                [Some(249.2), Some(208.3), Some(216.9)],
-                [
-                    Some((2057.0, 15_800.0)),
-                    Some((1527.0, 111_200.0)),
-                    Some((634.0, 197_400.0)),
-                ],
-                Some(2004.0),
-            ),
-            tier(
-                "redis-sentinel",
-                [Some(315.7), Some(246.6), None],
-                [Some((1072.0, 77_900.0)), Some((1199.0, 142_900.0)), None],
-                Some(2010.0),
-            ),
-            tier(
-                "redlock-5",
-                [Some(993.4), Some(456.3), Some(497.1)],
-                [
-                    Some((436.0, 179_300.0)),
-                    Some((542.0, 101_000.0)),
-                    Some((371.0, 295_000.0)),
-                ],
-                Some(2033.0),
-            ),
-            etcd,
-            tier(
-                "zk-3",
-                [Some(2061.0), Some(2064.3), None],
-                [Some((580.0, 23_000.0)), Some((700.0, 18_000.0)), None],
-                Some(2400.0),
-            ),
-        ]
-    }
-
-    /// Every `<text>` of the chart: its x, size, anchor and content.
-    fn texts(svg: &str) -> Vec<(f64, f64, String, String)> {
-        svg.split("<text")
-            .skip(1)
-            .map(|t| {
-                let attr = |name: &str| {
-                    t.split(&format!(" {name}=\""))
-                        .nth(1)
-                        .and_then(|rest| rest.split('"').next())
-                        .unwrap_or_default()
-                        .to_owned()
-                };
-                let content = t
-                    .split_once('>')
-                    .and_then(|(_, rest)| rest.split_once("</text>"))
-                    .map_or(String::new(), |(content, _)| content.trim().to_owned());
-                let px: f64 = attr("font-size").parse().unwrap_or(f64::NAN);
-                (
-                    attr("x").parse().unwrap_or(f64::NAN),
-                    px,
-                    attr("text-anchor"),
-                    content,
-                )
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_chart_shows_every_panel_and_every_tier_within_its_width() {
-        let svg = svg(&reports()).expect("the chart is drawn");
-        if let Ok(path) = std::env::var("COMPARE_CHART_SAMPLE") {
-            std::fs::write(path, &svg).expect("the sample is written");
-        }
-        let texts = texts(&svg);
-        let shown = |s: &str| texts.iter().filter(|(.., t)| t == s).count();
-        for title in [
-            "W1 uncontended",
-            "W2 contended, 8",
-            "W2 contended: max",
-            "W3 holder",
-        ] {
-            assert_eq!(
-                texts.iter().filter(|(.., t)| t.starts_with(title)).count(),
-                1,
-                "{title}"
-            );
-        }
-        for name in [
-            "memory",
-            "redis",
-            "redis-sentinel",
-            "redlock-5",
-            "etcd-3",
-            "zk-3",
-        ] {
-            assert_eq!(shown(name), 4, "{name} is named in every panel");
-        }
-        assert_eq!(shown("FAILED"), 2, "etcd's W2 failed, in both W2 panels");
-        assert_eq!(shown("not run"), 1, "memory has no W3");
-        assert_eq!(shown("2057 /s"), 1, "a value is shown at its bar");
-        let legend = [
-            "lockkit",
-            "lockkit, non-fair",
-            "raw floor: the same protocol by hand (floors.rs)",
-            "peer: rslock 0.10",
-        ];
-        for (x, px, anchor, text) in &texts {
-            let width = text_width(text, *px) as f64;
-            let (left, right) = match anchor.as_str() {
-                "middle" => (x - width / 2.0, x + width / 2.0),
-                "end" => (x - width, *x),
-                _ => (*x, x + width),
-            };
-            // Within the chart, and within its column but for the legend across the top.
-            let column = WIDTH as f64 / 2.0;
-            let edge = if left < column && !legend.contains(&text.as_str()) {
-                column
-            } else {
-                WIDTH as f64
-            };
-            assert!(
-                left >= 0.0 && right <= edge,
-                "{text:?} at {x} ({anchor}) is cut off"
-            );
-        }
-    }
-}
+mod tests;

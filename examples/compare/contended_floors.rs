@@ -1,5 +1,6 @@
 //! The W2 floors: a contended lock written by hand per backend, each worker with its own
-//! client (`floors.rs` says which lock per backend, and why).
+//! client (`floors.rs` says which lock per backend, and why; PostgreSQL has two,
+//! `postgres_floors.rs`).
 
 use std::time::Duration;
 
@@ -43,6 +44,18 @@ pub(crate) enum ContendedFloor {
     /// etcd's `Lock` / `Unlock` RPCs.
     #[cfg(feature = "etcd")]
     Etcd { hosts: Vec<String>, name: String },
+    /// `pg_advisory_lock` / `pg_advisory_unlock` on one key, a connection per worker.
+    #[cfg(feature = "postgres")]
+    PgAdvisory {
+        config: Box<lockkit::postgres::tokio_postgres::Config>,
+        key: i32,
+    },
+    /// A lease row per key, taken by polling, a connection per worker.
+    #[cfg(feature = "postgres")]
+    PgLease {
+        config: Box<lockkit::postgres::tokio_postgres::Config>,
+        key: String,
+    },
 }
 
 /// One W2 floor worker: its connections, and the lock it holds.
@@ -70,6 +83,10 @@ pub(crate) enum Contender {
         lease: i64,
         held: Option<Vec<u8>>,
     },
+    #[cfg(feature = "postgres")]
+    PgAdvisory(Box<crate::postgres_floors::Advisory>),
+    #[cfg(feature = "postgres")]
+    PgLease(Box<crate::postgres_floors::Lease>),
 }
 
 impl ContendedFloor {
@@ -81,11 +98,38 @@ impl ContendedFloor {
             ContendedFloor::Zk { .. } => "zookeeper-client lock recipe",
             #[cfg(feature = "etcd")]
             ContendedFloor::Etcd { .. } => "etcd Lock/Unlock RPCs",
+            #[cfg(feature = "postgres")]
+            ContendedFloor::PgAdvisory { .. } => "pg_advisory_lock/unlock, waiting in the server",
+            #[cfg(feature = "postgres")]
+            ContendedFloor::PgLease { .. } => "lease row, retry after 1-10 ms",
         }
     }
 
-    /// The floor for a target of the suite, or `None` where there is none (memory).
-    pub(crate) async fn connect(target: &str, url: &str) -> Result<Option<Self>, BoxError> {
+    /// The floors of a target of the suite: none (memory), one, or two (PostgreSQL: the
+    /// advisory-lock floor, then the lease table).
+    pub(crate) async fn connect(target: &str, url: &str) -> Result<Vec<Self>, BoxError> {
+        #[cfg(feature = "postgres")]
+        if target == "postgres" {
+            let config = Box::new(crate::postgres_floors::config(url)?);
+            return Ok(vec![
+                ContendedFloor::PgAdvisory {
+                    config: config.clone(),
+                    key: crate::postgres_floors::advisory_key(),
+                },
+                ContendedFloor::PgLease {
+                    config,
+                    key: format!("floor/w2-{:08x}", rand::random::<u32>()),
+                },
+            ]);
+        }
+        Ok(ContendedFloor::connect_one(target, url)
+            .await?
+            .into_iter()
+            .collect())
+    }
+
+    /// The one floor of a target other than PostgreSQL, or `None` where there is none.
+    async fn connect_one(target: &str, url: &str) -> Result<Option<Self>, BoxError> {
         let run = format!("{:08x}", rand::random::<u32>());
         Ok(match target {
             "redis" | "redis-sentinel" | "redis-cluster" => {
@@ -173,6 +217,14 @@ impl ContendedFloor {
                     held: None,
                 }
             }
+            #[cfg(feature = "postgres")]
+            ContendedFloor::PgAdvisory { config, key } => Contender::PgAdvisory(Box::new(
+                crate::postgres_floors::Advisory::connect(config, *key).await?,
+            )),
+            #[cfg(feature = "postgres")]
+            ContendedFloor::PgLease { config, key } => Contender::PgLease(Box::new(
+                crate::postgres_floors::Lease::connect(config, key).await?,
+            )),
         })
     }
 
@@ -194,6 +246,13 @@ impl ContendedFloor {
             }
             #[cfg(feature = "etcd")]
             ContendedFloor::Etcd { .. } => {}
+            // Its sessions' advisory locks went with their connections.
+            #[cfg(feature = "postgres")]
+            ContendedFloor::PgAdvisory { .. } => {}
+            #[cfg(feature = "postgres")]
+            ContendedFloor::PgLease { config, key } => {
+                crate::postgres_floors::delete_leases(&config, &key).await;
+            }
         }
     }
 }
@@ -271,6 +330,10 @@ impl Contender {
                 *held = Some(granted.key().to_vec());
                 Ok(())
             }
+            #[cfg(feature = "postgres")]
+            Contender::PgAdvisory(contender) => contender.lock().await,
+            #[cfg(feature = "postgres")]
+            Contender::PgLease(contender) => contender.lock().await,
         }
     }
 
@@ -308,6 +371,10 @@ impl Contender {
                 client.unlock(held.take().ok_or("not held")?).await?;
                 Ok(())
             }
+            #[cfg(feature = "postgres")]
+            Contender::PgAdvisory(contender) => contender.unlock().await,
+            #[cfg(feature = "postgres")]
+            Contender::PgLease(contender) => contender.unlock().await,
         }
     }
 

@@ -71,7 +71,8 @@ pub(crate) fn member(args: &[&str]) -> Option<String> {
 }
 
 /// The member whose death W5 causes, for a target and the lock `key` W5 contends for (of
-/// the default namespace): on the cluster, the primary of the key's slot.
+/// the default namespace): on the cluster, the primary of the key's slot; on PostgreSQL, its
+/// one server (the `postgres` topology has no standby to fail over to).
 pub(crate) fn member_to_kill(target: &str, key: &str) -> Option<String> {
     match target {
         "redis" => Some("redis".into()),
@@ -84,6 +85,7 @@ pub(crate) fn member_to_kill(target: &str, key: &str) -> Option<String> {
         "redlock-5" => Some("redlock-1".into()),
         "etcd-3" => member(&["leader", "etcd"]),
         "zk-3" => member(&["leader", "zk"]),
+        "postgres" => Some("postgres".into()),
         _ => None,
     }
 }
@@ -164,9 +166,10 @@ pub(crate) async fn failover(target: &str, url: &str) -> lockkit::Result<Option<
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let killed = member(&["kill", &victim]).is_some();
-    // A lone server does not come back by itself: restart it (empty, no persistence) during
-    // the run. Clusters fail over on their own; their member is restarted afterwards.
-    let lone = target == "redis";
+    // A lone server does not come back by itself: restart it during the run (Redis empty, no
+    // persistence; PostgreSQL from its data directory, after crash recovery). Clusters fail
+    // over on their own; their member is restarted afterwards.
+    let lone = matches!(target, "redis" | "postgres");
     if lone {
         tokio::time::sleep(Duration::from_secs(2)).await;
         restore(&victim).await;

@@ -31,6 +31,14 @@
 //!   Curator-style ephemeral sequential node per waiter, each watching its predecessor), used
 //!   as its docs show: the lock is released by dropping it, which deletes the node in the
 //!   background (the session keeps requests in order, so the next create comes after it).
+//! - PostgreSQL, two floors (`postgres_floors.rs`), each in W1 and W2: session-level
+//!   advisory locks (`pg_try_advisory_lock` in W1; `pg_advisory_lock`, waiting in the server,
+//!   in W2; then `pg_advisory_unlock`), what most PostgreSQL lock libraries do and the
+//!   cheapest lock the server has (no write at all); and a lease table (an `INSERT ... ON
+//!   CONFLICT DO UPDATE` that takes a free or expired key, a `DELETE` that gives it back),
+//!   polling after a random 1-10 ms pause while the key is held, as the Redlock floor does.
+//!   The second is the closest to what lockkit-postgres keeps (a lease row on the server's
+//!   clock), without its queue, fencing sequence or notifications.
 //! - memory: no floor.
 //!
 //! Both use `floor_servers.rs` for lockkit-redis's scripts and for finding the servers.
@@ -58,6 +66,12 @@ pub(crate) enum Floor {
     /// A `txn` that puts the key on a lease if it is absent, then a `delete`.
     #[cfg(feature = "etcd")]
     Etcd(Box<lockkit::etcd::etcd_client::Client>, String, i64),
+    /// `pg_try_advisory_lock` + `pg_advisory_unlock` on one connection.
+    #[cfg(feature = "postgres")]
+    PgAdvisory(Box<crate::postgres_floors::Advisory>),
+    /// A lease row's `INSERT ... ON CONFLICT` + `DELETE` on one connection.
+    #[cfg(feature = "postgres")]
+    PgLease(Box<crate::postgres_floors::Lease>),
 }
 
 impl Floor {
@@ -69,11 +83,31 @@ impl Floor {
             Floor::Zk(..) => "create + get_children + delete",
             #[cfg(feature = "etcd")]
             Floor::Etcd(..) => "txn put-if-absent + delete",
+            #[cfg(feature = "postgres")]
+            Floor::PgAdvisory(..) => "pg_try_advisory_lock + pg_advisory_unlock",
+            #[cfg(feature = "postgres")]
+            Floor::PgLease(..) => "lease row: INSERT ON CONFLICT + DELETE",
         }
     }
 
-    /// The floor for a target of the suite, or `None` where there is none (memory).
-    pub(crate) async fn connect(target: &str, url: &str) -> Result<Option<Floor>, BoxError> {
+    /// The floors of a target of the suite: none (memory), one, or two (PostgreSQL: the
+    /// advisory-lock floor, then the lease table).
+    pub(crate) async fn connect(target: &str, url: &str) -> Result<Vec<Floor>, BoxError> {
+        #[cfg(feature = "postgres")]
+        if target == "postgres" {
+            use crate::postgres_floors::{Advisory, Lease, advisory_key, config};
+            let config = config(url)?;
+            let key = format!("floor/w1-{:08x}", rand::random::<u32>());
+            return Ok(vec![
+                Floor::PgAdvisory(Box::new(Advisory::connect(&config, advisory_key()).await?)),
+                Floor::PgLease(Box::new(Lease::connect(&config, &key).await?)),
+            ]);
+        }
+        Ok(Floor::connect_one(target, url).await?.into_iter().collect())
+    }
+
+    /// The one floor of a target other than PostgreSQL, or `None` where there is none.
+    async fn connect_one(target: &str, url: &str) -> Result<Option<Floor>, BoxError> {
         // A key of this run's: another run of the suite on the same servers must not hold it.
         let key = format!("{{floor/w1-{:08x}}}", rand::random::<u32>());
         Ok(match target {
@@ -181,6 +215,10 @@ impl Floor {
                 client.delete(key.as_str(), None).await?;
                 Ok(())
             }
+            #[cfg(feature = "postgres")]
+            Floor::PgAdvisory(floor) => floor.cycle().await,
+            #[cfg(feature = "postgres")]
+            Floor::PgLease(floor) => floor.cycle().await,
         }
     }
 
@@ -196,6 +234,11 @@ impl Floor {
             Floor::Etcd(mut client, _, lease) => {
                 let _ = client.lease_revoke(lease).await;
             }
+            // Its session's advisory locks go with its connection.
+            #[cfg(feature = "postgres")]
+            Floor::PgAdvisory(_) => {}
+            #[cfg(feature = "postgres")]
+            Floor::PgLease(floor) => floor.clean_up().await,
         }
     }
 }

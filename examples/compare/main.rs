@@ -9,20 +9,23 @@
 //! names of the table's first column). The Markdown tables go to stdout (W1; W2 with a
 //! row per contender and lockkit's ratios to each; W3-W5); `--json` writes every number
 //! (each W2 round too), `--svg` the chart (`chart.rs`: W1 p50, W2 throughput, W2 max wait
-//! and W3 recovery per tier, lockkit beside its floor and peer).
+//! and W3 recovery per tier, lockkit beside its floors and peer).
 //!
 //! Workloads (DESIGN.md §6):
 //! - W1 uncontended: one client, N acquire+release cycles on one key: cycles/s, p50, p99,
-//!   against the backend's raw-protocol floor (`floors.rs`) and its peer (`peers.rs`: rslock
-//!   on single-node Redis and Redlock), in alternating rounds. The Sentinel and Redlock tiers
+//!   against the backend's raw-protocol floor (`floors.rs`; PostgreSQL has two, advisory
+//!   locks and a lease table, `postgres_floors.rs`) and its peer (`peers.rs`: rslock on
+//!   single-node Redis and Redlock), in alternating rounds. The Sentinel and Redlock tiers
 //!   alternate with single-node Redis too, and report their p50 over its p50 in those rounds.
 //! - W2 contended: 8 workers × M iterations of acquire → read a counter in the store the lock
 //!   lives in → write it plus one → release (`store.rs`: GET and SET on Redis, a range and a
-//!   put on etcd, getData and setData on ZooKeeper, each worker over its own connection: what
-//!   a service does under a lock); the final value must be 8 × M per round, a shortfall is
-//!   reported as lost updates. Three rounds, in each of which lockkit, its raw floor (a contended lock written
-//!   by hand over the same protocol, `floors.rs` says which per backend) and its peer (each
-//!   worker with its own rslock client) run in turn, each round starting with the next one.
+//!   put on etcd, getData and setData on ZooKeeper, a SELECT and an UPDATE of a row on
+//!   PostgreSQL, each worker over its own connection: what a service does under a lock); the
+//!   final value must be 8 × M per round, a shortfall is reported as lost updates. Three
+//!   rounds, in each of which lockkit, its raw floor (a contended lock written by hand over the
+//!   same protocol, `floors.rs` says which per backend; both of PostgreSQL's) and its peer
+//!   (each worker with its own rslock client) run in turn, each round starting with the next
+//!   one.
 //!   Throughput, wait p50, p99 and max: medians over the rounds (every round is in the JSON).
 //! - W3 holder crash: another process (this program, re-run with `--hold`) takes the lock with
 //!   a 2 s TTL and is killed with SIGKILL; the time until this process is granted the lock.
@@ -37,9 +40,12 @@
 //!   resource rejected and accepted.
 //! - W5 server failover: 4 clients contend for one key (5 ms critical sections); after 1 s the
 //!   server that decides is killed with SIGKILL (the single Redis, the Sentinel primary, one
-//!   Redlock node, the etcd leader, the ZooKeeper leader) and the run goes on for 6 s more
-//!   (the single Redis is restarted, empty, 2 s after its death: nothing else would bring it
-//!   back).
+//!   Redlock node, the etcd leader, the ZooKeeper leader, the PostgreSQL server) and the run
+//!   goes on for 6 s more (the single Redis is restarted, empty, 2 s after its death, and the
+//!   PostgreSQL server too, from its data directory, recovering what it had committed:
+//!   nothing else would bring them back). On PostgreSQL that is a crash and a restart, not a
+//!   failover: promoting a synchronous standby needs the `postgres-ha` topology, which is no
+//!   tier of the suite.
 //!   Reported: critical sections that overlapped, stale writes the fenced resource rejected and
 //!   accepted, the longest time without a grant, and the errors clients saw. The killed member
 //!   is restarted afterwards (`compose/member.sh`); without the compose scripts W5 is skipped.
@@ -61,9 +67,10 @@
 //!   ahead of one that asked at least a hold (5 ms) before them. Runs with
 //!   `--speed-only` too. Not on Redlock, which refuses read-write locks.
 //!
-//! Every tier this build contains (cargo features `redis`, `zk`, `etcd`) whose servers are
-//! reachable runs: the URLs come from `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK}_URL` or
-//! the endpoints file of `compose/up.sh` (`compose/compare.sh` starts them). A tier whose
+//! Every tier this build contains (cargo features `redis`, `zk`, `etcd`, `postgres`) whose
+//! servers are reachable runs: the URLs come from
+//! `LOCKKIT_TEST_{REDIS,SENTINEL,REDLOCK,ETCD,ZK,POSTGRES}_URL` or the endpoints file of
+//! `compose/up.sh` (`compose/compare.sh` starts them). A tier whose
 //! servers are missing is skipped with a notice, or fails the run under
 //! `LOCKKIT_REQUIRE_BACKENDS=1`.
 //!
@@ -83,6 +90,8 @@ mod floor_servers;
 mod floors;
 mod peers;
 mod permits;
+#[cfg(feature = "postgres")]
+mod postgres_floors;
 mod report;
 mod rwlock;
 mod speed;
@@ -308,7 +317,7 @@ async fn run_tier(
         }
     };
     let w1 = async {
-        let mut floor = floors::Floor::connect(name, url)
+        let mut floors = floors::Floor::connect(name, url)
             .await
             .map_err(|e| compare_error(format!("{name}: the raw floor: {e}")))?;
         let mut peer = match &peer {
@@ -325,33 +334,33 @@ async fn run_tier(
         let peer = peer.as_mut().map(|(what, client)| (*what, client));
         let w1 = uncontended(
             &locks,
-            floor.as_mut(),
+            &mut floors,
             peer,
             reference,
             sizes.uncontended_cycles,
         )
         .await;
-        if let Some(floor) = floor {
+        for floor in floors {
             floor.clean_up().await;
         }
         w1
     };
     report.uncontended = report.record("W1", w1.await);
     let w2 = async {
-        let floor = contended_floors::ContendedFloor::connect(name, url)
+        let floors = contended_floors::ContendedFloor::connect(name, url)
             .await
             .map_err(|e| compare_error(format!("{name}: the raw W2 floor: {e}")))?;
         let w2 = contended(
             name,
             (name != "memory").then_some(url),
             &locks,
-            floor.as_ref(),
+            &floors,
             peer.as_ref(),
             sizes.workers,
             sizes.iterations,
         )
         .await;
-        if let Some(floor) = floor {
+        for floor in floors {
             floor.clean_up().await;
         }
         w2

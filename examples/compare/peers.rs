@@ -6,7 +6,9 @@
 //!   (3 attempts, each after a random pause of 0-200 ms) inside `LockManager::acquire`, which
 //!   starts again when the retries run out, as a user's loop would. Each W2 worker has its
 //!   own `LockManager`, so its own connections.
-//! - Other tiers: no peer here (Curator, the ZooKeeper peer, is a JVM library).
+//! - Other tiers: no peer here (Curator, the ZooKeeper peer, is a JVM library). On
+//!   PostgreSQL, what the usual lock libraries do is session-level advisory locks: the
+//!   advisory-lock floor (`postgres_floors.rs`) is that, by hand, with nothing on top.
 
 use std::time::Duration;
 

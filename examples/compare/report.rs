@@ -2,12 +2,13 @@
 
 use crate::TierReport;
 
-/// Three Markdown tables (W1; W2 with a row per contender; the fault workloads), the
-/// failures, and the other Redis tiers against single-node Redis.
+/// Three Markdown tables (W1, with the floors of the tiers that have two named under it; W2
+/// with a row per contender; the fault workloads), the failures, and the other Redis tiers
+/// against single-node Redis.
 pub(crate) fn markdown(reports: &[TierReport]) -> String {
     let mut out = String::from(
-        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (lockkit/floor) | W1 peer p50 µs (lockkit/peer) | W1 p50 vs single Redis, same rounds |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|\n",
+        "| target | tier | W1 cycles/s | W1 p50 µs | W1 p99 µs | W1 raw floor p50 µs (lockkit/floor) | W1 2nd raw floor p50 µs (lockkit/floor) | W1 peer p50 µs (lockkit/peer) | W1 p50 vs single Redis, same rounds |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in reports {
         let u = r.uncontended.as_ref();
@@ -21,6 +22,12 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
                 (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
                 _ => "n/a".to_owned(),
             }),
+            cell(r, "W1", u, |u| {
+                match (u.second_floor_p50_us, u.vs_second_floor) {
+                    (Some(floor), Some(ratio)) => format!("{floor:.1} ({ratio:.2}x)"),
+                    _ => "n/a".to_owned(),
+                }
+            }),
             cell(r, "W1", u, |u| match (&u.peer, u.peer_p50_us, u.vs_peer) {
                 (Some(peer), Some(p50), Some(ratio)) => format!("{peer} {p50:.1} ({ratio:.2}x)"),
                 _ => "n/a".to_owned(),
@@ -31,6 +38,22 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
             }),
         ];
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    let two_floors: Vec<String> = reports
+        .iter()
+        .filter_map(|r| {
+            let u = r.uncontended.as_ref()?;
+            Some(format!(
+                "- {} W1 raw floors: {}; 2nd: {}\n",
+                r.target,
+                u.floor.as_deref()?,
+                u.second_floor.as_deref()?
+            ))
+        })
+        .collect();
+    if !two_floors.is_empty() {
+        out.push('\n');
+        out.extend(two_floors);
     }
 
     let sizes = reports
@@ -57,6 +80,7 @@ pub(crate) fn markdown(reports: &[TierReport]) -> String {
             (None, Some(&c.lockkit)),
             (Some("lockkit"), c.non_fair.as_ref()),
             (Some("raw floor"), c.floor.as_ref()),
+            (Some("raw floor"), c.second_floor.as_ref()),
             (Some("peer"), c.peer.as_ref()),
         ];
         for (role, side) in sides {

@@ -21,6 +21,12 @@ pub(crate) struct Uncontended {
     pub(crate) floor_p50_us: Option<f64>,
     /// lockkit's p50 over the floor's.
     pub(crate) vs_floor: Option<f64>,
+    /// What the second raw floor does, where the backend has two (PostgreSQL: the lease
+    /// table, beside advisory locks), in the same rounds.
+    pub(crate) second_floor: Option<String>,
+    pub(crate) second_floor_p50_us: Option<f64>,
+    /// lockkit's p50 over the second floor's.
+    pub(crate) vs_second_floor: Option<f64>,
     /// The peer (a real client of the same servers), if the tier has one.
     pub(crate) peer: Option<String>,
     pub(crate) peer_cycles_per_sec: Option<f64>,
@@ -47,14 +53,20 @@ pub(crate) struct Contended {
     pub(crate) non_fair: Option<ContendedSide>,
     /// The raw floor, if the backend has one.
     pub(crate) floor: Option<ContendedSide>,
+    /// The second raw floor, where the backend has two (PostgreSQL: the lease table).
+    pub(crate) second_floor: Option<ContendedSide>,
     /// The peer (a real client of the same servers), if the tier has one.
     pub(crate) peer: Option<ContendedSide>,
     /// lockkit's throughput over the floor's: above 1, lockkit is faster.
     pub(crate) throughput_vs_floor: Option<f64>,
+    /// lockkit's throughput over the second floor's.
+    pub(crate) throughput_vs_second_floor: Option<f64>,
     /// lockkit's throughput over the peer's: above 1, lockkit is faster.
     pub(crate) throughput_vs_peer: Option<f64>,
     /// lockkit's max wait over the floor's: above 1, lockkit's waiters wait longer.
     pub(crate) max_wait_vs_floor: Option<f64>,
+    /// lockkit's max wait over the second floor's.
+    pub(crate) max_wait_vs_second_floor: Option<f64>,
     /// lockkit's max wait over the peer's.
     pub(crate) max_wait_vs_peer: Option<f64>,
 }
@@ -114,12 +126,13 @@ pub(crate) struct Reference<'a> {
     pub(crate) locks: &'a LockClient,
 }
 
-/// W1, in rounds that alternate with the backend's raw floor and its peer (when it has them)
+/// W1, in rounds that alternate with the backend's raw floors and its peer (when it has them)
 /// and with the reference tier (when given), so that noise on a shared machine hits them all
-/// alike.
+/// alike. `floors`: none, one, or two (PostgreSQL's), reported as the floor and the second
+/// floor.
 pub(crate) async fn uncontended(
     locks: &LockClient,
-    mut floor: Option<&mut Floor>,
+    floors: &mut [Floor],
     mut peer: Option<(&'static str, &mut PeerClient)>,
     reference: Option<Reference<'_>>,
     cycles: usize,
@@ -133,7 +146,8 @@ pub(crate) async fn uncontended(
         None => None,
     };
     let mut samples = Vec::with_capacity(cycles);
-    let mut floor_samples = Vec::with_capacity(cycles);
+    let mut floor_samples: Vec<Vec<Duration>> =
+        floors.iter().map(|_| Vec::with_capacity(cycles)).collect();
     let mut reference_samples = Vec::with_capacity(cycles);
     let mut peer_samples = Vec::with_capacity(cycles);
     let (mut busy, mut peer_busy) = (Duration::ZERO, Duration::ZERO);
@@ -145,14 +159,13 @@ pub(crate) async fn uncontended(
         if let Some(reference_mutex) = &reference_mutex {
             timed_cycles(reference_mutex, chunk, &mut reference_samples).await?;
         }
-        if let Some(floor) = floor.as_deref_mut() {
+        for (index, (floor, samples)) in floors.iter_mut().zip(&mut floor_samples).enumerate() {
             for _ in 0..chunk {
                 let t = Instant::now();
-                floor
-                    .cycle()
-                    .await
-                    .map_err(|e| crate::compare_error(format!("floor: {e}")))?;
-                floor_samples.push(t.elapsed());
+                floor.cycle().await.map_err(|e| {
+                    crate::compare_error(format!("{}: {e}", FLOOR_ROLES[index.min(1)]))
+                })?;
+                samples.push(t.elapsed());
             }
         }
         if let Some((_, peer)) = peer.as_mut() {
@@ -168,11 +181,15 @@ pub(crate) async fn uncontended(
         }
     }
     samples.sort();
-    floor_samples.sort();
+    for samples in &mut floor_samples {
+        samples.sort();
+    }
     reference_samples.sort();
     peer_samples.sort();
     let p50_us = percentile(&samples, 0.50);
-    let floor_p50_us = floor.is_some().then(|| percentile(&floor_samples, 0.50));
+    let floor_p50 = |index: usize| floor_samples.get(index).map(|s| percentile(s, 0.50));
+    let floor_what = |index: usize| floors.get(index).map(|f| f.describe().to_owned());
+    let (floor_p50_us, second_floor_p50_us) = (floor_p50(0), floor_p50(1));
     let peer_p50_us = peer.is_some().then(|| percentile(&peer_samples, 0.50));
     let reference_p50_us = reference
         .is_some()
@@ -182,9 +199,12 @@ pub(crate) async fn uncontended(
         cycles_per_sec: cycles as f64 / busy.as_secs_f64(),
         p50_us,
         p99_us: percentile(&samples, 0.99),
-        floor: floor.map(|f| f.describe().to_owned()),
+        floor: floor_what(0),
         floor_p50_us,
         vs_floor: floor_p50_us.map(|f| p50_us / f),
+        second_floor: floor_what(1),
+        second_floor_p50_us,
+        vs_second_floor: second_floor_p50_us.map(|f| p50_us / f),
         peer: peer.map(|(what, _)| what.to_owned()),
         peer_cycles_per_sec: peer_p50_us.map(|_| cycles as f64 / peer_busy.as_secs_f64()),
         peer_p50_us,
@@ -195,6 +215,9 @@ pub(crate) async fn uncontended(
         vs_reference: reference_p50_us.map(|r| p50_us / r),
     })
 }
+
+/// How errors of the first and the second raw floor are prefixed.
+const FLOOR_ROLES: [&str; 2] = ["floor", "second floor"];
 
 /// `n` acquire+release cycles of `mutex`, each one's time added to `samples`.
 async fn timed_cycles(mutex: &Mutex, n: usize, samples: &mut Vec<Duration>) -> lockkit::Result<()> {
@@ -208,8 +231,9 @@ async fn timed_cycles(mutex: &Mutex, n: usize, samples: &mut Vec<Duration>) -> l
 }
 
 /// W2: lockkit, lockkit with non-fair mutexes (where the backend has them), its
-/// raw floor and its peer (when the backend has them) in turn in each round, each round
-/// starting with the next of them, so that drift and order hit them alike.
+/// raw floors (none, one, or PostgreSQL's two) and its peer (when the backend has them) in
+/// turn in each round, each round starting with the next of them, so that drift and order hit
+/// them alike.
 /// Each keeps its own counter in `target`'s store across its rounds (`store.rs`), and each of
 /// its workers its own connection to it. `url` gives each lockkit worker its own client, as
 /// each peer worker has (`None`: the memory tier, one client for all).
@@ -217,14 +241,17 @@ pub(crate) async fn contended(
     target: &str,
     url: Option<&str>,
     locks: &LockClient,
-    floor: Option<&ContendedFloor>,
+    floors: &[ContendedFloor],
     peer: Option<&Peer>,
     workers: usize,
     iterations: usize,
 ) -> lockkit::Result<Contended> {
     // The figures are medians of 3 interleaved runs.
     const ROUNDS: usize = 3;
-    let floor_error = |e| crate::compare_error(format!("floor: {e}"));
+    // The turns of a round: lockkit, the floor, the peer, lockkit non-fair, the second floor.
+    const TURNS: usize = 5;
+    let floor_error =
+        |index: usize| move |e| crate::compare_error(format!("{}: {e}", FLOOR_ROLES[index.min(1)]));
     let peer_error = |e| crate::compare_error(format!("peer: {e}"));
     let store_error = |e| crate::compare_error(format!("the counter's store: {e}"));
     let side = |contender: &'static str, what: &'static str| async move {
@@ -232,8 +259,8 @@ pub(crate) async fn contended(
             .await
             .map_err(store_error)
     };
-    let (mut ours, mut theirs, mut peers) = (side("lockkit", "lockkit").await?, None, None);
-    // etcd's and ZooKeeper's locks are fair whatever `lock.fair` says.
+    let (mut ours, mut peers) = (side("lockkit", "lockkit").await?, None);
+    // etcd's, ZooKeeper's and PostgreSQL's locks are fair whatever `lock.fair` says.
     let non_fair = matches!(
         locks.backend().name(),
         "memory" | "redis" | "redis-cluster" | "redlock"
@@ -242,12 +269,16 @@ pub(crate) async fn contended(
         true => Some(side("lockkit-non-fair", "lockkit, non-fair").await?),
         false => None,
     };
-    let mut contenders = Vec::new();
-    if let Some(floor) = floor {
-        theirs = Some(side("floor", floor.describe()).await?);
+    // Each floor's side and its workers.
+    let mut theirs = Vec::new();
+    for (index, floor) in floors.iter().enumerate() {
+        let contender = ["floor", "floor-2"][index.min(1)];
+        let side = side(contender, floor.describe()).await?;
+        let mut contenders = Vec::new();
         for _ in 0..workers {
-            contenders.push(floor.contender().await.map_err(floor_error)?);
+            contenders.push(floor.contender().await.map_err(floor_error(index))?);
         }
+        theirs.push((side, contenders));
     }
     let mut clients = Vec::new();
     for _ in 0..workers {
@@ -283,26 +314,29 @@ pub(crate) async fn contended(
         })
         .collect::<lockkit::Result<_>>()?;
     for round in 0..ROUNDS {
-        for turn in 0..4 {
-            match ((round + turn) % 4, &mut theirs, &mut peers) {
-                (3, _, _) => {
+        for turn in 0..TURNS {
+            match ((round + turn) % TURNS, &mut peers) {
+                (3, _) => {
                     if let Some(unfair) = &mut unfair {
                         unfair_workers = workers_round(unfair_workers, iterations, unfair)
                             .await
                             .map_err(|e| crate::compare_error(format!("lockkit, non-fair: {e}")))?;
                     }
                 }
-                (0, _, _) => {
+                (0, _) => {
                     lockkit_workers = workers_round(lockkit_workers, iterations, &mut ours)
                         .await
                         .map_err(|e| crate::compare_error(format!("lockkit: {e}")))?;
                 }
-                (1, Some(theirs), _) => {
-                    contenders = workers_round(contenders, iterations, theirs)
-                        .await
-                        .map_err(floor_error)?;
+                (turn @ (1 | 4), _) => {
+                    let index = usize::from(turn == 4);
+                    if let Some((side, contenders)) = theirs.get_mut(index) {
+                        *contenders = workers_round(std::mem::take(contenders), iterations, side)
+                            .await
+                            .map_err(floor_error(index))?;
+                    }
                 }
-                (2, _, Some(peers)) => {
+                (2, Some(peers)) => {
                     peer_clients = workers_round(peer_clients, iterations, peers)
                         .await
                         .map_err(peer_error)?;
@@ -313,8 +347,12 @@ pub(crate) async fn contended(
     }
     drop(lockkit_workers);
     drop(unfair_workers);
-    for contender in contenders {
-        contender.clean_up().await;
+    let mut floor_sides = Vec::new();
+    for (side, contenders) in theirs {
+        for contender in contenders {
+            contender.clean_up().await;
+        }
+        floor_sides.push(side);
     }
     if url.is_some() {
         for client in clients {
@@ -327,7 +365,12 @@ pub(crate) async fn contended(
         Some(unfair) => Some(unfair.report(expected).await.map_err(store_error)?),
         None => None,
     };
-    let floor = match theirs {
+    let mut floor_sides = floor_sides.into_iter();
+    let floor = match floor_sides.next() {
+        Some(theirs) => Some(theirs.report(expected).await.map_err(store_error)?),
+        None => None,
+    };
+    let second_floor = match floor_sides.next() {
         Some(theirs) => Some(theirs.report(expected).await.map_err(store_error)?),
         None => None,
     };
@@ -345,14 +388,21 @@ pub(crate) async fn contended(
         throughput_vs_floor: over(lockkit.increments_per_sec, floor.as_ref(), |s| {
             s.increments_per_sec
         }),
+        throughput_vs_second_floor: over(lockkit.increments_per_sec, second_floor.as_ref(), |s| {
+            s.increments_per_sec
+        }),
         throughput_vs_peer: over(lockkit.increments_per_sec, peer.as_ref(), |s| {
             s.increments_per_sec
         }),
         max_wait_vs_floor: over(lockkit.wait_max_us, floor.as_ref(), |s| s.wait_max_us),
+        max_wait_vs_second_floor: over(lockkit.wait_max_us, second_floor.as_ref(), |s| {
+            s.wait_max_us
+        }),
         max_wait_vs_peer: over(lockkit.wait_max_us, peer.as_ref(), |s| s.wait_max_us),
         lockkit,
         non_fair,
         floor,
+        second_floor,
         peer,
     })
 }

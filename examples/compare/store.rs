@@ -9,6 +9,8 @@
 //! - ZooKeeper: `sync`, `getData`, then `setData` on a persistent node (a worker's
 //!   connection may be to a follower that has not applied the previous holder's write yet:
 //!   without the `sync` its read could be stale, an update lost with the lock intact);
+//! - PostgreSQL: a `SELECT`, then an `UPDATE` to the value read plus one, of a row of the
+//!   suite's own table (`postgres_floors.rs`), each committed on its own;
 //! - memory: an in-process counter, read, a yield, written (the memory tier has no store).
 //!
 //! Every contender (lockkit, its floor, its peer) has a counter of its own, read once more at
@@ -41,6 +43,11 @@ pub(crate) enum Store {
         hosts: String,
         path: String,
     },
+    #[cfg(feature = "postgres")]
+    Postgres {
+        config: Box<lockkit::postgres::tokio_postgres::Config>,
+        name: String,
+    },
 }
 
 /// One worker's connection to a [`Store`]'s counter.
@@ -59,6 +66,8 @@ pub(crate) enum Counter {
         client: zookeeper_client::Client,
         path: String,
     },
+    #[cfg(feature = "postgres")]
+    Postgres(Box<crate::postgres_floors::Counter>),
 }
 
 impl Store {
@@ -94,6 +103,12 @@ impl Store {
                 zk_with_node(&hosts, &path, b"0").await?;
                 return Ok(Store::Zk { hosts, path });
             }
+            #[cfg(feature = "postgres")]
+            "postgres" => {
+                let config = Box::new(crate::postgres_floors::config(url)?);
+                crate::postgres_floors::create_counter(&config, &name).await?;
+                return Ok(Store::Postgres { config, name });
+            }
             _ => return Err(format!("no store for the target {target:?}").into()),
         };
         store.counter().await?.write(0).await?;
@@ -124,6 +139,10 @@ impl Store {
                 client: zookeeper_client::Client::connect(hosts).await?,
                 path: path.clone(),
             },
+            #[cfg(feature = "postgres")]
+            Store::Postgres { config, name } => Counter::Postgres(Box::new(
+                crate::postgres_floors::Counter::connect(config, name).await?,
+            )),
         })
     }
 
@@ -150,6 +169,8 @@ impl Store {
             Counter::Zk { client, path } => {
                 let _ = client.delete(&path, None).await;
             }
+            #[cfg(feature = "postgres")]
+            Counter::Postgres(counter) => counter.delete().await,
         }
     }
 }
@@ -185,6 +206,8 @@ impl Counter {
                 let (data, _) = client.get_data(path).await?;
                 std::str::from_utf8(&data)?.parse()?
             }
+            #[cfg(feature = "postgres")]
+            Counter::Postgres(counter) => counter.read().await?,
         })
     }
 
@@ -207,6 +230,8 @@ impl Counter {
                     .set_data(path, value.to_string().as_bytes(), None)
                     .await?;
             }
+            #[cfg(feature = "postgres")]
+            Counter::Postgres(counter) => counter.write(value).await?,
         }
         Ok(())
     }

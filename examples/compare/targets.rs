@@ -4,7 +4,7 @@
 use lockkit::BackendKind;
 
 /// Every server tier: its name in the tables, the variable naming its URL, its backend.
-const SERVER_TIERS: [(&str, &str, BackendKind); 6] = [
+const SERVER_TIERS: [(&str, &str, BackendKind); 7] = [
     ("redis", "LOCKKIT_TEST_REDIS_URL", BackendKind::Redis),
     (
         "redis-sentinel",
@@ -23,6 +23,11 @@ const SERVER_TIERS: [(&str, &str, BackendKind); 6] = [
     ),
     ("etcd-3", "LOCKKIT_TEST_ETCD_URL", BackendKind::Etcd),
     ("zk-3", "LOCKKIT_TEST_ZK_URL", BackendKind::Zk),
+    (
+        "postgres",
+        "LOCKKIT_TEST_POSTGRES_URL",
+        BackendKind::Postgres,
+    ),
 ];
 
 /// `(name, url)` of every server tier compiled in and reachable, or of those among them that

@@ -7,7 +7,7 @@
 //!
 //! Per tier reachable (the compose endpoints, as for `examples/compare`; `--tier` picks some
 //! by their names there: `redis`, `redis-sentinel`, `redis-cluster`, `redlock-5`, `etcd-3`,
-//! `zk-3`), this takes
+//! `zk-3`, and `postgres` when built with its feature), this takes
 //! `--locks` locks on distinct keys (64 acquisitions in flight), holds them for `--hold`
 //! while the core's scheduler renews them, then releases them. It prints:
 //! - the time to acquire them all;
@@ -145,6 +145,12 @@ async fn connect(url: &str) -> Result<(Arc<dyn LockBackend>, Option<Counters>)> 
             };
             Ok((Arc::new(zk), Some(counters)))
         }
+        // No server-side request count for PostgreSQL here: its column shows n/a.
+        #[cfg(feature = "postgres")]
+        BackendKind::Postgres => Ok((
+            Arc::new(lockkit::postgres::PostgresBackend::connect(config.postgres_config()?).await?),
+            None,
+        )),
         other => Err(error(format!("{other:?} is not a server tier"))),
     }
 }
