@@ -242,7 +242,12 @@ impl Board {
                 return;
             }
             if !up {
-                tokio::time::sleep(max_wait.min(POLL)).await;
+                // A poll, cut short when the listener comes up (it posts then): a new
+                // client's first waits do not wait out the poll for its first connection.
+                tokio::select! {
+                    () = tokio::time::sleep(max_wait.min(POLL)) => {}
+                    _ = seen.changed() => {}
+                }
                 return;
             }
             tokio::select! {
