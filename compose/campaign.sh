@@ -3,11 +3,12 @@
 # (lockkit-campaign) in a release build, every scenario on every tier it applies to. It starts the
 # topologies with compose/up.sh (installing packages if missing), stops them afterwards, prints the table
 # and keeps each run's histories under target/campaign/. Exit 1 if a run broke one of its tier's guarantees.
-# With --random: the randomized campaign instead (lockkit-campaign/src/random.rs), DURATION shared by the tiers.
+# With --random: the randomized campaign instead (lockkit-campaign/src/random/), DURATION shared by the tiers.
+# PostgreSQL: postgres and postgres-ha; the campaign brings the pair up afresh after each failover it causes.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-topologies=(redis sentinel redlock redis-cluster etcd zk)
+topologies=(redis sentinel redlock redis-cluster etcd zk postgres postgres-ha)
 trap 'compose/down.sh "${topologies[@]}"' EXIT
 compose/up.sh "${topologies[@]}"
 set -a

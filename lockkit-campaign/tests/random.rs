@@ -87,6 +87,18 @@ fn zk() {
     holds(Topology::Zk);
 }
 
+#[test]
+fn postgres() {
+    holds(Topology::Postgres);
+}
+
+/// Its first kill of the primary is a failover to the standby; the pair is brought up afresh
+/// before and after the run.
+#[test]
+fn postgres_ha() {
+    holds(Topology::PostgresHa);
+}
+
 /// Workers that present token 1 whatever their grant's (a service that does not pass its
 /// fencing token along): the same checks must catch it.
 #[test]

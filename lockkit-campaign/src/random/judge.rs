@@ -132,14 +132,15 @@ pub(super) fn explained(
 }
 
 /// Whether a server fault of a Redis tier explains `overlap`: the servers forgot the first
-/// grant, or two of them granted at once.
+/// grant, or two of them granted at once. None does on the tiers that keep their grants
+/// ([`Topology::keeps_grants`]: etcd, ZooKeeper, PostgreSQL).
 pub(super) fn split_by_servers(
     overlap: &Overlap,
     windows: &[FaultWindow],
     topology: Topology,
     ttl: Duration,
 ) -> bool {
-    !topology.is_consensus()
+    !topology.keeps_grants()
         && windows
             .iter()
             .any(|w| w.kind.is_server_fault() && in_force(overlap, w, ttl))
@@ -155,7 +156,7 @@ pub(super) fn granted_in_server_fault(
     ttl: Duration,
 ) -> bool {
     let slack = u64::try_from((ttl * 2).as_nanos()).unwrap_or(u64::MAX);
-    !topology.is_consensus()
+    !topology.keeps_grants()
         && windows.iter().any(|w| {
             w.kind.is_server_fault() && w.start < start && w.end.saturating_add(slack) > start
         })

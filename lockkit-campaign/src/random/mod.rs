@@ -7,9 +7,11 @@
 //!
 //! The faults: a worker stopped (`SIGSTOP`) past its TTL, a worker killed (`SIGKILL`) and
 //! replaced, one worker's connections blackholed, its replies delayed, every worker's replies
-//! dropped for a moment (through one fault proxy per worker; not on Sentinel, whose clients
-//! reach the primary at the address the Sentinels announce), and the deciding servers
-//! killed and restarted or paused (see [`Tier::deciders`]).
+//! dropped for a moment (through one fault proxy per worker; not on Sentinel or the cluster,
+//! whose clients reach the primary at the address the servers announce; on the PostgreSQL
+//! pair, a proxy port in front of each server), and the deciding servers killed and
+//! restarted or paused (see [`Tier::deciders`]; on the PostgreSQL pair, the first kill of the
+//! primary is a failover to the standby, and the pair is brought up afresh after the run).
 //!
 //! What must hold on every tier ([`RandomOutcome::broken`]): no stale write accepted by the
 //! fenced resource, no fencing token regression or duplicate, no foreign release or extend,
@@ -20,10 +22,11 @@
 //! and on the Redis tiers also by a fault of their servers (single Redis and Redlock forget
 //! grants in a crash without persistence, and a Sentinel or Cluster failover can promote a
 //! replica that never saw the grant, or leave a paused primary granting beside the new one
-//! until it learns it was replaced). What two holders of such a split brain do is counted
-//! apart: a write the resource ordered by token, and a lock that vanished with the primary
-//! that lost. A partitioned holder must see its lost signal before anyone else is granted: an
-//! overlap after a partition is a violation.
+//! until it learns it was replaced); on etcd, ZooKeeper and both PostgreSQL tiers no server
+//! fault explains one (see [`Topology::keeps_grants`]). What two holders of such a split
+//! brain do is counted apart: a write the resource ordered by token, and a lock that vanished
+//! with the primary that lost. A partitioned holder must see its lost signal before anyone
+//! else is granted: an overlap after a partition is a violation.
 
 use std::time::{Duration, Instant};
 
@@ -82,6 +85,20 @@ pub async fn run_random(
     plan: &Plan,
 ) -> Result<RandomOutcome, CampaignError> {
     let mut rng = StdRng::seed_from_u64(tier_seed(plan.seed, tier.topology));
+    tier.prepare()?;
+    let outcome = contend(campaign, tier, plan, &mut rng).await;
+    // A PostgreSQL standby the run promoted: a new pair for the next run.
+    tier.prepare()?;
+    outcome
+}
+
+/// The body of [`run_random`].
+async fn contend(
+    campaign: &Campaign,
+    tier: &Tier,
+    plan: &Plan,
+    rng: &mut StdRng,
+) -> Result<RandomOutcome, CampaignError> {
     let mut run = Run::new(campaign, tier, "random").await?;
     let keys: Vec<String> = (0..KEYS).map(|k| format!("{}-{k}", run.key)).collect();
     run.extra_keys = keys.clone();
@@ -120,7 +137,7 @@ pub async fn run_random(
         let kind = kinds[rng.random_range(0..kinds.len())];
         let victim = rng.random_range(0..slots.len());
         let start = monotonic_ns();
-        let target = inject(&mut run, plan, &mut rng, kind, &mut slots, victim, end).await?;
+        let target = inject(&mut run, plan, rng, kind, &mut slots, victim, end).await?;
         windows.push(FaultWindow {
             kind,
             target,

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 
 use crate::CampaignError;
 use crate::run::Run;
-use crate::tiers::{Topology, member, restore, restore_if_replaced};
+use crate::tiers::{Topology, crash, pause, restore, restore_if_replaced, resume};
 
 use super::{Plan, Slot, spawn};
 
@@ -29,8 +29,12 @@ pub enum Nemesis {
     DroppedReplies,
     /// The deciding servers killed (`SIGKILL`) and restarted (the consensus tiers' leader
     /// after up to 2 × TTL, the Redlock majority after up to TTL + 1 s, the others at once).
+    /// On the PostgreSQL pair, the primary killed and the standby promoted at once (a
+    /// failover, once a run: the promoted standby has no standby of its own, so a later kill
+    /// restarts it at once, as on a single server).
     ServerKill,
-    /// The deciding servers stopped (`SIGSTOP`) for 0.5-2 × TTL.
+    /// The deciding servers stopped (`SIGSTOP`) for 0.5-2 × TTL (a PostgreSQL server with
+    /// every process it forked).
     ServerPause,
 }
 
@@ -184,37 +188,47 @@ async fn server_fault(run: &mut Run, rng: &mut StdRng, kind: Nemesis) -> Result<
     let deciders = run.tier.deciders(&run.key)?;
     let topology = run.tier.topology;
     if kind == Nemesis::ServerPause {
-        let pause = ttl.mul_f64(rng.random_range(0.5..2.0));
-        run.fault(
-            &format!("{} stopped (SIGSTOP) for {pause:?}", deciders.join(", ")),
-            None,
-        )?;
-        for name in &deciders {
-            member(&["pause", name])?;
-        }
-        tokio::time::sleep(pause).await;
-        for name in &deciders {
-            member(&["resume", name])?;
-        }
-    } else {
-        let down = match topology {
-            Topology::Etcd | Topology::Zk => ttl.mul_f64(rng.random_range(0.0..2.0)),
-            Topology::Redlock => ttl.mul_f64(rng.random_range(0.0..1.0)) + Duration::from_secs(1),
-            Topology::Redis | Topology::Sentinel | Topology::Cluster => Duration::ZERO,
-        };
+        let pause_for = ttl.mul_f64(rng.random_range(0.5..2.0));
         run.fault(
             &format!(
-                "{} killed (SIGKILL), restarted after {down:?}",
+                "{} stopped (SIGSTOP) for {pause_for:?}",
                 deciders.join(", ")
             ),
             None,
         )?;
         for name in &deciders {
-            member(&["kill", name])?;
+            pause(name)?;
         }
-        tokio::time::sleep(down).await;
+        tokio::time::sleep(pause_for).await;
         for name in &deciders {
-            restore(name).await?;
+            resume(name)?;
+        }
+    } else {
+        let down = match topology {
+            Topology::Etcd | Topology::Zk => ttl.mul_f64(rng.random_range(0.0..2.0)),
+            Topology::Redlock => ttl.mul_f64(rng.random_range(0.0..1.0)) + Duration::from_secs(1),
+            Topology::Redis
+            | Topology::Sentinel
+            | Topology::Cluster
+            | Topology::Postgres
+            | Topology::PostgresHa => Duration::ZERO,
+        };
+        let failover =
+            topology == Topology::PostgresHa && deciders.iter().any(|n| n == "pg-primary");
+        let then = if failover {
+            "pg-standby promoted".to_owned()
+        } else {
+            format!("restarted after {down:?}")
+        };
+        run.fault(
+            &format!("{} killed (SIGKILL), {then}", deciders.join(", ")),
+            None,
+        )?;
+        if !crash(topology, &deciders)? {
+            tokio::time::sleep(down).await;
+            for name in &deciders {
+                restore(name).await?;
+            }
         }
     }
     if topology.fails_over() {

@@ -11,7 +11,9 @@ use super::{Scenario, millis, patience, writes_over};
 use crate::CampaignError;
 use crate::private::{SplitSentinel, persistent_redis};
 use crate::run::{Campaign, Outcome, Run};
-use crate::tiers::{Tier, Topology, member, restore, restore_if_replaced};
+use crate::tiers::{
+    Tier, Topology, crash, member, pause, restore, restore_if_replaced, restore_pair, resume,
+};
 
 pub(super) async fn holder_pause(mut run: Run) -> Result<Outcome, CampaignError> {
     let ttl = run.ttl;
@@ -110,11 +112,11 @@ pub(super) async fn server_pause(mut run: Run) -> Result<Outcome, CampaignError>
         Some(&holder),
     )?;
     for name in &deciders {
-        member(&["pause", name])?;
+        pause(name)?;
     }
     tokio::time::sleep(ttl * 2).await;
     for name in &deciders {
-        member(&["resume", name])?;
+        resume(name)?;
     }
     run.heal()?;
     let outcome = run.finish(vec![holder, waiter]).await;
@@ -126,25 +128,34 @@ pub(super) async fn server_crash(
     mut run: Run,
     restart_after: Duration,
 ) -> Result<Outcome, CampaignError> {
+    let topology = run.tier.topology;
     let (holder, waiter) = holder_and_waiter(&mut run).await?;
     let deciders = run.tier.deciders(&run.key)?;
+    let failover = if topology == Topology::PostgresHa {
+        ", pg-standby promoted"
+    } else {
+        ""
+    };
     run.fault(
-        &format!("{} killed (SIGKILL)", deciders.join(", ")),
+        &format!("{} killed (SIGKILL){failover}", deciders.join(", ")),
         Some(&holder),
     )?;
-    for name in &deciders {
-        member(&["kill", name])?;
-    }
+    let promoted = crash(topology, &deciders)?;
     tokio::time::sleep(restart_after).await;
-    let clustered = run.tier.topology.is_consensus() || run.tier.topology.fails_over();
+    let clustered = topology.is_consensus() || topology.fails_over();
     if !clustered {
         for name in &deciders {
             restore(name).await?;
         }
         run.heal()?;
+    } else if promoted {
+        run.heal()?;
     }
     let outcome = run.finish(vec![holder, waiter]).await;
-    if clustered {
+    if promoted {
+        // The old primary would come back as a second primary: a new pair for the next run.
+        restore_pair()?;
+    } else if clustered {
         for name in &deciders {
             restore(name).await?;
         }

@@ -37,11 +37,14 @@ pub enum Scenario {
     /// reported once its validity has run out.
     DelayedReplies,
     /// The servers that decide (the Redis server, the Sentinel primary, 3 of 5 Redlock nodes,
-    /// the etcd or ZooKeeper leader) are stopped (SIGSTOP) for 2 × TTL while one worker holds
-    /// the lock and another waits.
+    /// the etcd or ZooKeeper leader, the PostgreSQL server or primary with every process it
+    /// forked) are stopped (SIGSTOP) for 2 × TTL while one worker holds the lock and another
+    /// waits.
     ServerPause,
     /// The deciding servers are killed (SIGKILL) while the lock is held and restarted at once
-    /// (Redis without persistence: the lock is forgotten).
+    /// (Redis without persistence: the lock is forgotten; PostgreSQL recovers it from its
+    /// WAL). On the PostgreSQL pair the primary is killed and the standby promoted at once: a
+    /// failover (the pair is brought up afresh after the row).
     ServerCrash,
     /// As [`Scenario::ServerCrash`], with the Redlock nodes restarted only after the TTL.
     DelayedRestart,
@@ -63,8 +66,8 @@ pub enum Scenario {
     /// A worker talks to the etcd or ZooKeeper leader only, and the two followers stop: the
     /// minority side must not grant.
     LeaderIsolation,
-    /// A waiter's connections are blackholed while it is queued, until its session (lease)
-    /// has expired; the holder then releases and a third worker queues: the expired waiter
+    /// A waiter's connections are blackholed while it is queued, until its session (lease,
+    /// PostgreSQL queue row) has expired; the holder then releases and a third worker queues: the expired waiter
     /// must not be granted on its lost place in the queue.
     QueuedWaiterExpires,
     /// [`Scenario::HolderPause`] with election candidates: the leader is stopped past its
@@ -216,7 +219,9 @@ impl Scenario {
             Scenario::DelayedRestart => topology == Topology::Redlock,
             Scenario::PersistentCrash => topology == Topology::Redis,
             Scenario::SplitBrain => topology == Topology::Sentinel,
-            Scenario::LeaderIsolation | Scenario::QueuedWaiterExpires => topology.is_consensus(),
+            Scenario::LeaderIsolation => topology.is_consensus(),
+            // The tiers whose waiters queue, each in a place that expires with its session.
+            Scenario::QueuedWaiterExpires => topology.is_consensus() || topology.is_postgres(),
             _ => true,
         }
     }
@@ -227,6 +232,12 @@ impl Scenario {
     /// When the scenario cannot be carried out (a worker or server does not do its part);
     /// safety findings are in the [`Outcome`], not errors.
     pub async fn run(self, campaign: &Campaign, tier: &Tier) -> Result<Outcome, CampaignError> {
+        if matches!(
+            self.lock_row(),
+            Scenario::ServerPause | Scenario::ServerCrash
+        ) {
+            tier.prepare()?;
+        }
         if let Err(why) = supported(tier, self.primitive()).await? {
             return Ok(Outcome::not_applicable(tier, self.name(), why));
         }
