@@ -116,15 +116,7 @@ impl EtcdConfig {
             )));
         }
         if !url.hosts.is_empty() {
-            self.endpoints = url
-                .hosts
-                .iter()
-                .map(|h| {
-                    let mut h = h.clone();
-                    h.port = h.port.or(Some(DEFAULT_PORT));
-                    h.to_string()
-                })
-                .collect();
+            self.endpoints = url.hosts_with_port(DEFAULT_PORT);
         }
         if url.username.is_some() {
             self.user.clone_from(&url.username);

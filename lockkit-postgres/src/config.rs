@@ -155,15 +155,7 @@ impl PostgresConfig {
             }
         }
         if !url.hosts.is_empty() {
-            self.hosts = url
-                .hosts
-                .iter()
-                .map(|h| {
-                    let mut h = h.clone();
-                    h.port = h.port.or(Some(DEFAULT_PORT));
-                    h.to_string()
-                })
-                .collect();
+            self.hosts = url.hosts_with_port(DEFAULT_PORT);
         }
         if let Some(user) = &url.username {
             self.user.clone_from(user);

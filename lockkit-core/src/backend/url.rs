@@ -134,6 +134,21 @@ impl ConnectionUrl {
         })
     }
 
+    /// The hosts as `host:port` (IPv6 in brackets), with `default_port` where the URL gives
+    /// none.
+    pub fn hosts_with_port(&self, default_port: u16) -> Vec<String> {
+        self.hosts
+            .iter()
+            .map(|h| {
+                HostPort {
+                    host: h.host.clone(),
+                    port: h.port.or(Some(default_port)),
+                }
+                .to_string()
+            })
+            .collect()
+    }
+
     /// The value of query parameter `key`, if present.
     pub fn query_value(&self, key: &str) -> Option<&str> {
         self.query
@@ -256,6 +271,10 @@ mod tests {
         assert_eq!(url.path, "my ns");
         assert_eq!(url.query_value("timeout"), Some("2s"));
         assert_eq!(url.query_value("tls"), Some(""));
+        assert_eq!(
+            url.hosts_with_port(2379),
+            vec!["h1:2379", "h2:2379", "[::1]:2381"]
+        );
     }
 
     #[test]
