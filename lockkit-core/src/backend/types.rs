@@ -182,6 +182,10 @@ pub struct Contention {
     pub predecessor: Option<String>,
     /// The store revision the attempt observed, so a watch can start there and miss nothing.
     pub revision: Option<i64>,
+    /// The number of the acquisition's own queue entry, for backends whose releases grant
+    /// the next entry themselves (a hand-over): the wait takes a hand-over for this entry
+    /// only, never for one an earlier attempt had and lost.
+    pub entry: Option<i64>,
     /// A marker the backend took just before sending the attempt (for example how many
     /// notifications it had received), so its wait can tell whether a change came in since.
     pub marker: Option<u64>,
@@ -217,6 +221,13 @@ impl Contention {
         self.revision = revision;
         self
     }
+    /// Sets the number of the acquisition's own queue entry.
+    #[must_use]
+    pub fn with_entry(mut self, entry: i64) -> Self {
+        self.entry = Some(entry);
+        self
+    }
+
     /// Says that the attempt left nothing on the server (see [`Contention::nothing_left`]).
     #[must_use]
     pub fn with_nothing_left(mut self) -> Self {
