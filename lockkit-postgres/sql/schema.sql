@@ -8,21 +8,28 @@
 --
 -- The design, and why it holds (lockkit-postgres's crate documentation has the long form):
 -- * Every acquisition of a key is a row of `entries`, queued by `seq`, a number from the
---   sequence `fence`. A row is granted when what is ahead of it allows: nothing ahead for a
---   mutex or a writer, no writer ahead for a reader, fewer than `permits` rows ahead for a
---   permit. So grants go in queue order, and `seq` is the grant's fencing token: a grant's
---   rows ahead were all granted before it, with smaller numbers.
--- * Attempts on one key run one at a time: each takes a transaction-scoped advisory lock on
---   the key first (released by its commit, so it works behind PgBouncer's transaction pooling,
---   and a crash cannot leave it behind). Nothing else depends on a session's state.
--- * A row lives until `expires_at`, on the server's clock; renewals move it, attempts delete
---   the expired rows of their key. A waiter's row is refreshed by its attempts.
+--   sequence `fence`. One rule (`lockkit.grant_ready`) grants a row when what is ahead of it
+--   allows: nothing ahead for a mutex or a writer, no writer ahead for a reader, fewer than
+--   `permits` rows ahead for a permit. So grants go in queue order, and `seq` is the grant's
+--   fencing token: a grant's rows ahead were all granted before it, with smaller numbers.
+-- * Whatever changes a key's queue (an attempt, a release, a broken lock) takes a
+--   transaction-scoped advisory lock on the key first (released by its commit, so it works
+--   behind PgBouncer's transaction pooling, and a crash cannot leave it behind), and then
+--   runs the rule: it deletes the key's expired rows and grants every row that may now hold.
+--   Nothing depends on a session's state.
+-- * A row lives until `expires_at`, on the server's clock; renewals move it. A waiter's row
+--   is refreshed by its attempts.
 -- * Grants and renewals commit with `synchronous_commit = on`, whatever the server's default:
---   a reply says the row is on disk (and on the synchronous standbys, where there are any).
---   Releases need not wait: a lost release only keeps a lock held until its TTL.
--- * A release notifies the key's channel (`lockkit.channel`) with `r <seq> <key>`, a mutex's
---   grant or proclamation with `g <seq> <key>`, where the key is `<kind>/<namespace>/<name>`:
---   the waiter whose predecessor went wakes, an election's observers see the new leader.
+--   a reply (or a hand-over's notification, sent after the commit) says the row is on disk,
+--   and on the synchronous standbys where there are any. Nothing else waits for the disk: a
+--   lost release only keeps a lock held until its TTL, a lost queued row only a place in the
+--   queue, and the sequence cannot go back past a grant, whose commit flushed it.
+-- * The channel of a key (`lockkit.channel`; the key is `<kind>/<namespace>/<name>`) says
+--   `h <seq> <proof> <key>` when a statement grants somebody else's row (a hand-over: the
+--   waiter needs no attempt), `proof` being 128 bits of SHA-256 over the row's owner digest
+--   and number, which only the server and the owner can make (anybody may NOTIFY). For an
+--   election's observers it says `g <seq> <key>` when a leader proclaims and `r <seq> <key>`
+--   when a leader that proclaimed goes.
 
 CREATE SCHEMA IF NOT EXISTS lockkit;
 
@@ -47,6 +54,8 @@ CREATE TABLE IF NOT EXISTS lockkit.entries (
     hold smallint NOT NULL,
     permits integer NOT NULL,
     expires_at timestamptz NOT NULL,
+    -- The TTL the owner asked for: a hand-over grants the row for that long.
+    ttl_ms bigint NOT NULL,
     granted boolean NOT NULL,
     -- What an election's leader proclaimed.
     value text,
@@ -55,112 +64,172 @@ CREATE TABLE IF NOT EXISTS lockkit.entries (
 
 -- The notification channel of a key `<kind>/<namespace>/<name>`: `lockkit_` and the first
 -- 128 bits of its SHA-256, in hex (a channel name is at most 63 bytes; a key is longer).
+-- (The helpers from here to `attempt` run with the rights and the search path of their
+-- caller, always a function below: a `SET search_path` of their own would cost every call a
+-- configuration change. They are PL/pgSQL, whose plans a session keeps, where a plain SQL
+-- function would be planned again at each call.)
 CREATE OR REPLACE FUNCTION lockkit.channel(p_key text)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN 'lockkit_' || left(encode(sha256(convert_to(p_key, 'UTF8')), 'hex'), 32);
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 'lockkit_' || pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(p_key, 'UTF8')), 'hex'), 32);
 
--- Notifies the channel of a key: `p_tag` r (a row went) or g (a grant, a proclamation).
-CREATE OR REPLACE FUNCTION lockkit.notify(p_tag text, p_seq bigint, p_kind smallint, p_namespace text, p_name text)
+-- Notifies the channel of the key of `p_row`: `p_what` and the key (see the header).
+CREATE OR REPLACE FUNCTION lockkit.notify(p_row lockkit.entries, p_what text)
 RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
-    v_key text := p_kind || '/' || p_namespace || '/' || p_name;
+    v_key text := p_row.kind || '/' || p_row.namespace || '/' || p_row.name;
 BEGIN
-    PERFORM pg_notify(lockkit.channel(v_key), p_tag || ' ' || p_seq || ' ' || v_key);
+    PERFORM pg_catalog.pg_notify(lockkit.channel(v_key), p_what || ' ' || v_key);
 END
 $$;
 
--- One attempt of `p_owner` to hold the key: finds or makes its row, and grants it if what is
--- ahead allows. `o_granted` with the token `o_seq`; else `o_waiting_on` is the row to watch
--- (none for a permit: any release may free one), `o_retry_ms` when the first row ahead expires
--- by itself, and `o_left` says that the attempt left no row (a `try_lock`). `o_permits` is the
--- semaphore's recorded count when it differs from `p_permits` (nothing is then written).
+-- The one rule of every kind, run under the key's advisory lock: deletes the key's expired
+-- rows, then grants, for its TTL from `p_now`, every queued row that what is ahead of it now
+-- allows (nothing ahead for a mutex or a writer, no writer ahead for a reader, fewer rows
+-- ahead than its permits for a permit), and returns them. Grants go in queue order: a row
+-- is granted only with everything ahead of it granted before.
+CREATE OR REPLACE FUNCTION lockkit.grant_ready(p_namespace text, p_name text, p_kind smallint, p_now timestamptz)
+RETURNS SETOF lockkit.entries
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM lockkit.entries e
+     WHERE e.namespace = p_namespace AND e.name = p_name AND e.kind = p_kind
+       AND e.expires_at <= p_now;
+    RETURN QUERY
+    WITH queue AS (
+        SELECT e.owner, e.granted, e.hold, e.permits,
+               count(*) OVER ahead AS rows_ahead,
+               count(*) FILTER (WHERE e.hold = 3) OVER ahead AS writers_ahead
+          FROM lockkit.entries e
+         WHERE e.namespace = p_namespace AND e.name = p_name AND e.kind = p_kind
+           AND e.expires_at > p_now
+        WINDOW ahead AS (ORDER BY e.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+    )
+    UPDATE lockkit.entries e
+       SET granted = true, expires_at = p_now + e.ttl_ms * interval '1 millisecond'
+      FROM queue q
+     WHERE e.owner = q.owner AND NOT q.granted
+       AND CASE q.hold WHEN 1 THEN q.rows_ahead < q.permits
+                       WHEN 2 THEN q.writers_ahead = 0
+                       ELSE q.rows_ahead = 0 END
+    RETURNING e.*;
+END
+$$;
+
+-- Tells the owner of `p_row`, just granted by somebody else's statement, that it holds:
+-- `h <seq> <proof> <key>`, the proof 128 bits of SHA-256 over the owner digest and the
+-- number, which only the server and the owner can make.
+CREATE OR REPLACE FUNCTION lockkit.hand_over(p_row lockkit.entries)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM lockkit.notify(p_row, 'h ' || p_row.seq || ' ' ||
+        pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(p_row.owner || '/' || p_row.seq, 'UTF8')), 'hex'), 32));
+END
+$$;
+
+-- One attempt of `p_owner` to hold the key: finds or makes its row (refreshing it for its
+-- TTL) and runs the rule (`lockkit.grant_ready`), which may grant it, and others whose
+-- owners it then tells. `o_granted` with the token `o_seq`; else `o_retry_ms` when the first
+-- row ahead expires by itself, and `o_left` says that the attempt left no row (a `try_lock`).
+-- `o_permits` is the semaphore's recorded count when it differs from `p_permits` (nothing is
+-- then written).
 CREATE OR REPLACE FUNCTION lockkit.attempt(
     p_namespace text, p_name text, p_kind smallint, p_owner text, p_hold smallint,
     p_permits integer, p_ttl_ms bigint, p_wait boolean,
-    OUT o_granted boolean, OUT o_seq bigint, OUT o_waiting_on bigint, OUT o_retry_ms bigint,
+    OUT o_granted boolean, OUT o_seq bigint, OUT o_retry_ms bigint,
     OUT o_permits integer, OUT o_left boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_now timestamptz;
-    v_ahead bigint;
-    v_first_end timestamptz;
+    v lockkit.entries;
+    v_durable boolean := false;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_kind || '/' || p_namespace || '/' || p_name, 0));
-    PERFORM set_config('synchronous_commit', 'on', true);
     v_now := clock_timestamp();
-    o_granted := false;
     o_left := false;
-    DELETE FROM lockkit.entries e
-     WHERE e.namespace = p_namespace AND e.name = p_name AND e.kind = p_kind
-       AND e.expires_at <= v_now;
     IF p_hold = 1 THEN
         SELECT e.permits INTO o_permits FROM lockkit.entries e
          WHERE e.namespace = p_namespace AND e.name = p_name AND e.kind = p_kind
-           AND e.owner <> p_owner AND e.permits <> p_permits
+           AND e.owner <> p_owner AND e.permits <> p_permits AND e.expires_at > v_now
          LIMIT 1;
         IF FOUND THEN
+            o_granted := false;
             o_left := NOT EXISTS (SELECT 1 FROM lockkit.entries e WHERE e.owner = p_owner);
             RETURN;
         END IF;
     END IF;
-    SELECT e.seq INTO o_seq FROM lockkit.entries e
-     WHERE e.owner = p_owner AND e.namespace = p_namespace AND e.name = p_name AND e.kind = p_kind;
-    -- What is ahead (everything, for a row not made yet) and keeps this hold out.
-    SELECT count(*), max(e.seq), min(e.expires_at) INTO v_ahead, o_waiting_on, v_first_end
-      FROM lockkit.entries e
-     WHERE e.namespace = p_namespace AND e.name = p_name AND e.kind = p_kind
-       AND (o_seq IS NULL OR e.seq < o_seq)
-       AND (p_hold <> 2 OR e.hold = 3);
-    o_granted := CASE WHEN p_hold = 1 THEN v_ahead < p_permits ELSE v_ahead = 0 END;
-    IF o_seq IS NULL THEN
-        IF NOT o_granted AND NOT p_wait THEN
-            o_left := true;
-            o_retry_ms := ceil(extract(epoch FROM v_first_end - v_now) * 1000);
-            RETURN;
-        END IF;
+    -- A row of ours that expired is gone: the rule below would delete it anyway.
+    DELETE FROM lockkit.entries e WHERE e.owner = p_owner AND e.expires_at <= v_now;
+    UPDATE lockkit.entries e
+       SET expires_at = v_now + p_ttl_ms * interval '1 millisecond', ttl_ms = p_ttl_ms
+     WHERE e.owner = p_owner
+    RETURNING e.seq, e.granted INTO o_seq, o_granted;
+    IF NOT FOUND THEN
         o_seq := nextval('lockkit.fence');
-        INSERT INTO lockkit.entries (namespace, name, kind, seq, owner, hold, permits, expires_at, granted)
+        o_granted := false;
+        INSERT INTO lockkit.entries (namespace, name, kind, seq, owner, hold, permits, expires_at, ttl_ms, granted)
         VALUES (p_namespace, p_name, p_kind, o_seq, p_owner, p_hold, p_permits,
-                v_now + p_ttl_ms * interval '1 millisecond', o_granted);
-    ELSE
-        UPDATE lockkit.entries e
-           SET expires_at = v_now + p_ttl_ms * interval '1 millisecond',
-               granted = e.granted OR o_granted
-         WHERE e.owner = p_owner;
+                v_now + p_ttl_ms * interval '1 millisecond', p_ttl_ms, false);
     END IF;
-    IF o_granted THEN
-        o_waiting_on := NULL;
-        IF p_kind = 0 THEN
-            PERFORM lockkit.notify('g', o_seq, p_kind, p_namespace, p_name);
+    FOR v IN SELECT * FROM lockkit.grant_ready(p_namespace, p_name, p_kind, v_now) LOOP
+        v_durable := true;
+        IF v.owner = p_owner THEN
+            o_granted := true;
+        ELSE
+            PERFORM lockkit.hand_over(v);
         END IF;
-    ELSE
-        IF p_hold = 1 THEN
-            o_waiting_on := NULL;
+    END LOOP;
+    IF NOT o_granted THEN
+        SELECT ceil(extract(epoch FROM min(e.expires_at) - v_now) * 1000) INTO o_retry_ms
+          FROM lockkit.entries e
+         WHERE e.namespace = p_namespace AND e.name = p_name AND e.kind = p_kind AND e.seq < o_seq;
+        IF NOT p_wait THEN
+            DELETE FROM lockkit.entries e WHERE e.owner = p_owner;
+            o_left := true;
         END IF;
-        o_retry_ms := ceil(extract(epoch FROM v_first_end - v_now) * 1000);
     END IF;
+    -- A grant (ours or a hand-over) is on disk, and on the synchronous standbys, before
+    -- anybody hears of it; a queued row need not be.
+    PERFORM set_config('synchronous_commit', CASE WHEN v_durable OR o_granted THEN 'on' ELSE 'off' END, true);
 END
 $$;
 
--- Deletes the row of `p_owner` (only a granted one with `p_granted_only`), waking whoever
--- waits on it. Whether it was a live grant.
+-- Deletes the row of `p_owner` (only a granted one with `p_granted_only`) under its key's
+-- advisory lock, and runs the rule, handing the key over to whoever it grants now. An
+-- election's leader that goes says so (`r <seq> <key>`) to the observers. Whether it was a
+-- live grant.
 CREATE OR REPLACE FUNCTION lockkit.release(p_owner text, p_granted_only boolean)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v lockkit.entries;
+    v_next lockkit.entries;
+    v_now timestamptz;
+    v_durable boolean := false;
 BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
+    SELECT * INTO v FROM lockkit.entries e WHERE e.owner = p_owner;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(v.kind || '/' || v.namespace || '/' || v.name, 0));
     DELETE FROM lockkit.entries e
      WHERE e.owner = p_owner AND (e.granted OR NOT p_granted_only)
     RETURNING * INTO v;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM lockkit.notify('r', v.seq, v.kind, v.namespace, v.name);
-    RETURN v.granted AND v.expires_at > clock_timestamp();
+    v_now := clock_timestamp();
+    FOR v_next IN SELECT * FROM lockkit.grant_ready(v.namespace, v.name, v.kind, v_now) LOOP
+        v_durable := true;
+        PERFORM lockkit.hand_over(v_next);
+    END LOOP;
+    IF v.value IS NOT NULL THEN
+        PERFORM lockkit.notify(v, 'r ' || v.seq);
+    END IF;
+    PERFORM set_config('synchronous_commit', CASE WHEN v_durable THEN 'on' ELSE 'off' END, true);
+    RETURN v.granted AND v.expires_at > v_now;
 END
 $$;
 
@@ -224,22 +293,30 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
      LIMIT p_limit
 $$;
 
--- Breaks a mutex: deletes its live holder's row, whoever holds it, and wakes its waiters.
--- Whether it was held.
+-- Breaks a mutex: deletes its live holder's row, whoever holds it, and hands the key over to
+-- the next in line. Whether it was held.
 CREATE OR REPLACE FUNCTION lockkit.force_release(p_namespace text, p_name text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v lockkit.entries;
+    v_next lockkit.entries;
+    v_now timestamptz;
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('0/' || p_namespace || '/' || p_name, 0));
+    v_now := clock_timestamp();
     DELETE FROM lockkit.entries e
      WHERE e.namespace = p_namespace AND e.name = p_name AND e.kind = 0 AND e.granted
+       AND e.expires_at > v_now
     RETURNING * INTO v;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM lockkit.notify('r', v.seq, v.kind, v.namespace, v.name);
-    RETURN v.expires_at > clock_timestamp();
+    FOR v_next IN SELECT * FROM lockkit.grant_ready(p_namespace, p_name, 0::smallint, v_now) LOOP
+        PERFORM lockkit.hand_over(v_next);
+    END LOOP;
+    PERFORM lockkit.notify(v, 'r ' || v.seq);
+    RETURN true;
 END
 $$;
 
@@ -256,7 +333,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM lockkit.notify('g', v.seq, v.kind, v.namespace, v.name);
+    PERFORM lockkit.notify(v, 'g ' || v.seq);
     RETURN true;
 END
 $$;

@@ -1,14 +1,16 @@
-//! The one attempt loop: every kind of grant is a row in its key's queue, and the schema's
-//! `lockkit.attempt` decides, under the key's advisory lock, whether what is ahead lets it
-//! in.
+//! The one attempt loop: every kind of grant is a row in its key's queue, and one rule of
+//! the schema (`lockkit.grant_ready`, run by `lockkit.attempt` and by every release under
+//! the key's advisory lock) grants every row that what is ahead of it lets in.
 //!
 //! The kind decides only that evaluation ([`Shape`]): a mutex or a writer needs nothing
 //! ahead, a reader no writer ahead, a permit fewer rows ahead than the semaphore's permits.
 //! Grants therefore go in queue order, and a row's place in the queue (a number from the
 //! sequence `lockkit.fence`) is its fencing token: whatever was granted before it is ahead
-//! of it, with a smaller number. A `try_lock` that would wait writes nothing. A waiter's row
-//! is refreshed by each of its attempts, and its wait ([`crate::wait`]) ends in time for
-//! that; a waiter that goes away without abandoning holds the queue up for at most its TTL.
+//! of it, with a smaller number. A `try_lock` that would wait leaves nothing. A waiter's
+//! grant comes from the release that let it in (a hand-over, [`crate::wait`]), so it costs
+//! the waiter no attempt; its row is refreshed by each of its attempts, and its wait ends in
+//! time for that. A waiter that goes away without abandoning holds the queue up for at most
+//! its TTL.
 
 use std::time::Duration;
 
@@ -20,7 +22,7 @@ use crate::backend::PostgresBackend;
 use crate::error::BACKEND;
 use crate::wait::Interest;
 
-const ATTEMPT: &str = "SELECT o_granted, o_seq, o_waiting_on, o_retry_ms, o_permits, o_left \
+const ATTEMPT: &str = "SELECT o_granted, o_seq, o_retry_ms, o_permits, o_left \
      FROM lockkit.attempt($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// How a kind of hold is kept in the schema: which lock of the name (`kind`: 0 the mutex,
@@ -120,10 +122,9 @@ impl PostgresBackend {
         };
         let granted: bool = row.try_get(0).map_err(read)?;
         let seq: Option<i64> = row.try_get(1).map_err(read)?;
-        let waiting_on: Option<i64> = row.try_get(2).map_err(read)?;
-        let retry_ms: Option<i64> = row.try_get(3).map_err(read)?;
-        let recorded: Option<i32> = row.try_get(4).map_err(read)?;
-        let left: bool = row.try_get(5).map_err(read)?;
+        let retry_ms: Option<i64> = row.try_get(2).map_err(read)?;
+        let recorded: Option<i32> = row.try_get(3).map_err(read)?;
+        let left: bool = row.try_get(4).map_err(read)?;
         if let (Hold::Permit { permits }, Some(recorded)) = (request.hold, recorded) {
             return Err(Hold::permits_mismatch(
                 BACKEND,
@@ -150,8 +151,8 @@ impl PostgresBackend {
             contention =
                 contention.with_retry_after(Duration::from_millis(retry_ms.max(0).unsigned_abs()));
         }
-        if let Some(row) = waiting_on {
-            contention = contention.with_predecessor(row.to_string(), None);
+        if let Some(seq) = seq {
+            contention = contention.with_entry(seq);
         }
         if left {
             contention = contention.with_nothing_left();
@@ -159,30 +160,43 @@ impl PostgresBackend {
         Ok(Attempt::Contended(contention))
     }
 
-    /// Waits until what keeps `request` out may have gone (see [`crate::wait`]).
+    /// Waits until what keeps `request` out may have gone (see [`crate::wait`]); with the
+    /// grant when a release handed the lock over to this request's row meanwhile. That
+    /// release came after the attempt that queued the row (it would have found the row
+    /// granted), and granted it for the row's TTL from then: valid as if that attempt had
+    /// been granted, which is how the core counts it.
     pub(crate) async fn wait(
         &self,
         request: &AcquireRequest,
         contention: &Contention,
         max_wait: Duration,
-    ) {
+    ) -> Result<Option<Grant>> {
         // The next attempt refreshes the row: well before it expires.
         let max_wait = max_wait.min(request.ttl / 3);
-        if !self.config().listen {
+        // Only a hand-over of the row this attempt has: one of a row an earlier attempt had
+        // (it expired since) is no grant. (A queued attempt always names its row.)
+        let (true, Some(row)) = (self.config().listen, contention.entry) else {
             tokio::time::sleep(max_wait).await;
-            return;
-        }
+            return Ok(None);
+        };
         let key = Shape::of(request.hold)
             .map(|shape| channel_key(shape.kind, &request.key))
             .unwrap_or_default();
-        let interest = match contention.predecessor.as_deref().map(str::parse::<i64>) {
-            Some(Ok(row)) => Interest::Row(row),
-            _ => Interest::Removal,
-        };
+        let owner = request.owner.digest_hex();
         let marker = contention.marker.unwrap_or(0);
-        self.inner
+        let interest = Interest::Handover { row, owner: &owner };
+        let handed = self
+            .inner
             .board
             .wait(&key, marker, interest, max_wait)
             .await;
+        let Some(seq) = handed else {
+            return Ok(None);
+        };
+        let ttl_ms = millis("a TTL", request.ttl)?;
+        Ok(Some(Grant::new(
+            token(seq)?,
+            Duration::from_millis(ttl_ms.unsigned_abs()),
+        )))
     }
 }

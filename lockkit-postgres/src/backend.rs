@@ -134,8 +134,7 @@ impl LockBackend for PostgresBackend {
         contention: &Contention,
         max_wait: Duration,
     ) -> Result<Option<Grant>> {
-        self.wait(request, contention, max_wait).await;
-        Ok(None)
+        self.wait(request, contention, max_wait).await
     }
 
     async fn abandon(&self, request: &AcquireRequest) -> Result<()> {

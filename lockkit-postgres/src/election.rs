@@ -1,6 +1,8 @@
 //! Elections on the mutex of their name: the leader is the live holder, its value a column
 //! of its row (so it goes with the grant), and observers wake on the notifications of the
-//! key's grants, proclamations and releases.
+//! key's proclamations, hand-overs and releases. A grant by an attempt notifies nobody: a
+//! candidate proclaims right after its grant, and that wakes the observers (a plain mutex
+//! held on an election's name shows to them at their next read, within `max_wait`).
 
 use std::time::Duration;
 

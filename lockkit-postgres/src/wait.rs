@@ -1,29 +1,34 @@
 //! Waiting without polling: one `LISTEN` connection per client, a channel per key that the
 //! client waits on, and a board of what the connection heard, which waiters read.
 //!
-//! The functions of the schema notify the key's channel (`lockkit_` and 32 hex digits of
-//! SHA-256 over `<kind>/<namespace>/<name>`, [`channel`]) when a row goes (`r <seq> <key>`: a
-//! release, an abandon, a broken lock) and when a mutex is granted or its leader proclaims
-//! (`g <seq> <key>`). A client listens only to the channels of the keys it waits on or
+//! The schema's functions notify the key's channel (`lockkit_` and 32 hex digits of SHA-256
+//! over `<kind>/<namespace>/<name>`, [`channel`]) when a statement grants a row that somebody
+//! else's statement queued (`h <seq> <proof> <key>`: a hand-over), and, for an election's
+//! observers, when a leader proclaims (`g <seq> <key>`) and when a leader that proclaimed goes
+//! (`r <seq> <key>`). A client listens only to the channels of the keys it waits on or
 //! observes, so a server's notifications reach the clients that care, and an idle waiter
 //! costs nothing. A channel stays listened to for [`LINGER`] after its last waiter, so that a
 //! key waited on again and again is not subscribed again each time.
 //!
 //! The listener numbers what it hears on the [`Board`]; an attempt reads the board's count
 //! before it is sent (its [`Contention::marker`](lockkit_core::backend::Contention)), and its
-//! wait ends on the first later event that concerns it: the removal of the row it waits on
-//! (a mutex, a writer or a reader waits on the nearest row ahead that keeps it out), or any
-//! removal in its key (a permit: any release may free one). So a release wakes one waiter of
-//! a mutex, not all of them.
+//! wait ends on the first later event that concerns it: its own hand-over, which is its
+//! grant. Every statement that changes a key's queue grants whatever may hold after it, so a
+//! waiter that is not handed the lock has nothing to try: a release wakes the waiters it
+//! grants, one for a mutex or a permit, the readers at the head for a read-write lock, and
+//! nobody else. A hand-over counts only with its proof ([`handover_proof`]), which only the
+//! server and the owner of the row can make: anybody who may connect may `NOTIFY`.
 //!
-//! Nothing is missed. A notification is sent by the commit that removed the row, after the
-//! attempt that saw the row was sent; if the channel was listened to before the marker was
-//! taken, the notification lands on the board after the marker. If it was not (the first
+//! Nothing is missed. A hand-over is notified by the commit that granted the row, after the
+//! attempt that found it waiting was sent; if the channel was listened to before the marker
+//! was taken, the notification lands on the board after the marker. If it was not (the first
 //! wait on a key), the wait subscribes, and ends as soon as the `LISTEN` is done, for an
 //! attempt that can no longer miss anything. Whenever the listener may have missed a
 //! notification (its connection broke, or did not answer its ping every 5 s), it posts a
-//! reset, which ends every wait; a wait while it is down is a short poll. A waiter also ends its wait after a third of its TTL, for its
-//! next attempt to refresh its row.
+//! reset, which ends every wait; a wait while it is down is a short poll. What no statement
+//! does, a holder's expiry, the waiter's timer covers: its wait ends when the first row ahead
+//! of it expires (the attempt's `retry_after`), and after a third of its TTL, for its next
+//! attempt to refresh its row.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
@@ -51,19 +56,31 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// schema computes it.
 pub(crate) fn channel(key: &str) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    let mut name = String::from("lockkit_");
-    for byte in &digest.as_ref()[..16] {
-        name.push_str(&format!("{byte:02x}"));
-    }
-    name
+    format!("lockkit_{}", hex(&digest.as_ref()[..16]))
+}
+
+/// The proof that a hand-over's row `seq` is the one of the owner whose token has the digest
+/// `owner` (`digest_hex`): 128 bits of SHA-256 over `<owner>/<seq>`, in hex, as
+/// `lockkit.hand_over` makes it.
+pub(crate) fn handover_proof(owner: &str, seq: i64) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, format!("{owner}/{seq}").as_bytes());
+    hex(&digest.as_ref()[..16])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// One notification, or a change of the listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
-    /// The row `seq` of `key` went.
-    Removed { seq: i64, key: String },
-    /// A mutex of `key` was granted, or its leader proclaimed.
+    /// The row `seq` of `key` was granted, with this proof.
+    Granted {
+        seq: i64,
+        proof: String,
+        key: String,
+    },
+    /// An election's leader of `key` proclaimed, or went.
     Changed { key: String },
     /// The listener now listens to `channel`.
     Listening { channel: String },
@@ -73,39 +90,51 @@ enum Event {
 
 /// What a wait ends on, besides a reset or its channel's subscription.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Interest {
-    /// The removal of row `seq`.
-    Row(i64),
-    /// Any removal in the key.
-    Removal,
-    /// Any event of the key.
+pub(crate) enum Interest<'a> {
+    /// The hand-over of `row` to the owner whose token has the digest `owner`: its grant.
+    Handover { row: i64, owner: &'a str },
+    /// Any event of the key: an election's observer.
     Any,
 }
 
 impl Event {
-    fn concerns(&self, key: &str, channel: &str, interest: Interest) -> bool {
+    fn concerns(&self, key: &str, channel: &str, interest: Interest<'_>) -> bool {
         match (self, interest) {
             (Event::Reset, _) => true,
             (Event::Listening { channel: c }, _) => c == channel,
-            (Event::Removed { seq, .. }, Interest::Row(row)) => *seq == row,
-            (Event::Removed { key: k, .. }, Interest::Removal | Interest::Any) => k == key,
-            (Event::Changed { key: k }, Interest::Any) => k == key,
-            _ => false,
+            (Event::Granted { key: k, .. } | Event::Changed { key: k }, Interest::Any) => k == key,
+            (Event::Granted { .. }, Interest::Handover { row, owner }) => {
+                self.handed_to(row, owner)
+            }
+            (Event::Changed { .. }, Interest::Handover { .. }) => false,
         }
     }
 
     fn parse(payload: &str) -> Option<Event> {
         let (tag, rest) = payload.split_once(' ')?;
-        let (seq, key) = rest.split_once(' ')?;
-        let key = key.to_owned();
+        let (seq, rest) = rest.split_once(' ')?;
+        let seq = seq.parse().ok()?;
         match tag {
-            "r" => Some(Event::Removed {
-                seq: seq.parse().ok()?,
-                key,
+            "h" => {
+                let (proof, key) = rest.split_once(' ')?;
+                Some(Event::Granted {
+                    seq,
+                    proof: proof.to_owned(),
+                    key: key.to_owned(),
+                })
+            }
+            "g" | "r" => Some(Event::Changed {
+                key: rest.to_owned(),
             }),
-            "g" => Some(Event::Changed { key }),
             _ => None,
         }
+    }
+
+    /// Whether this is the hand-over of `row` to the owner whose token has the digest
+    /// `owner`, with the proof only the server could make (checked last: it costs a hash).
+    fn handed_to(&self, row: i64, owner: &str) -> bool {
+        matches!(self, Event::Granted { seq, proof, .. }
+            if *seq == row && *proof == handover_proof(owner, row))
     }
 }
 
@@ -132,6 +161,13 @@ struct Channel {
     /// The count at which the `LISTEN` was done, on the current connection.
     since: Option<u64>,
     idle_since: Instant,
+}
+
+/// What [`Board::check`] found.
+struct Check {
+    heard: bool,
+    up: bool,
+    handed: Option<i64>,
 }
 
 /// A waiter's use of a channel; the last one out starts the channel's linger.
@@ -196,9 +232,9 @@ impl Board {
     }
 
     /// Whether an event after `marker` concerns the wait (or may have: the board no longer
-    /// keeps events that old, or the channel was not listened to yet at `marker`), and
-    /// whether the listener is up.
-    fn check(&self, key: &str, channel: &str, marker: u64, interest: Interest) -> (bool, bool) {
+    /// keeps events that old, or the channel was not listened to yet at `marker`), whether
+    /// the listener is up, and the row handed over after `marker`, if the wait is for one.
+    fn check(&self, key: &str, channel: &str, marker: u64, interest: Interest<'_>) -> Check {
         let state = self.state();
         let late = state
             .channels
@@ -209,27 +245,34 @@ impl Board {
             .events
             .front()
             .is_some_and(|(first, _)| *first > marker + 1);
+        let recent = || state.events.iter().rev().take_while(|(n, _)| *n > marker);
+        let handed = match interest {
+            Interest::Handover { row, owner } => recent()
+                .any(|(_, e)| e.handed_to(row, owner))
+                .then_some(row),
+            Interest::Any => None,
+        };
         let heard = late
             || forgotten
-            || state
-                .events
-                .iter()
-                .rev()
-                .take_while(|(n, _)| *n > marker)
-                .any(|(_, event)| event.concerns(key, channel, interest));
-        (heard, state.up)
+            || handed.is_some()
+            || recent().any(|(_, event)| event.concerns(key, channel, interest));
+        Check {
+            heard,
+            up: state.up,
+            handed,
+        }
     }
 
     /// Waits until an event after `marker` concerns `interest` in `key` (named as in the
     /// notifications), or `max_wait` has passed (at most [`POLL`] while the listener is
-    /// down).
+    /// down). The row handed over, if that ended it.
     pub(crate) async fn wait(
         &self,
         key: &str,
         marker: u64,
-        interest: Interest,
+        interest: Interest<'_>,
         max_wait: Duration,
-    ) {
+    ) -> Option<i64> {
         let channel = channel(key);
         let _use = self.enter(&channel);
         let mut seen = self.count.subscribe();
@@ -237,22 +280,22 @@ impl Board {
         tokio::pin!(sleep);
         loop {
             seen.mark_unchanged();
-            let (heard, up) = self.check(key, &channel, marker, interest);
-            if heard {
-                return;
+            let check = self.check(key, &channel, marker, interest);
+            if check.heard {
+                return check.handed;
             }
-            if !up {
+            if !check.up {
                 // A poll, cut short when the listener comes up (it posts then): a new
                 // client's first waits do not wait out the poll for its first connection.
                 tokio::select! {
                     () = tokio::time::sleep(max_wait.min(POLL)) => {}
                     _ = seen.changed() => {}
                 }
-                return;
+                return None;
             }
             tokio::select! {
-                () = &mut sleep => return,
-                changed = seen.changed() => if changed.is_err() { return },
+                () = &mut sleep => return None,
+                changed = seen.changed() => if changed.is_err() { return None },
             }
         }
     }
@@ -436,18 +479,25 @@ mod tests {
     #[test]
     fn payloads_parse_into_events() {
         assert_eq!(
-            Event::parse("r 42 0/ns/a b"),
-            Some(Event::Removed {
-                seq: 42,
-                key: "0/ns/a b".into()
+            Event::parse("h 43 0a1b 0/ns/a b"),
+            Some(Event::Granted {
+                seq: 43,
+                proof: "0a1b".into(),
+                key: "0/ns/a b".into(),
             })
         );
+        for payload in ["g 7 0/ns/x", "r 7 0/ns/x"] {
+            let changed = Event::Changed {
+                key: "0/ns/x".into(),
+            };
+            assert_eq!(Event::parse(payload), Some(changed));
+        }
         assert_eq!(
-            Event::parse("g 7 0/ns/x"),
-            Some(Event::Changed {
-                key: "0/ns/x".into()
-            })
+            Event::parse("h 43 0/ns/a"),
+            None,
+            "a hand-over without its proof"
         );
+        assert_eq!(Event::parse("h 43"), None);
         assert_eq!(Event::parse("x 1 k"), None);
         assert_eq!(Event::parse("r nan k"), None);
     }
@@ -463,28 +513,46 @@ mod tests {
         assert_ne!(name, channel("0/ns/another"));
     }
 
+    /// A listened-to channel, and the board's marker then.
+    fn listened(board: &Board, key: &str) -> (String, u64) {
+        let name = channel(key);
+        board.listening(std::slice::from_ref(&name));
+        (name, board.marker())
+    }
+
     #[test]
-    fn a_wait_ends_on_its_row_and_not_on_others() {
+    fn a_wait_ends_on_the_handover_of_its_row_with_its_proof() {
         let board = Board::new();
-        let key = "0/ns/a";
+        let key = "0/ns/h";
         let name = channel(key);
         let _use = board.enter(&name);
-        board.listening(std::slice::from_ref(&name));
-        let marker = board.marker();
-        board.post(Event::Removed {
-            seq: 1,
+        let (_, marker) = listened(&board, key);
+        let granted = |seq, owner| Event::Granted {
+            seq,
+            proof: handover_proof(owner, seq),
             key: key.into(),
-        });
-        assert!(!board.check(key, &name, marker, Interest::Row(2)).0);
-        assert!(board.check(key, &name, marker, Interest::Removal).0);
-        assert!(board.check(key, &name, marker, Interest::Row(1)).0);
-        assert!(!board.check(key, &name, board.marker(), Interest::Row(1)).0);
-        board.post(Event::Reset);
+        };
+        // A forged proof for our row, a true one for a row we had before, a leader change.
+        board.post(granted(9, "someone else"));
+        board.post(granted(8, "mine"));
+        board.post(Event::Changed { key: key.into() });
+        let mine = Interest::Handover {
+            row: 9,
+            owner: "mine",
+        };
+        let check = board.check(key, &name, marker, mine);
         assert!(
-            board
-                .check("0/ns/b", &channel("0/ns/b"), marker, Interest::Any)
-                .0
+            !check.heard,
+            "another's hand-over or a leader change woke a waiter"
         );
+        assert!(board.check(key, &name, marker, Interest::Any).heard);
+        board.post(granted(9, "mine"));
+        let check = board.check(key, &name, marker, mine);
+        assert_eq!((check.heard, check.handed), (true, Some(9)));
+        assert_eq!(board.check(key, &name, board.marker(), mine).handed, None);
+        board.post(Event::Reset);
+        let check = board.check("0/ns/b", &channel("0/ns/b"), marker, Interest::Any);
+        assert!(check.heard && check.handed.is_none());
     }
 
     #[test]
@@ -494,22 +562,35 @@ mod tests {
         let name = channel(key);
         let marker = board.marker();
         let _use = board.enter(&name);
-        assert!(!board.check(key, &name, marker, Interest::Removal).0);
+        let mine = Interest::Handover {
+            row: 9,
+            owner: "mine",
+        };
+        assert!(!board.check(key, &name, marker, mine).heard);
         board.listening(std::slice::from_ref(&name));
-        assert!(board.check(key, &name, marker, Interest::Removal).0);
-        assert!(!board.check(key, &name, board.marker(), Interest::Removal).0);
+        assert!(board.check(key, &name, marker, mine).heard);
+        assert!(!board.check(key, &name, board.marker(), mine).heard);
     }
 
     #[test]
     fn a_forgotten_marker_ends_the_wait() {
         let board = Board::new();
-        for seq in 0..(KEPT as i64 + 2) {
-            board.post(Event::Removed {
-                seq,
-                key: "k".into(),
-            });
+        for _ in 0..KEPT + 2 {
+            board.post(Event::Changed { key: "k".into() });
         }
-        assert!(board.check("k", &channel("k"), 0, Interest::Row(-1)).0);
+        assert!(
+            board
+                .check(
+                    "k",
+                    &channel("k"),
+                    0,
+                    Interest::Handover {
+                        row: 9,
+                        owner: "mine"
+                    }
+                )
+                .heard
+        );
     }
 }
 

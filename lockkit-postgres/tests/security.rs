@@ -126,7 +126,7 @@ async fn the_granted_functions_are_enough_and_the_rows_stay_closed() {
     let raw = support::admin(&role.config(&role.password)).await;
     for sql in [
         "SELECT owner FROM lockkit.entries",
-        "INSERT INTO lockkit.entries VALUES ('x', 'y', 0, 1, 'o', 0, 0, now() + interval '1 h', true, NULL)",
+        "INSERT INTO lockkit.entries VALUES ('x', 'y', 0, 1, 'o', 0, 0, now() + interval '1 h', 10000, true, NULL)",
         "SELECT nextval('lockkit.fence')",
     ] {
         let err = raw.batch_execute(sql).await.expect_err(sql);
