@@ -328,7 +328,7 @@ mod redis {
     fn redis_tables_urls_and_variables_combine() {
         let config = LockkitConfig::from_toml(
             r#"
-            url = "redis+sentinel://:pw@10.0.0.1,10.0.0.2:26380/orders/2"
+            url = "redis+sentinel://:pw@10.0.0.1,[::1]:26380/orders/2"
             [redis]
             min_replicas = 1
             response_timeout = "250ms"
@@ -337,7 +337,7 @@ mod redis {
         .expect("sentinel config");
         assert_eq!(config.backend, BackendKind::RedisSentinel);
         let redis = config.redis_config().expect("merged");
-        assert_eq!(redis.hosts, ["10.0.0.1:26379", "10.0.0.2:26380"]);
+        assert_eq!(redis.hosts, ["10.0.0.1:26379", "[::1]:26380"]);
         assert_eq!(redis.sentinel_master.as_deref(), Some("orders"));
         assert_eq!(redis.db, 2);
         assert_eq!(redis.min_replicas, 1);

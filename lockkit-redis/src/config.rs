@@ -501,11 +501,7 @@ fn take_hosts_and_credentials(
     password: &mut Option<String>,
 ) {
     if !url.hosts.is_empty() {
-        *hosts = url
-            .hosts
-            .iter()
-            .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(default_port)))
-            .collect();
+        *hosts = url.hosts_with_port(default_port);
     }
     if url.username.is_some() {
         username.clone_from(&url.username);
