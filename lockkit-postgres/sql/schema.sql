@@ -12,11 +12,13 @@
 --   allows: nothing ahead for a mutex or a writer, no writer ahead for a reader, fewer than
 --   `permits` rows ahead for a permit. So grants go in queue order, and `seq` is the grant's
 --   fencing token: a grant's rows ahead were all granted before it, with smaller numbers.
--- * Whatever changes a key's queue (an attempt, a release, a broken lock) takes a
---   transaction-scoped advisory lock on the key first (released by its commit, so it works
---   behind PgBouncer's transaction pooling, and a crash cannot leave it behind), and then
---   runs the rule: it deletes the key's expired rows and grants every row that may now hold.
---   Nothing depends on a session's state.
+-- * An attempt, a release and a broken lock take a transaction-scoped advisory lock on the
+--   key first (released by their commit, so it works behind PgBouncer's transaction pooling,
+--   and a crash cannot leave it behind), and then run the rule: it deletes the key's expired
+--   rows and grants every row that may now hold. They refuse to run unless the transaction
+--   is READ COMMITTED (each statement then sees every commit before the lock). Nothing
+--   depends on a session's state. (The sweep deletes only rows expired for a minute, which
+--   no rule counts, without the lock.)
 -- * A row lives until `expires_at`, on the server's clock; renewals move it. A waiter's row
 --   is refreshed by its attempts.
 -- * Grants and renewals commit with `synchronous_commit = on`, whatever the server's default:
@@ -27,9 +29,10 @@
 -- * The channel of a key (`lockkit.channel`; the key is `<kind>/<namespace>/<name>`) says
 --   `h <seq> <proof> <key>` when a statement grants somebody else's row (a hand-over: the
 --   waiter needs no attempt), `proof` being 128 bits of SHA-256 over the row's owner digest
---   and number, which only the server and the owner can make (anybody may NOTIFY). For an
---   election's observers it says `g <seq> <key>` when a leader proclaims and `r <seq> <key>`
---   when a leader that proclaimed goes.
+--   and number, which only who has the owner digest can make: the server and the owner
+--   (anybody may NOTIFY). For an election's observers it says `g <seq> <key>` when a leader
+--   proclaims and `r <seq> <key>` when a leader that proclaimed is released or broken (an
+--   expiry says nothing: observers see it at their next read).
 
 CREATE SCHEMA IF NOT EXISTS lockkit;
 
@@ -54,8 +57,6 @@ CREATE TABLE IF NOT EXISTS lockkit.entries (
     hold smallint NOT NULL,
     permits integer NOT NULL,
     expires_at timestamptz NOT NULL,
-    -- The TTL the owner asked for: a hand-over grants the row for that long.
-    ttl_ms bigint NOT NULL,
     granted boolean NOT NULL,
     -- What an election's leader proclaimed.
     value text,
@@ -65,9 +66,10 @@ CREATE TABLE IF NOT EXISTS lockkit.entries (
 -- The notification channel of a key `<kind>/<namespace>/<name>`: `lockkit_` and the first
 -- 128 bits of its SHA-256, in hex (a channel name is at most 63 bytes; a key is longer).
 -- (The helpers from here to `attempt` run with the rights and the search path of their
--- caller, always a function below: a `SET search_path` of their own would cost every call a
--- configuration change. They are PL/pgSQL, whose plans a session keeps, where a plain SQL
--- function would be planned again at each call.)
+-- caller, the functions below: a `SET search_path` of their own would cost every call a
+-- configuration change. A lock role may call them too, with no rights but its own: a rule
+-- that cannot read the table, a NOTIFY it could send anyway. They are PL/pgSQL, whose plans a
+-- session keeps, where a plain SQL function would be planned again at each call.)
 CREATE OR REPLACE FUNCTION lockkit.channel(p_key text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -84,11 +86,29 @@ BEGIN
 END
 $$;
 
+-- Refuses to run a queue's statement in a transaction that sees less than every commit
+-- before its advisory lock: under REPEATABLE READ or SERIALIZABLE (a role's or a database's
+-- `default_transaction_isolation`) the snapshot is taken before the lock is waited for, and
+-- two attempts could both find the key free.
+CREATE OR REPLACE FUNCTION lockkit.require_read_committed()
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'lockkit needs READ COMMITTED, not %', pg_catalog.current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'set default_transaction_isolation to ''read committed'' for the lock role';
+    END IF;
+END
+$$;
+
 -- The one rule of every kind, run under the key's advisory lock: deletes the key's expired
--- rows, then grants, for its TTL from `p_now`, every queued row that what is ahead of it now
--- allows (nothing ahead for a mutex or a writer, no writer ahead for a reader, fewer rows
--- ahead than its permits for a permit), and returns them. Grants go in queue order: a row
--- is granted only with everything ahead of it granted before.
+-- rows, then grants every queued row that what is ahead of it now allows (nothing ahead for
+-- a mutex or a writer, no writer ahead for a reader, fewer rows ahead than its permits for a
+-- permit), and returns them. Grants go in queue order: a row is granted only with everything
+-- ahead of it granted before. A grant keeps the row's expiry, set by its owner's last
+-- attempt: the owner counts its validity from that attempt too, and a waiter that died
+-- holds the key no longer than its row would have lived.
 CREATE OR REPLACE FUNCTION lockkit.grant_ready(p_namespace text, p_name text, p_kind smallint, p_now timestamptz)
 RETURNS SETOF lockkit.entries
 LANGUAGE plpgsql AS $$
@@ -107,7 +127,7 @@ BEGIN
         WINDOW ahead AS (ORDER BY e.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
     )
     UPDATE lockkit.entries e
-       SET granted = true, expires_at = p_now + e.ttl_ms * interval '1 millisecond'
+       SET granted = true
       FROM queue q
      WHERE e.owner = q.owner AND NOT q.granted
        AND CASE q.hold WHEN 1 THEN q.rows_ahead < q.permits
@@ -119,7 +139,7 @@ $$;
 
 -- Tells the owner of `p_row`, just granted by somebody else's statement, that it holds:
 -- `h <seq> <proof> <key>`, the proof 128 bits of SHA-256 over the owner digest and the
--- number, which only the server and the owner can make.
+-- number, which only who has the digest can make (the server and the owner).
 CREATE OR REPLACE FUNCTION lockkit.hand_over(p_row lockkit.entries)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -146,6 +166,7 @@ DECLARE
     v lockkit.entries;
     v_durable boolean := false;
 BEGIN
+    PERFORM lockkit.require_read_committed();
     PERFORM pg_advisory_xact_lock(hashtextextended(p_kind || '/' || p_namespace || '/' || p_name, 0));
     v_now := clock_timestamp();
     o_left := false;
@@ -163,15 +184,15 @@ BEGIN
     -- A row of ours that expired is gone: the rule below would delete it anyway.
     DELETE FROM lockkit.entries e WHERE e.owner = p_owner AND e.expires_at <= v_now;
     UPDATE lockkit.entries e
-       SET expires_at = v_now + p_ttl_ms * interval '1 millisecond', ttl_ms = p_ttl_ms
+       SET expires_at = v_now + p_ttl_ms * interval '1 millisecond'
      WHERE e.owner = p_owner
     RETURNING e.seq, e.granted INTO o_seq, o_granted;
     IF NOT FOUND THEN
         o_seq := nextval('lockkit.fence');
         o_granted := false;
-        INSERT INTO lockkit.entries (namespace, name, kind, seq, owner, hold, permits, expires_at, ttl_ms, granted)
+        INSERT INTO lockkit.entries (namespace, name, kind, seq, owner, hold, permits, expires_at, granted)
         VALUES (p_namespace, p_name, p_kind, o_seq, p_owner, p_hold, p_permits,
-                v_now + p_ttl_ms * interval '1 millisecond', p_ttl_ms, false);
+                v_now + p_ttl_ms * interval '1 millisecond', false);
     END IF;
     FOR v IN SELECT * FROM lockkit.grant_ready(p_namespace, p_name, p_kind, v_now) LOOP
         v_durable := true;
@@ -209,6 +230,7 @@ DECLARE
     v_now timestamptz;
     v_durable boolean := false;
 BEGIN
+    PERFORM lockkit.require_read_committed();
     SELECT * INTO v FROM lockkit.entries e WHERE e.owner = p_owner;
     IF NOT FOUND THEN
         RETURN false;
@@ -302,7 +324,9 @@ DECLARE
     v lockkit.entries;
     v_next lockkit.entries;
     v_now timestamptz;
+    v_durable boolean := false;
 BEGIN
+    PERFORM lockkit.require_read_committed();
     PERFORM pg_advisory_xact_lock(hashtextextended('0/' || p_namespace || '/' || p_name, 0));
     v_now := clock_timestamp();
     DELETE FROM lockkit.entries e
@@ -313,9 +337,11 @@ BEGIN
         RETURN false;
     END IF;
     FOR v_next IN SELECT * FROM lockkit.grant_ready(p_namespace, p_name, 0::smallint, v_now) LOOP
+        v_durable := true;
         PERFORM lockkit.hand_over(v_next);
     END LOOP;
     PERFORM lockkit.notify(v, 'r ' || v.seq);
+    PERFORM set_config('synchronous_commit', CASE WHEN v_durable THEN 'on' ELSE 'off' END, true);
     RETURN true;
 END
 $$;

@@ -163,8 +163,8 @@ impl PostgresBackend {
     /// Waits until what keeps `request` out may have gone (see [`crate::wait`]); with the
     /// grant when a release handed the lock over to this request's row meanwhile. That
     /// release came after the attempt that queued the row (it would have found the row
-    /// granted), and granted it for the row's TTL from then: valid as if that attempt had
-    /// been granted, which is how the core counts it.
+    /// granted), and kept the row's expiry, which that attempt set: valid as if that attempt
+    /// had been granted, which is how the core counts it.
     pub(crate) async fn wait(
         &self,
         request: &AcquireRequest,

@@ -3,9 +3,11 @@
 //! on keys nobody tries any more.
 //!
 //! A release or an abandon is one statement, sent again by the core until it is answered
-//! (deleting a row by its owner twice deletes it once). It commits without waiting for the
+//! (deleting a row by its owner twice deletes it once). It runs the schema's rule, so it
+//! grants whoever may hold after it and tells them ([`crate::wait`]); then it commits with
+//! the disk flush a grant needs. Without a hand-over it commits without waiting for the
 //! disk: a release lost in a crash leaves a row that expires with its TTL, which is safe;
-//! the grant before it was on disk. Each removal notifies the waiters ([`crate::wait`]).
+//! the grant before it was on disk.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

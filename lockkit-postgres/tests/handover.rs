@@ -29,23 +29,33 @@ async fn held() -> Option<(PostgresBackend, PostgresBackend, LockKey, Lease)> {
 }
 
 /// A waiting request of `waiter` on `key`, and the contention of its last attempt, made
-/// once the client listens to the key's channel (a first wait ends when it does).
+/// once the client listens to the key's channel: a wait that lasts its whole (short) time
+/// says so, where one that ends early was cut short by the subscription, or was a poll while
+/// the client's listener was still connecting.
 async fn queued(waiter: &PostgresBackend, key: &LockKey) -> (AcquireRequest, Contention) {
+    const QUIET: Duration = Duration::from_millis(400);
     let request = AcquireRequest::new(key.clone(), OwnerToken::generate().unwrap(), TTL, true);
-    let mut subscribed = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let Attempt::Contended(contention) = waiter.try_acquire(&request).await.unwrap() else {
             panic!("the second attempt is granted while the first holds");
         };
-        if subscribed {
-            return (request, contention);
-        }
+        let started = Instant::now();
         let handed = waiter
-            .wait_for_change(&request, &contention, Duration::from_secs(5))
+            .wait_for_change(&request, &contention, QUIET)
             .await
             .unwrap();
         assert!(handed.is_none(), "handed over while the holder holds");
-        subscribed = true;
+        if started.elapsed() >= QUIET {
+            let Attempt::Contended(contention) = waiter.try_acquire(&request).await.unwrap() else {
+                panic!("the second attempt is granted while the first holds");
+            };
+            return (request, contention);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client never listened to the key"
+        );
     }
 }
 

@@ -98,6 +98,41 @@ async fn a_wrong_password_is_an_auth_error_and_no_server_is_unavailable_in_time(
     role.drop_it().await;
 }
 
+/// A role whose transactions default to REPEATABLE READ would take its snapshot before the
+/// key's advisory lock, and two attempts could both find the key free: every statement that
+/// changes a queue refuses it, with a clear error, and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_defaults_to_repeatable_read_is_refused() {
+    let Some(server) = support::server_config().await else {
+        return;
+    };
+    let role = Role::make(server.clone(), true).await;
+    role.admin
+        .batch_execute(&format!(
+            "ALTER ROLE {} SET default_transaction_isolation = 'repeatable read'",
+            role.name
+        ))
+        .await
+        .unwrap();
+    let backend = PostgresBackend::connect(role.config(&role.password))
+        .await
+        .unwrap();
+    let ns = format!("lk-isolation-{:08x}", rand::random::<u32>());
+    let locks = LockClient::with_options(Arc::new(backend), &ns, LockOptions::default()).unwrap();
+    let err = locks
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect_err("an attempt under REPEATABLE READ");
+    assert!(
+        err.display_chain().to_string().contains("READ COMMITTED"),
+        "{err}"
+    );
+    assert!(support::rows_under(&role.admin, &ns).await.is_empty());
+    role.drop_it().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_granted_functions_are_enough_and_the_rows_stay_closed() {
     let Some(server) = support::server_config().await else {
@@ -126,7 +161,7 @@ async fn the_granted_functions_are_enough_and_the_rows_stay_closed() {
     let raw = support::admin(&role.config(&role.password)).await;
     for sql in [
         "SELECT owner FROM lockkit.entries",
-        "INSERT INTO lockkit.entries VALUES ('x', 'y', 0, 1, 'o', 0, 0, now() + interval '1 h', 10000, true, NULL)",
+        "INSERT INTO lockkit.entries VALUES ('x', 'y', 0, 1, 'o', 0, 0, now() + interval '1 h', true, NULL)",
         "SELECT nextval('lockkit.fence')",
     ] {
         let err = raw.batch_execute(sql).await.expect_err(sql);
