@@ -241,8 +241,12 @@ async fn a_hand_over_lost_on_a_half_open_pubsub_connection_arrives_by_the_probe(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The server closes the waiter's pub/sub connection while the link is dead: the proxy
-    // keeps the client's side open and tells it nothing.
-    proxy.set(Direction::Both, Fault::Blackhole);
+    // keeps the client's side open and tells it nothing. A dead link loses no request bytes of
+    // a live connection (TCP sends them again once it is back): requests wait, replies and the
+    // server's close are lost. (Dropping a request mid-stream, which TCP never does, would
+    // leave the client's pipeline a reply short for good.)
+    proxy.set(Direction::Requests, Fault::Pause);
+    proxy.set(Direction::Replies, Fault::Blackhole);
     let mut admin = common::connect(&server.addr()).await.unwrap();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
