@@ -37,7 +37,7 @@ impl Role {
             .unwrap();
         if granted {
             let grants = include_str!("../sql/grants.sql").replace(":\"role\"", &name);
-            admin.batch_execute(&grants).await.unwrap();
+            admin.batch_execute(&serialized(&grants)).await.unwrap();
         }
         Role {
             name,
@@ -57,10 +57,20 @@ impl Role {
 
     async fn drop_it(self) {
         self.admin
-            .batch_execute(&format!("DROP OWNED BY {0}; DROP ROLE {0}", self.name))
+            .batch_execute(&serialized(&format!(
+                "DROP OWNED BY {0}; DROP ROLE {0};",
+                self.name
+            )))
             .await
             .unwrap();
     }
+}
+
+/// `sql` in one transaction that first waits for the other tests' changes of privileges: two
+/// transactions that grant or revoke on the same functions at once fail ("tuple concurrently
+/// updated").
+fn serialized(sql: &str) -> String {
+    format!("BEGIN; SELECT pg_advisory_xact_lock(7311); {sql} COMMIT;")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
