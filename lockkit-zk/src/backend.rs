@@ -217,19 +217,27 @@ impl ZkBackend {
     /// it. Returns once the session has ended; the backend's grants are reported lost and a
     /// new session is opened (feature `testing`, for fault tests).
     ///
+    /// The second client goes to one server at a time, each in turn. On a server other than
+    /// the one the session's own client uses, it wins without a race: that client keeps its
+    /// connection, which moves nothing back, until the close ends the session everywhere. On
+    /// the same server, attaching drops the session's own connection, the client reconnects
+    /// at once to another server, and when it is back before the close, the session moves
+    /// with it and lives on (seen with tests running side by side); the next server is then
+    /// tried.
+    ///
     /// # Errors
-    /// [`ErrorKind::Unavailable`] if the ensemble cannot be reached, or the session has not
-    /// ended after a few attempts.
+    /// [`ErrorKind::Unavailable`] if no server could be reached, or the session has not
+    /// ended after three rounds over the servers.
     #[cfg(feature = "testing")]
     pub async fn expire_session(&self) -> Result<()> {
         let ending = self.inner.sessions.current();
-        // The session's own client reconnects as soon as the second one takes its connection.
-        // When it is back first, the session moves back to it and the second client's close
-        // never reaches the server: the session lives on (seen with tests running side by
-        // side). So: attach and close again until the session has ended.
-        for attempt in 0..5 {
+        let hosts = &self.inner.config.hosts;
+        let mut attached = false;
+        let mut last = None;
+        for host in hosts.iter().cycle().take(3 * hosts.len()) {
             let session = ending.client.session().clone();
-            let config = self.inner.config.clone();
+            let mut config = self.inner.config.clone();
+            config.hosts = vec![host.clone()];
             let closed = runtime::run(async move {
                 let connector = zk::Client::connector()
                     .with_session(session)
@@ -239,11 +247,12 @@ impl ZkBackend {
                 Ok::<_, Error>(())
             })
             .await?;
-            // A later attempt that cannot attach found the session ended already.
-            if attempt == 0 {
-                closed?;
+            match closed {
+                Ok(()) => attached = true,
+                Err(e) => last = Some(e),
             }
-            let by = tokio::time::Instant::now() + Duration::from_secs(2);
+            // A twin that cannot attach may have found the session ended already.
+            let by = tokio::time::Instant::now() + Duration::from_secs(1);
             while tokio::time::Instant::now() < by {
                 if ending.client.state().is_terminated() {
                     return Ok(());
@@ -251,11 +260,14 @@ impl ZkBackend {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        Err(Error::new(
-            ErrorKind::Unavailable,
-            BACKEND,
-            "the session did not end after 5 attempts to close it",
-        ))
+        match last {
+            Some(e) if !attached => Err(e),
+            _ => Err(Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                "the session did not end after three rounds of closing it from each server",
+            )),
+        }
     }
 
     /// The session to send requests on; while an expired one is being replaced, waits for
