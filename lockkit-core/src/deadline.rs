@@ -13,6 +13,12 @@
 //! queues that. An entry is never later than its lease's deadline, since deadlines only move
 //! forward. A lease that ends (released, lost) takes its entry out, so the queue holds only
 //! the leases held now, whatever their TTLs.
+//!
+//! A new entry wakes the thread only when it is due before the thread's own wake-up. A
+//! taken-out entry leaves that wake-up as it was (the thread then wakes early and finds the
+//! next one). So locks taken and released one after the other cost the thread one wake-up
+//! per deadline, not one per acquisition: the wake-up of another thread is a system call and
+//! a context switch on the acquire path (issue 37, the uncontended cycle).
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -25,32 +31,54 @@ use crate::held::HeldLease;
 pub(crate) fn watch(held: &Arc<HeldLease>, at: Instant) {
     let deadlines = deadlines();
     let mut queue = deadlines.queue();
-    let earliest = queue
-        .first_key_value()
-        .is_none_or(|(first, _)| at < first.0);
-    queue.insert((at, held.id), Arc::downgrade(held));
+    queue.entries.insert((at, held.id), Arc::downgrade(held));
+    let wake = match queue.thread {
+        Thread::Awake => false,
+        Thread::Until(until) => at < until,
+        Thread::Idle => true,
+    };
     drop(queue);
-    if earliest {
+    if wake {
         deadlines.wake.notify_one();
     }
 }
 
 /// Takes the entry queued under `at` for the lease `id` out.
 pub(crate) fn unwatch(id: u64, at: Instant) {
-    deadlines().queue().remove(&(at, id));
+    deadlines().queue().entries.remove(&(at, id));
 }
 
-/// The leases' entries by deadline (and lease id, for leases with the same deadline).
+/// The leases' entries, and what the thread does.
 struct Deadlines {
-    queue: Mutex<BTreeMap<(Instant, u64), Weak<HeldLease>>>,
+    queue: Mutex<Queue>,
     wake: Condvar,
+}
+
+/// The entries by deadline (and lease id, for leases with the same deadline).
+struct Queue {
+    entries: BTreeMap<(Instant, u64), Weak<HeldLease>>,
+    thread: Thread,
+}
+
+/// What the thread does, set under the queue's lock before it waits and after it wakes.
+#[derive(Clone, Copy)]
+enum Thread {
+    /// It looks at the queue before it waits again: a new entry needs no wake-up.
+    Awake,
+    /// It waits until this instant.
+    Until(Instant),
+    /// It waits for an entry.
+    Idle,
 }
 
 fn deadlines() -> &'static Deadlines {
     static DEADLINES: OnceLock<&'static Deadlines> = OnceLock::new();
     DEADLINES.get_or_init(|| {
         let deadlines: &'static Deadlines = Box::leak(Box::new(Deadlines {
-            queue: Mutex::new(BTreeMap::new()),
+            queue: Mutex::new(Queue {
+                entries: BTreeMap::new(),
+                thread: Thread::Awake,
+            }),
             wake: Condvar::new(),
         }));
         std::thread::Builder::new()
@@ -62,7 +90,7 @@ fn deadlines() -> &'static Deadlines {
 }
 
 impl Deadlines {
-    fn queue(&self) -> MutexGuard<'_, BTreeMap<(Instant, u64), Weak<HeldLease>>> {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -70,22 +98,26 @@ impl Deadlines {
         let mut queue = self.queue();
         loop {
             let now = Instant::now();
-            let Some(next) = queue.first_key_value().map(|(key, _)| key.0) else {
+            let Some(next) = queue.entries.first_key_value().map(|(key, _)| key.0) else {
+                queue.thread = Thread::Idle;
                 queue = self
                     .wake
                     .wait(queue)
                     .unwrap_or_else(PoisonError::into_inner);
+                queue.thread = Thread::Awake;
                 continue;
             };
             if next > now {
+                queue.thread = Thread::Until(next);
                 queue = self
                     .wake
                     .wait_timeout(queue, next - now)
                     .unwrap_or_else(PoisonError::into_inner)
                     .0;
+                queue.thread = Thread::Awake;
                 continue;
             }
-            let due = queue.pop_first();
+            let due = queue.entries.pop_first();
             // Not under the queue's lock: firing a signal wakes tasks and logs, and a lease
             // that ends takes its entry out of the queue.
             drop(queue);
@@ -121,28 +153,56 @@ mod tests {
     use crate::token::{FencingToken, OwnerToken};
 
     fn queued(id: u64) -> bool {
-        deadlines().queue().keys().any(|(_, queued)| *queued == id)
+        deadlines()
+            .queue()
+            .entries
+            .keys()
+            .any(|(_, queued)| *queued == id)
     }
 
-    #[test]
-    fn a_released_lease_leaves_nothing_in_the_queue() {
+    /// A lease of `ttl` handed out now, renewed by nobody.
+    fn handed_out(ttl: Duration) -> Arc<HeldLease> {
         let now = Instant::now();
         let lease = Lease::new(
             LockKey::new("ns", "k").expect("key"),
             OwnerToken::generate().expect("rng"),
             FencingToken(1),
-            Duration::from_secs(3600),
+            ttl,
             now,
         );
         let held = HeldLease::new(
             lease,
             Arc::new(MemoryBackend::new()),
             Background::default(),
-            Some(now + Duration::from_secs(3600)),
+            Some(now + ttl),
             Duration::ZERO,
             false,
         );
         assert!(held.hand_out().is_some());
+        held
+    }
+
+    #[test]
+    fn a_deadline_before_the_threads_wake_up_is_reported_at_its_time() {
+        let long = handed_out(Duration::from_secs(3600));
+        // The thread now sleeps until the long lease's deadline at the latest.
+        std::thread::sleep(Duration::from_millis(50));
+        let short = handed_out(Duration::from_millis(200));
+        let by = Instant::now() + Duration::from_secs(10);
+        while !short.lost.is_cancelled() {
+            assert!(
+                Instant::now() < by,
+                "a deadline 200 ms away was not reported in 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!long.lost.is_cancelled());
+        assert!(long.drop_holder());
+    }
+
+    #[test]
+    fn a_released_lease_leaves_nothing_in_the_queue() {
+        let held = handed_out(Duration::from_secs(3600));
         assert!(queued(held.id), "a lease handed out is watched");
         assert!(held.drop_holder());
         assert!(!queued(held.id), "a released lease is still queued");
