@@ -321,7 +321,7 @@ lk_prepare() { # NAME: create the data dir and config of member NAME unless they
     postgres | pg-primary | pg-standby) lk_pg_prepare "$name" ;;
     pgbouncer) lk_pgbouncer_prepare ;;
     sentinel-[123])
-      [ -e "$dir/sentinel.conf" ] || cat >"$dir/sentinel.conf" <<EOF
+      [ -s "$dir/sentinel.conf" ] || cat >"$dir/sentinel.conf" <<EOF
 bind 127.0.0.1
 port $port
 daemonize no
@@ -355,7 +355,7 @@ autopurge.purgeInterval=1
 EOF
       ;;
     *)
-      [ -e "$dir/redis.conf" ] || {
+      [ -s "$dir/redis.conf" ] || {
         cat <<EOF
 bind 127.0.0.1
 port $port
@@ -385,7 +385,9 @@ lk_start() { # NAME: start member NAME from its data dir and config (lk_prepare 
     fi
   done
   case $name in
-    sentinel-[123]) lk_spawn "$name" redis-server "$dir/sentinel.conf" --sentinel ;;
+    # bind and port on the command line too: a config that a full disk left empty must not
+    # open a server on every interface at Redis's default port.
+    sentinel-[123]) lk_spawn "$name" redis-server "$dir/sentinel.conf" --sentinel --bind 127.0.0.1 --port "$(lk_port "$name")" ;;
     etcd-?)
       lk_spawn "$name" etcd --name "$name" --data-dir "$dir" \
         --listen-client-urls "http://127.0.0.1:${LK_ETCD_CLIENT_PORTS[i - 1]}" \
@@ -397,7 +399,7 @@ lk_start() { # NAME: start member NAME from its data dir and config (lk_prepare 
     zk-?) lk_spawn "$name" "${LK_ZK_JAVA[@]}" "$dir/zoo.cfg" ;;
     postgres | pg-primary | pg-standby) lk_pg_start "$name" ;;
     pgbouncer) lk_pgbouncer_start ;;
-    *) lk_spawn "$name" redis-server "$dir/redis.conf" ;;
+    *) lk_spawn "$name" redis-server "$dir/redis.conf" --bind 127.0.0.1 --port "$(lk_port "$name")" ;;
   esac
 }
 
