@@ -392,8 +392,11 @@ pub async fn run(spec: WorkerSpec) -> Result<(), CampaignError> {
             record(&history, key, What::Extended { token, outcome })?;
         }
         record(&history, key, What::Release { token })?;
+        let valid_until = held.guard().valid_until();
         let outcome = match held.release().await {
             Ok(true) => "ok".to_owned(),
+            // Answered after the lease's validity ran out: its expiry explains the answer.
+            Ok(false) if Instant::now() >= valid_until => "expired".to_owned(),
             Ok(false) => "not_held".to_owned(),
             Err(e) => format!("{:?}", e.kind()),
         };

@@ -85,7 +85,9 @@ pub enum What {
         token: u64,
     },
     /// The release answered: `outcome` is `ok` (this worker's record was deleted),
-    /// `not_held` (nothing of this worker's was there), or an error kind.
+    /// `not_held` (nothing of this worker's was there, answered while the guard was still
+    /// valid), `expired` (nothing was there, answered after the guard's validity ran out,
+    /// so the lease's expiry explains it: a release slowed by a failover), or an error kind.
     Released {
         /// The grant's token.
         token: u64,

@@ -20,8 +20,10 @@
 //!   increasing tokens the resource refuses all of these: one it stores means tokens went
 //!   backwards. A *stale write rejected* is a write the resource refused.
 //! - A *foreign release* is a release that answered `ok` while a later grant was live, after
-//!   which that later holder found its lock gone (its own release answered `not_held`
-//!   without its lost signal having fired): the first release deleted the second's lock.
+//!   which that later holder found its lock gone (its own release answered `not_held`,
+//!   within the guard's validity, without its lost signal having fired): the first release
+//!   deleted the second's lock. A release answered after the guard's validity (`expired`)
+//!   proves nothing: the lease may have expired first.
 //! - A *foreign extend* is an extend that answered `ok` after a later grant had been handed
 //!   out that its kind does not admit beside it (for a permit: while `N` others were live):
 //!   the holder's lease had passed on, and it claimed the lock back.

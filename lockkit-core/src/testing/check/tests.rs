@@ -243,6 +243,16 @@ fn catches_a_foreign_release() {
         (21, "b", released(2, "ok")),
     ]));
     assert_eq!(refused.foreign_releases, 0);
+    // The later holder's release answered after its validity: its lease may have expired.
+    let expired = check(&history(&[
+        (0, "a", granted(1)),
+        (10, "b", granted(2)),
+        (12, "a", What::Release { token: 1 }),
+        (13, "a", released(1, "ok")),
+        (20, "b", What::Release { token: 2 }),
+        (2000, "b", released(2, "expired")),
+    ]));
+    assert_eq!(expired.foreign_releases, 0);
 }
 
 #[test]
