@@ -172,13 +172,40 @@ async fn a_semaphore_of_the_same_name_does_not_disturb_curators_mutex() {
         "curator".to_owned(),
     ];
     let mut curator = Curator::start(&classpath, &classes, &args);
-    curator.go();
+    // lockkit holds first and Curator's first acquisition queues behind it, so the lock
+    // passes between the sides however slowly a loaded machine runs the JVM's first steps
+    // (before, lockkit once ran all its sections before Curator asked).
     let mutex = contender.mutex(key).expect("key");
-    for _ in 0..SECTIONS {
-        let guard = mutex
+    let mut first = Some(
+        mutex
             .lock_timeout(Duration::from_secs(60))
             .await
-            .expect("lockkit granted");
+            .expect("lockkit granted"),
+    );
+    let admin = admin(&config, TEST_CHROOT).await;
+    let before = znodes_under(&admin, &namespace)
+        .await
+        .expect("znodes")
+        .len();
+    curator.go();
+    let by = Instant::now() + Duration::from_secs(60);
+    while znodes_under(&admin, &namespace)
+        .await
+        .expect("znodes")
+        .len()
+        <= before
+    {
+        assert!(Instant::now() < by, "Curator did not queue for the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..SECTIONS {
+        let guard = match first.take() {
+            Some(guard) => guard,
+            None => mutex
+                .lock_timeout(Duration::from_secs(60))
+                .await
+                .expect("lockkit granted"),
+        };
         sections
             .run("lockkit", guard.fencing_token().get(), HOLD)
             .await;
