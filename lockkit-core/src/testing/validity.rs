@@ -188,9 +188,7 @@ pub(super) async fn a_short_grant_that_cannot_be_confirmed_is_given_back_and_tak
 /// A reentrant acquisition shares a grant only with useful validity left: one that has run
 /// down (no auto-renewal) is renewed first, and the share is that same grant.
 ///
-/// The share is asked for with nine tenths of the floor left, so the confirming renewal has
-/// those to answer (180 ms of a 2 s grant: a renewal that commits to disk, as PostgreSQL's,
-/// can take 100 ms on a machine whose cores and disk are both busy). When it cannot, the
+/// The confirming renewal has half the floor to answer. When it cannot (a busy machine), the
 /// first grant is lost and a new one (or a wait behind the lost grant's record) is correct;
 /// that round proves nothing and is run again. A share path that never renews loses the
 /// first grant in every round and fails.
@@ -205,8 +203,8 @@ pub(super) async fn a_reentrant_share_is_handed_out_with_useful_validity(
         let mutex = client.mutex(&format!("r{round}"))?.reentrant(&me);
         let first = mutex.lock_timeout(patience(h)).await?;
         let floor = client.backend().max_validity(first.ttl()) / 10;
-        // Below the floor: a share must not be handed out with that.
-        tokio::time::sleep_until((first.valid_until() - floor * 9 / 10).into()).await;
+        // Down to half the floor: a share must not be handed out with that.
+        tokio::time::sleep_until((first.valid_until() - floor / 2).into()).await;
         let second = match mutex.lock_timeout(patience(h)).await {
             Ok(second) => second,
             // Lost before the share could confirm it, the first grant's record can stay
